@@ -1,0 +1,40 @@
+//! # rdma-pool
+//!
+//! A zero-copy RDMA buffer-pool allocator: every allocation is NIC-ready, registered with the
+//! NIC up front, so any buffer can be posted as-is and a peer can be granted (and denied) remote
+//! access to exactly one buffer.
+//!
+//! This release holds the foundation: [`nic`], the one narrow boundary to the NIC, with two
+//! implementations — real libibverbs (feature `verbs`, on by default) and the in-process
+//! [`nic::soft`] NIC that enforces the verbs memory rules and is the embedded default when no
+//! RDMA device is present. The arena, allocator front ends and grants build on it.
+//!
+//! # Examples
+//! Two in-process peers on the soft NIC: register, RDMA WRITE, READ back.
+//! ```
+//! use rdma_pool::nic::{Access, Nic, QpCaps, WcStatus};
+//! use std::time::Duration;
+//!
+//! let nic = Nic::soft();
+//! let pd = nic.alloc_pd()?;
+//! let cq = nic.create_cq(16)?;
+//! let (a, b) = (pd.create_qp(&cq, &cq, QpCaps::default())?, pd.create_qp(&cq, &cq, QpCaps::default())?);
+//! a.connect(&b.endpoint()?)?;
+//! b.connect(&a.endpoint()?)?;
+//!
+//! let mut src = *b"hello, remote memory";
+//! let mut dst = [0u8; 20];
+//! let rw = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+//! // SAFETY: both buffers outlive their regions.
+//! let src_mr = unsafe { pd.reg_mr(src.as_mut_ptr(), src.len(), Access::LOCAL_WRITE) }?;
+//! let dst_mr = unsafe { pd.reg_mr(dst.as_mut_ptr(), dst.len(), rw) }?;
+//!
+//! a.post_write(1, &[src_mr.sge(0, 20)?], dst_mr.addr() as u64, dst_mr.rkey())?;
+//! assert_eq!(cq.wait_one(Duration::from_secs(5))?.status, WcStatus::Success);
+//! assert_eq!(&dst, b"hello, remote memory");
+//! # Ok::<(), rdma_pool::nic::Error>(())
+//! ```
+#![warn(missing_docs, unreachable_pub)]
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod nic;

@@ -1,0 +1,102 @@
+//! The one narrow boundary to the NIC: the [`Backend`] trait, implemented by the soft NIC and by
+//! the verbs backend. Everything above it (`Nic`, `Pd`, `Mr`, …, and the pool) is
+//! backend-agnostic.
+//!
+//! Contract: objects are named by opaque `u64` handles that the backend hands out and that the
+//! public RAII types own; a handle is passed back only while its owner is alive, and exactly once
+//! to its destroy verb. Argument checks that lose nothing (`ERR_INPUT`-class) happen above this
+//! trait, in `nic/mod.rs`, so both backends see only well-formed requests.
+
+use super::error::{ReregError, Result};
+use super::types::*;
+use std::any::Any;
+
+/// A registered region as the backend reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RawMr {
+    pub(crate) handle: u64,
+    pub(crate) lkey: Lkey,
+    pub(crate) rkey: Rkey,
+    pub(crate) addr: usize,
+    pub(crate) len: usize,
+}
+
+/// A bind request: which region, which range, which rights.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RawBind {
+    pub(crate) wr_id: u64,
+    pub(crate) signaled: bool,
+    pub(crate) mr: u64,
+    pub(crate) mr_lkey: Lkey,
+    pub(crate) addr: usize,
+    pub(crate) len: usize,
+    pub(crate) access: Access,
+}
+
+/// Send-queue operations.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum RawSendOp {
+    Send,
+    SendWithInv(Rkey),
+    Write { remote_addr: u64, rkey: Rkey },
+    Read { remote_addr: u64, rkey: Rkey },
+    /// Type 2 bind: `mw_rkey` is the window's current key, `new_rkey` the one it gets.
+    BindMw { mw: u64, mw_rkey: Rkey, new_rkey: Rkey, bind: RawBind },
+    LocalInv(Rkey),
+}
+
+/// A send-queue work request.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RawSendWr<'a> {
+    pub(crate) wr_id: u64,
+    pub(crate) signaled: bool,
+    pub(crate) sges: &'a [Sge],
+    pub(crate) op: RawSendOp,
+}
+
+/// The NIC boundary. See the module contract.
+pub(crate) trait Backend: Send + Sync + 'static {
+    fn caps(&self) -> &Caps;
+    fn kind(&self) -> NicKind;
+    fn as_any(&self) -> &dyn Any;
+
+    fn alloc_pd(&self) -> Result<u64>;
+    fn dealloc_pd(&self, pd: u64) -> Result<()>;
+
+    fn reg_mr(&self, pd: u64, addr: usize, len: usize, access: Access) -> Result<RawMr>;
+    #[allow(clippy::too_many_arguments)]
+    fn rereg_mr(
+        &self,
+        mr: u64,
+        flags: ReregFlags,
+        pd: u64,
+        addr: usize,
+        len: usize,
+        access: Access,
+    ) -> Result<RawMr, ReregError>;
+    fn dereg_mr(&self, mr: u64) -> Result<()>;
+    fn advise_mr(&self, pd: u64, advice: Advice, flags: AdviseFlags, sges: &[Sge]) -> Result<()>;
+
+    fn alloc_mw(&self, pd: u64, ty: MwType) -> Result<(u64, Rkey)>;
+    /// Type 1 bind (`ibv_bind_mw`); returns the window's new rkey.
+    fn bind_mw(&self, qp: u64, mw: u64, mw_rkey: Rkey, bind: &RawBind) -> Result<Rkey>;
+    fn dealloc_mw(&self, mw: u64) -> Result<()>;
+
+    fn create_cq(&self, depth: u32) -> Result<u64>;
+    fn destroy_cq(&self, cq: u64) -> Result<()>;
+    fn poll_cq(&self, cq: u64, out: &mut [Completion]) -> Result<usize>;
+
+    /// Returns (handle, qp number).
+    fn create_qp(&self, pd: u64, send_cq: u64, recv_cq: u64, caps: &QpCaps) -> Result<(u64, u32)>;
+    fn endpoint(&self, qp: u64) -> Result<Endpoint>;
+    fn connect_qp(&self, qp: u64, remote: &Endpoint) -> Result<()>;
+    fn qp_state(&self, qp: u64) -> Result<QpState>;
+    fn destroy_qp(&self, qp: u64) -> Result<()>;
+    fn post_send(&self, qp: u64, wr: &RawSendWr<'_>) -> Result<()>;
+    fn post_recv(&self, qp: u64, wr_id: u64, sges: &[Sge]) -> Result<()>;
+
+    /// Returns (handle, umem id).
+    fn umem_reg(&self, addr: usize, len: usize, access: Access, pgsz_bitmap: u64)
+    -> Result<(u64, u32)>;
+    fn umem_dereg(&self, umem: u64) -> Result<()>;
+}

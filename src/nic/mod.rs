@@ -1,0 +1,1081 @@
+//! The NIC boundary: owned RAII handles over one narrow [`backend`](self) trait with two
+//! implementations, the in-process [`soft`] NIC and real libibverbs (`verbs`, feature `verbs`).
+//!
+//! Contract:
+//! - every handle owns an `Arc` of its parent's inner (`Mr → Pd → Nic`, `Qp → Cq`), so a parent
+//!   is destroyed only after its last child, and every handle tears down in `Drop` without
+//!   panicking (a failure there is logged with `tracing`);
+//! - argument errors that lose nothing are caught here, before the backend, and reported as
+//!   [`Error::InvalidArgument`] / [`ReregErrorKind::Input`]; device limits (`max_mr_size`,
+//!   `max_sge`) are checked here too and reported as [`Error::Limit`];
+//! - a region whose re-registration ended in `ERR_CMD` is *poisoned*: it can only be dropped.
+//!
+//! Invariant: `mr.lkey()/rkey()/addr()/len()` always equal what the backend last reported for
+//! that region.
+
+mod backend;
+mod error;
+#[cfg(feature = "verbs")]
+pub mod mlx5dv;
+pub mod quirks;
+pub mod soft;
+mod types;
+#[cfg(feature = "verbs")]
+pub mod verbs;
+
+pub use error::{Error, ReregError, ReregErrorKind, Result, Verb};
+pub use types::*;
+
+use backend::{Backend, RawBind, RawMr, RawSendOp, RawSendWr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// An opened RDMA device: the soft NIC or a verbs device. Cheap to clone.
+///
+/// # Examples
+/// ```
+/// use rdma_pool::nic::{Nic, NicKind};
+/// let nic = Nic::soft();
+/// assert_eq!(nic.kind(), NicKind::Soft);
+/// assert!(nic.caps().odp.explicit);
+/// ```
+#[derive(Clone)]
+pub struct Nic {
+    backend: Arc<dyn Backend>,
+}
+
+impl std::fmt::Debug for Nic {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Nic").field("name", &self.caps().name).field("kind", &self.kind()).finish()
+    }
+}
+
+impl Nic {
+    /// A new software NIC with the default configuration.
+    ///
+    /// # Examples
+    /// ```
+    /// let nic = rdma_pool::nic::Nic::soft();
+    /// assert_eq!(nic.caps().driver, "soft");
+    /// ```
+    pub fn soft() -> Nic {
+        Nic::soft_with(soft::SoftConfig::default())
+    }
+
+    /// A new software NIC with `config`.
+    ///
+    /// # Examples
+    /// ```
+    /// use rdma_pool::nic::{Nic, soft::{SoftConfig, ReregMode}};
+    /// let nic = Nic::soft_with(SoftConfig { rereg: ReregMode::Unsupported, ..Default::default() });
+    /// assert!(!nic.caps().rereg_mr);
+    /// ```
+    pub fn soft_with(config: soft::SoftConfig) -> Nic {
+        Nic { backend: Arc::new(soft::SoftNic::new(config)) }
+    }
+
+    /// Open the verbs device called `name`.
+    ///
+    /// # Errors
+    /// [`Error::DeviceNotFound`] when there is no such device, [`Error::NoDevice`] when the
+    /// crate was built without the `verbs` feature, or the failing verb's error.
+    ///
+    /// # Examples
+    /// ```
+    /// // There is no device of that name on any machine.
+    /// assert!(rdma_pool::nic::Nic::open("no-such-device").is_err());
+    /// ```
+    pub fn open(name: &str) -> Result<Nic> {
+        #[cfg(feature = "verbs")]
+        {
+            Ok(Nic { backend: Arc::new(verbs::VerbsNic::open(Some(name))?) })
+        }
+        #[cfg(not(feature = "verbs"))]
+        {
+            let _ = name;
+            Err(Error::NoDevice)
+        }
+    }
+
+    /// Open the first verbs device.
+    ///
+    /// # Errors
+    /// [`Error::NoDevice`] when no RDMA device is present.
+    ///
+    /// # Examples
+    /// ```
+    /// match rdma_pool::nic::Nic::open_first() {
+    ///     Ok(nic) => println!("opened {}", nic.caps().name),
+    ///     Err(rdma_pool::nic::Error::NoDevice) => println!("no RDMA device here"),
+    ///     Err(e) => println!("device present but failed: {e}"),
+    /// }
+    /// ```
+    pub fn open_first() -> Result<Nic> {
+        #[cfg(feature = "verbs")]
+        {
+            Ok(Nic { backend: Arc::new(verbs::VerbsNic::open(None)?) })
+        }
+        #[cfg(not(feature = "verbs"))]
+        {
+            Err(Error::NoDevice)
+        }
+    }
+
+    /// The embedded default: a verbs device when one is present, else the soft NIC. The
+    /// environment variable `RDMA_POOL_NIC` overrides: `soft`, `verbs` (first device, an error
+    /// if none) or a device name. Logs which NIC it picked.
+    ///
+    /// # Errors
+    /// Only when `RDMA_POOL_NIC` names a verbs device that cannot be opened.
+    ///
+    /// # Examples
+    /// ```
+    /// let nic = rdma_pool::nic::Nic::open_default().unwrap();
+    /// println!("using {:?} {}", nic.kind(), nic.caps().name);
+    /// ```
+    pub fn open_default() -> Result<Nic> {
+        let choice = std::env::var("RDMA_POOL_NIC").unwrap_or_default();
+        let nic = match choice.as_str() {
+            "soft" => Nic::soft(),
+            "verbs" => Nic::open_first()?,
+            "" => match Nic::open_first() {
+                Ok(nic) => nic,
+                Err(e) => {
+                    tracing::info!(reason = %e, "no usable verbs device, using the soft NIC");
+                    Nic::soft()
+                }
+            },
+            name => Nic::open(name)?,
+        };
+        tracing::info!(kind = ?nic.kind(), name = %nic.caps().name, "rdma-pool NIC opened");
+        Ok(nic)
+    }
+
+    /// Which backend this is.
+    pub fn kind(&self) -> NicKind {
+        self.backend.kind()
+    }
+
+    /// The device's capabilities and limits.
+    pub fn caps(&self) -> &Caps {
+        self.backend.caps()
+    }
+
+    /// The soft NIC behind this handle (its counters and fault injection), if it is one.
+    ///
+    /// # Examples
+    /// ```
+    /// let nic = rdma_pool::nic::Nic::soft();
+    /// assert_eq!(nic.as_soft().unwrap().counters().registrations, 0);
+    /// ```
+    pub fn as_soft(&self) -> Option<&soft::SoftNic> {
+        self.backend.as_any().downcast_ref::<soft::SoftNic>()
+    }
+
+    /// The verbs device behind this handle, if it is one.
+    #[cfg(feature = "verbs")]
+    pub fn as_verbs(&self) -> Option<&verbs::VerbsNic> {
+        self.backend.as_any().downcast_ref::<verbs::VerbsNic>()
+    }
+
+    /// Allocate a protection domain.
+    ///
+    /// # Errors
+    /// The `ibv_alloc_pd` failure.
+    ///
+    /// # Examples
+    /// ```
+    /// let pd = rdma_pool::nic::Nic::soft().alloc_pd().unwrap();
+    /// # drop(pd);
+    /// ```
+    pub fn alloc_pd(&self) -> Result<Pd> {
+        let handle = self.backend.alloc_pd()?;
+        Ok(Pd { inner: Arc::new(PdInner { nic: self.clone(), handle }) })
+    }
+
+    /// Create a completion queue with room for `depth` completions.
+    ///
+    /// # Errors
+    /// [`Error::Limit`] above `max_cqe`, or the `ibv_create_cq` failure.
+    ///
+    /// # Examples
+    /// ```
+    /// let cq = rdma_pool::nic::Nic::soft().create_cq(16).unwrap();
+    /// assert!(cq.poll_one().unwrap().is_none());
+    /// ```
+    pub fn create_cq(&self, depth: u32) -> Result<Cq> {
+        if depth == 0 {
+            return Err(Error::invalid(Verb::CreateCq, "depth must be at least 1"));
+        }
+        if depth > self.caps().max_cqe {
+            return Err(Error::Limit {
+                verb: Verb::CreateCq,
+                limit: "max_cqe",
+                max: self.caps().max_cqe as u64,
+            });
+        }
+        let handle = self.backend.create_cq(depth)?;
+        Ok(Cq { inner: Arc::new(CqInner { nic: self.clone(), handle }) })
+    }
+
+    /// Register `len` bytes at `addr` as a DEVX UMEM (`mlx5dv_devx_umem_reg_ex`), allowing only
+    /// the page sizes whose bits are set in `pgsz_bitmap` (bit n = 2^n bytes).
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] on a device without DEVX (every non-mlx5 device); `EINVAL` when
+    /// no page size of the bitmap fits the buffer's alignment and length.
+    ///
+    /// # Safety
+    /// The memory must stay mapped until the UMEM is dropped, and the device may write to it.
+    ///
+    /// # Examples
+    /// ```
+    /// let nic = rdma_pool::nic::Nic::soft();
+    /// let mut buf = memmap2::MmapMut::map_anon(1 << 16).unwrap();
+    /// // SAFETY: `buf` outlives the UMEM.
+    /// let umem = unsafe {
+    ///     nic.umem_reg(buf.as_mut_ptr(), buf.len(), rdma_pool::nic::Access::LOCAL_WRITE, 1 << 12)
+    /// }.unwrap();
+    /// assert!(umem.id() > 0);
+    /// ```
+    pub unsafe fn umem_reg(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        access: Access,
+        pgsz_bitmap: u64,
+    ) -> Result<Umem> {
+        if len == 0 || addr.is_null() {
+            return Err(Error::invalid(Verb::UmemReg, "empty or null range"));
+        }
+        let (handle, id) = self.backend.umem_reg(addr as usize, len, access, pgsz_bitmap)?;
+        Ok(Umem { nic: self.clone(), handle, id, addr: addr as usize, len })
+    }
+}
+
+/// A protection domain. Regions, windows and QPs belong to one.
+#[derive(Clone)]
+pub struct Pd {
+    inner: Arc<PdInner>,
+}
+
+struct PdInner {
+    nic: Nic,
+    handle: u64,
+}
+
+impl Drop for PdInner {
+    fn drop(&mut self) {
+        if let Err(e) = self.nic.backend.dealloc_pd(self.handle) {
+            tracing::error!(error = %e, "ibv_dealloc_pd failed in drop; the PD is leaked");
+        }
+    }
+}
+
+impl std::fmt::Debug for Pd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pd").field("handle", &self.inner.handle).finish()
+    }
+}
+
+impl PartialEq for Pd {
+    fn eq(&self, other: &Pd) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
+impl Pd {
+    /// The NIC this PD belongs to.
+    pub fn nic(&self) -> &Nic {
+        &self.inner.nic
+    }
+
+    /// The backend's handle (`struct ibv_pd *` on verbs, a table index on the soft NIC).
+    pub fn as_raw(&self) -> u64 {
+        self.inner.handle
+    }
+
+    fn backend(&self) -> &dyn Backend {
+        &*self.inner.nic.backend
+    }
+
+    /// Register `[addr, addr + len)` with `access` (`ibv_reg_mr`). With
+    /// [`Access::ON_DEMAND`] the region is an explicit ODP region: nothing is pinned, pages are
+    /// faulted in by the NIC or by [`Pd::advise_mr`].
+    ///
+    /// # Errors
+    /// `InvalidArgument` for an empty range or `REMOTE_WRITE`/`REMOTE_ATOMIC` without
+    /// `LOCAL_WRITE`; `Limit` above `max_mr_size`; `Unsupported` for ODP on a device without it;
+    /// otherwise the verb's errno (`ENOMEM` past the memlock limit or `max_mr`, `EFAULT` for
+    /// unmapped memory).
+    ///
+    /// # Safety
+    /// The range must stay mapped while the region (and any window bound to it) lives, and the
+    /// caller must tolerate the NIC reading and writing it as the access flags allow, at any
+    /// time, outside Rust's aliasing rules.
+    ///
+    /// # Examples
+    /// ```
+    /// use rdma_pool::nic::{Access, Nic};
+    /// let pd = Nic::soft().alloc_pd().unwrap();
+    /// let mut buf = vec![0u8; 4096];
+    /// // SAFETY: `buf` outlives `mr`.
+    /// let mr = unsafe { pd.reg_mr(buf.as_mut_ptr(), buf.len(), Access::LOCAL_WRITE) }.unwrap();
+    /// assert_eq!(mr.len(), 4096);
+    /// ```
+    pub unsafe fn reg_mr(&self, addr: *mut u8, len: usize, access: Access) -> Result<Mr> {
+        if len == 0 {
+            return Err(Error::invalid(Verb::RegMr, "zero-length region"));
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe { self.reg_mr_unchecked_len(addr, len, access) }
+    }
+
+    /// Register an implicit ODP region over the whole address space (`ibv_reg_mr(pd, NULL,
+    /// SIZE_MAX, access | ON_DEMAND)`).
+    ///
+    /// # Errors
+    /// `Unsupported` when the device lacks implicit ODP (kernel rxe, most devices).
+    ///
+    /// # Safety
+    /// Every mapped page of the process becomes reachable by the NIC with `access`.
+    ///
+    /// # Examples
+    /// ```
+    /// use rdma_pool::nic::{Access, Nic};
+    /// let pd = Nic::soft().alloc_pd().unwrap();
+    /// // SAFETY: the test accepts NIC access to its address space.
+    /// let mr = unsafe { pd.reg_mr_implicit_odp(Access::LOCAL_WRITE) }.unwrap();
+    /// assert_eq!(mr.len(), usize::MAX);
+    /// ```
+    pub unsafe fn reg_mr_implicit_odp(&self, access: Access) -> Result<Mr> {
+        if !self.nic().caps().odp.implicit {
+            return Err(Error::Unsupported {
+                verb: Verb::RegMr,
+                detail: "implicit ODP is not supported by this device".into(),
+            });
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            self.reg_mr_unchecked_len(std::ptr::null_mut(), usize::MAX, access | Access::ON_DEMAND)
+        }
+    }
+
+    unsafe fn reg_mr_unchecked_len(&self, addr: *mut u8, len: usize, access: Access) -> Result<Mr> {
+        check_mr_access(Verb::RegMr, access)?;
+        let caps = self.nic().caps();
+        if access.contains(Access::ON_DEMAND) && !caps.odp.explicit {
+            return Err(Error::Unsupported {
+                verb: Verb::RegMr,
+                detail: "on-demand paging is not supported by this device".into(),
+            });
+        }
+        if len != usize::MAX && len as u64 > caps.max_mr_size {
+            return Err(Error::Limit { verb: Verb::RegMr, limit: "max_mr_size", max: caps.max_mr_size });
+        }
+        let raw = self.backend().reg_mr(self.inner.handle, addr as usize, len, access)?;
+        Ok(Mr { inner: Arc::new(MrInner::new(self.clone(), raw, access)) })
+    }
+
+    /// Give the kernel advice about ranges of ODP regions of this PD (`ibv_advise_mr`).
+    ///
+    /// # Errors
+    /// As `ibv_advise_mr(3)`: `EINVAL` for an empty list or bad flags, `EFAULT` out of bounds or
+    /// for an unknown lkey, `EPERM` for `PrefetchWrite` on a non-writable region, `EOPNOTSUPP`
+    /// (as `Unsupported`) for a non-ODP region or a device without the verb; `Limit` above
+    /// `max_sge` entries.
+    ///
+    /// # Examples
+    /// ```
+    /// use rdma_pool::nic::{Access, AdviseFlags, Advice, Nic};
+    /// let pd = Nic::soft().alloc_pd().unwrap();
+    /// let mut buf = memmap2::MmapMut::map_anon(1 << 16).unwrap();
+    /// // SAFETY: `buf` outlives `mr`.
+    /// let mr = unsafe {
+    ///     pd.reg_mr(buf.as_mut_ptr(), buf.len(), Access::LOCAL_WRITE | Access::ON_DEMAND)
+    /// }.unwrap();
+    /// pd.advise_mr(Advice::PrefetchWrite, AdviseFlags::FLUSH, &[mr.sge(0, 1 << 16).unwrap()])
+    ///     .unwrap();
+    /// ```
+    pub fn advise_mr(&self, advice: Advice, flags: AdviseFlags, sges: &[Sge]) -> Result<()> {
+        if sges.is_empty() {
+            return Err(Error::from_errno(Verb::AdviseMr, libc::EINVAL));
+        }
+        let max = self.nic().caps().max_sge;
+        if sges.len() > max as usize {
+            return Err(Error::Limit { verb: Verb::AdviseMr, limit: "max_sge", max: max as u64 });
+        }
+        self.backend().advise_mr(self.inner.handle, advice, flags, sges)
+    }
+
+    /// Allocate a memory window of type `ty` (`ibv_alloc_mw`).
+    ///
+    /// # Errors
+    /// `Unsupported` when the device lacks that window type; `ENOMEM` past `max_mw`.
+    ///
+    /// # Examples
+    /// ```
+    /// use rdma_pool::nic::{MwType, Nic};
+    /// let pd = Nic::soft().alloc_pd().unwrap();
+    /// let mw = pd.alloc_mw(MwType::Type2).unwrap();
+    /// assert_eq!(mw.mw_type(), MwType::Type2);
+    /// ```
+    pub fn alloc_mw(&self, ty: MwType) -> Result<Mw> {
+        let caps = self.nic().caps();
+        let supported = match ty {
+            MwType::Type1 => caps.mw_type1,
+            MwType::Type2 => caps.mw_type2,
+        };
+        if !supported {
+            return Err(Error::Unsupported {
+                verb: Verb::AllocMw,
+                detail: format!("memory windows of {ty:?} are not supported by this device"),
+            });
+        }
+        let (handle, rkey) = self.backend().alloc_mw(self.inner.handle, ty)?;
+        Ok(Mw { pd: self.clone(), handle, ty, rkey, bound_mr: None, bound_qp: None })
+    }
+
+    /// Create an RC queue pair using `send_cq` and `recv_cq`.
+    ///
+    /// # Errors
+    /// `Limit` above `max_qp_wr`/`max_sge`, or the `ibv_create_qp` failure.
+    ///
+    /// # Examples
+    /// ```
+    /// use rdma_pool::nic::{Nic, QpCaps};
+    /// let nic = Nic::soft();
+    /// let pd = nic.alloc_pd().unwrap();
+    /// let cq = nic.create_cq(16).unwrap();
+    /// let qp = pd.create_qp(&cq, &cq, QpCaps::default()).unwrap();
+    /// assert!(qp.qpn() > 0);
+    /// ```
+    pub fn create_qp(&self, send_cq: &Cq, recv_cq: &Cq, caps: QpCaps) -> Result<Qp> {
+        let dev = self.nic().caps();
+        if caps.max_send_wr.max(caps.max_recv_wr) > dev.max_qp_wr {
+            return Err(Error::Limit { verb: Verb::CreateQp, limit: "max_qp_wr", max: dev.max_qp_wr as u64 });
+        }
+        if caps.max_send_sge.max(caps.max_recv_sge) > dev.max_sge {
+            return Err(Error::Limit { verb: Verb::CreateQp, limit: "max_sge", max: dev.max_sge as u64 });
+        }
+        let (handle, qpn) = self.backend().create_qp(
+            self.inner.handle,
+            send_cq.inner.handle,
+            recv_cq.inner.handle,
+            &caps,
+        )?;
+        Ok(Qp {
+            inner: Arc::new(QpInner {
+                pd: self.clone(),
+                _send_cq: send_cq.clone(),
+                _recv_cq: recv_cq.clone(),
+                handle,
+                qpn,
+                caps,
+            }),
+        })
+    }
+}
+
+fn check_mr_access(verb: Verb, access: Access) -> Result<()> {
+    if !access.is_valid_for_mr() {
+        return Err(Error::invalid(verb, "REMOTE_WRITE/REMOTE_ATOMIC need LOCAL_WRITE"));
+    }
+    if access.contains(Access::ZERO_BASED) {
+        return Err(Error::invalid(verb, "ZERO_BASED applies to memory windows only"));
+    }
+    Ok(())
+}
+
+/// A registered memory region. Dropping it deregisters it (once no window bound to it holds it).
+pub struct Mr {
+    inner: Arc<MrInner>,
+}
+
+struct MrInner {
+    pd: Pd,
+    raw: RawMr,
+    access: Access,
+    poisoned: bool,
+    registered: std::sync::atomic::AtomicBool,
+}
+
+impl MrInner {
+    fn new(pd: Pd, raw: RawMr, access: Access) -> MrInner {
+        MrInner { pd, raw, access, poisoned: false, registered: true.into() }
+    }
+
+    fn dereg(&self) -> Result<()> {
+        use std::sync::atomic::Ordering;
+        if !self.registered.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.pd.backend().dereg_mr(self.raw.handle)?;
+        self.registered.store(false, Ordering::Release);
+        Ok(())
+    }
+}
+
+impl Drop for MrInner {
+    fn drop(&mut self) {
+        if let Err(e) = self.dereg() {
+            tracing::error!(error = %e, lkey = %self.raw.lkey, "ibv_dereg_mr failed in drop; the MR is leaked");
+        }
+    }
+}
+
+impl std::fmt::Debug for Mr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mr")
+            .field("addr", &format_args!("{:#x}", self.inner.raw.addr))
+            .field("len", &self.inner.raw.len)
+            .field("lkey", &self.inner.raw.lkey)
+            .field("rkey", &self.inner.raw.rkey)
+            .field("access", &self.inner.access)
+            .field("poisoned", &self.inner.poisoned)
+            .finish()
+    }
+}
+
+/// A failed [`Mr::dereg`]: the region, still registered, and why.
+#[derive(Debug, thiserror::Error)]
+#[error("{error}")]
+pub struct DeregError {
+    /// The region, unchanged.
+    pub mr: Mr,
+    /// What the verb said (`EBUSY`/`EINVAL` while a window is bound).
+    #[source]
+    pub error: Error,
+}
+
+impl Mr {
+    /// Local key.
+    pub fn lkey(&self) -> Lkey {
+        self.inner.raw.lkey
+    }
+    /// Remote key.
+    pub fn rkey(&self) -> Rkey {
+        self.inner.raw.rkey
+    }
+    /// Start address.
+    pub fn addr(&self) -> usize {
+        self.inner.raw.addr
+    }
+    /// Length in bytes (`usize::MAX` for implicit ODP).
+    pub fn len(&self) -> usize {
+        self.inner.raw.len
+    }
+    /// True for a zero-length region (never: registration refuses them).
+    pub fn is_empty(&self) -> bool {
+        self.inner.raw.len == 0
+    }
+    /// Access flags.
+    pub fn access(&self) -> Access {
+        self.inner.access
+    }
+    /// True for an ODP region.
+    pub fn is_odp(&self) -> bool {
+        self.inner.access.contains(Access::ON_DEMAND)
+    }
+    /// True after a re-registration failed with `ERR_CMD`: the region must not be used.
+    pub fn is_poisoned(&self) -> bool {
+        self.inner.poisoned
+    }
+    /// The PD the region belongs to.
+    pub fn pd(&self) -> &Pd {
+        &self.inner.pd
+    }
+    /// The backend's handle (`struct ibv_mr *` on verbs).
+    pub fn as_raw(&self) -> u64 {
+        self.inner.raw.handle
+    }
+
+    /// A scatter/gather entry for `[addr() + offset, addr() + offset + len)`.
+    ///
+    /// # Errors
+    /// `InvalidArgument` when the range leaves the region, `len` exceeds `u32::MAX`, or the
+    /// region is poisoned.
+    ///
+    /// # Examples
+    /// ```
+    /// # use rdma_pool::nic::{Access, Nic};
+    /// # let pd = Nic::soft().alloc_pd().unwrap();
+    /// # let mut buf = vec![0u8; 64];
+    /// # // SAFETY: `buf` outlives `mr`.
+    /// # let mr = unsafe { pd.reg_mr(buf.as_mut_ptr(), 64, Access::LOCAL_WRITE) }.unwrap();
+    /// let sge = mr.sge(8, 16).unwrap();
+    /// assert_eq!(sge.addr, mr.addr() as u64 + 8);
+    /// assert!(mr.sge(60, 16).is_err());
+    /// ```
+    pub fn sge(&self, offset: usize, len: usize) -> Result<Sge> {
+        if self.inner.poisoned {
+            return Err(Error::invalid(Verb::PostSend, "region is poisoned by a failed rereg"));
+        }
+        let end = offset.checked_add(len);
+        if end.is_none_or(|e| e > self.len()) || len > u32::MAX as usize {
+            return Err(Error::invalid(Verb::PostSend, "range outside the region"));
+        }
+        Ok(Sge {
+            addr: (self.addr() + offset) as u64,
+            length: len as u32,
+            lkey: self.lkey(),
+        })
+    }
+
+    /// Re-register the region (`ibv_rereg_mr`): new translation, PD and/or access.
+    ///
+    /// On success the region's keys are those the device reports; they may or may not have
+    /// changed (mlx5 keeps them on an in-place update). On failure, `ReregError::kind` says
+    /// whether the old region is still valid; after `Cmd` the region is poisoned.
+    ///
+    /// # Errors
+    /// `Input` (nothing changed) for empty flags, unknown flags, an empty new range, invalid
+    /// access, a PD of another device, or while windows are bound; `Cmd` (with `EOPNOTSUPP`)
+    /// where the provider has no re-registration (kernel rxe).
+    ///
+    /// # Safety
+    /// With `CHANGE_TRANSLATION`, as for [`Pd::reg_mr`] for the new range.
+    ///
+    /// # Examples
+    /// ```
+    /// use rdma_pool::nic::{Access, Nic, ReregFlags};
+    /// let pd = Nic::soft().alloc_pd().unwrap();
+    /// let mut a = vec![0u8; 4096];
+    /// let mut b = vec![0u8; 8192];
+    /// // SAFETY: `a` and `b` outlive `mr`.
+    /// let mut mr = unsafe { pd.reg_mr(a.as_mut_ptr(), a.len(), Access::LOCAL_WRITE) }.unwrap();
+    /// unsafe { mr.rereg(ReregFlags::CHANGE_TRANSLATION, None, b.as_mut_ptr(), b.len(), Access::empty()) }
+    ///     .unwrap();
+    /// assert_eq!(mr.len(), 8192);
+    /// ```
+    pub unsafe fn rereg(
+        &mut self,
+        flags: ReregFlags,
+        pd: Option<&Pd>,
+        addr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<(), ReregError> {
+        let input = |errno| Err(ReregError::new(ReregErrorKind::Input, errno));
+        if flags.is_empty() || self.inner.poisoned {
+            return input(libc::EINVAL);
+        }
+        if flags.contains(ReregFlags::CHANGE_TRANSLATION) && (len == 0 || addr.is_null()) {
+            return input(libc::EINVAL);
+        }
+        if !access.is_empty() && !flags.contains(ReregFlags::CHANGE_ACCESS) {
+            return input(libc::EINVAL);
+        }
+        if flags.contains(ReregFlags::CHANGE_ACCESS) && check_mr_access(Verb::ReregMr, access).is_err() {
+            return input(libc::EINVAL);
+        }
+        let new_pd = match (flags.contains(ReregFlags::CHANGE_PD), pd) {
+            (true, Some(pd)) if Arc::ptr_eq(&pd.inner.nic.backend, &self.inner.pd.inner.nic.backend) => {
+                pd.clone()
+            }
+            (true, _) => return input(libc::EINVAL),
+            (false, _) => self.inner.pd.clone(),
+        };
+        let Some(inner) = Arc::get_mut(&mut self.inner) else {
+            // Windows bound to the region hold it; the pool never re-registers under them.
+            return input(libc::EBUSY);
+        };
+        let backend = &*new_pd.inner.nic.backend;
+        let (new_addr, new_len) = if flags.contains(ReregFlags::CHANGE_TRANSLATION) {
+            (addr as usize, len)
+        } else {
+            (inner.raw.addr, inner.raw.len)
+        };
+        let new_access =
+            if flags.contains(ReregFlags::CHANGE_ACCESS) { access } else { inner.access };
+        match backend.rereg_mr(inner.raw.handle, flags, new_pd.inner.handle, new_addr, new_len, new_access) {
+            Ok(raw) => {
+                inner.raw = raw;
+                inner.pd = new_pd;
+                inner.access = new_access;
+                Ok(())
+            }
+            Err(e) => {
+                if !e.kind.mr_usable() {
+                    inner.poisoned = true;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Deregister now (`ibv_dereg_mr`), getting the region back when that fails.
+    ///
+    /// # Errors
+    /// While a memory window is bound to the region the verb refuses (`EBUSY` on the soft NIC,
+    /// `EINVAL` on rxe) and the region is returned unchanged in [`DeregError`].
+    ///
+    /// # Examples
+    /// ```
+    /// # use rdma_pool::nic::{Access, Nic};
+    /// # let pd = Nic::soft().alloc_pd().unwrap();
+    /// # let mut buf = vec![0u8; 64];
+    /// # // SAFETY: `buf` outlives `mr`.
+    /// # let mr = unsafe { pd.reg_mr(buf.as_mut_ptr(), 64, Access::LOCAL_WRITE) }.unwrap();
+    /// mr.dereg().unwrap();
+    /// ```
+    pub fn dereg(self) -> Result<(), DeregError> {
+        match self.inner.dereg() {
+            Ok(()) => Ok(()),
+            Err(error) => Err(DeregError { mr: self, error }),
+        }
+    }
+}
+
+/// A memory window: a sub-range of a region with its own rkey and rights.
+pub struct Mw {
+    pd: Pd,
+    handle: u64,
+    ty: MwType,
+    rkey: Rkey,
+    bound_mr: Option<Arc<MrInner>>,
+    bound_qp: Option<Arc<QpInner>>,
+}
+
+impl std::fmt::Debug for Mw {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mw").field("type", &self.ty).field("rkey", &self.rkey).finish()
+    }
+}
+
+impl Mw {
+    /// The window's type.
+    pub fn mw_type(&self) -> MwType {
+        self.ty
+    }
+    /// The window's current rkey (updated by every bind this handle made).
+    pub fn rkey(&self) -> Rkey {
+        self.rkey
+    }
+    /// The backend's handle (`struct ibv_mw *` on verbs).
+    pub fn as_raw(&self) -> u64 {
+        self.handle
+    }
+    /// The PD.
+    pub fn pd(&self) -> &Pd {
+        &self.pd
+    }
+}
+
+impl Drop for Mw {
+    fn drop(&mut self) {
+        if let Err(e) = self.pd.backend().dealloc_mw(self.handle) {
+            tracing::error!(error = %e, "ibv_dealloc_mw failed in drop; the window is leaked");
+        }
+        // The bound QP and MR (fields) are released after the window: type 2 windows must be
+        // deallocated before their QP is destroyed (rxe stalls otherwise).
+    }
+}
+
+/// A completion queue.
+#[derive(Clone)]
+pub struct Cq {
+    inner: Arc<CqInner>,
+}
+
+struct CqInner {
+    nic: Nic,
+    handle: u64,
+}
+
+impl Drop for CqInner {
+    fn drop(&mut self) {
+        if let Err(e) = self.nic.backend.destroy_cq(self.handle) {
+            tracing::error!(error = %e, "ibv_destroy_cq failed in drop; the CQ is leaked");
+        }
+    }
+}
+
+impl std::fmt::Debug for Cq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cq").field("handle", &self.inner.handle).finish()
+    }
+}
+
+impl Cq {
+    /// Poll up to `out.len()` completions; returns how many were written.
+    ///
+    /// # Errors
+    /// The `ibv_poll_cq` failure.
+    pub fn poll(&self, out: &mut [Completion]) -> Result<usize> {
+        self.inner.nic.backend.poll_cq(self.inner.handle, out)
+    }
+
+    /// Poll one completion, if there is one.
+    ///
+    /// # Errors
+    /// The `ibv_poll_cq` failure.
+    pub fn poll_one(&self) -> Result<Option<Completion>> {
+        let mut wc = [Completion::default()];
+        Ok((self.poll(&mut wc)? == 1).then_some(wc[0]))
+    }
+
+    /// Wait (spinning, then yielding) for one completion for at most `timeout`.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] when none arrives in time.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::time::Duration;
+    /// let cq = rdma_pool::nic::Nic::soft().create_cq(4).unwrap();
+    /// assert!(cq.wait_one(Duration::from_millis(1)).is_err());
+    /// ```
+    pub fn wait_one(&self, timeout: Duration) -> Result<Completion> {
+        let start = Instant::now();
+        loop {
+            if let Some(wc) = self.poll_one()? {
+                return Ok(wc);
+            }
+            if start.elapsed() > timeout {
+                return Err(Error::Timeout(timeout));
+            }
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// A reliable-connected queue pair.
+#[derive(Clone)]
+pub struct Qp {
+    inner: Arc<QpInner>,
+}
+
+struct QpInner {
+    pd: Pd,
+    _send_cq: Cq,
+    _recv_cq: Cq,
+    handle: u64,
+    qpn: u32,
+    caps: QpCaps,
+}
+
+impl Drop for QpInner {
+    fn drop(&mut self) {
+        if let Err(e) = self.pd.backend().destroy_qp(self.handle) {
+            tracing::error!(error = %e, "ibv_destroy_qp failed in drop; the QP is leaked");
+        }
+    }
+}
+
+impl std::fmt::Debug for Qp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Qp").field("qpn", &self.inner.qpn).finish()
+    }
+}
+
+impl Qp {
+    /// The QP number.
+    pub fn qpn(&self) -> u32 {
+        self.inner.qpn
+    }
+    /// The PD.
+    pub fn pd(&self) -> &Pd {
+        &self.inner.pd
+    }
+    /// The backend's handle (`struct ibv_qp *` on verbs).
+    pub fn as_raw(&self) -> u64 {
+        self.inner.handle
+    }
+    fn backend(&self) -> &dyn Backend {
+        self.inner.pd.backend()
+    }
+
+    /// What the peer needs to connect to this QP.
+    ///
+    /// # Errors
+    /// The port/GID query failure.
+    pub fn endpoint(&self) -> Result<Endpoint> {
+        self.backend().endpoint(self.inner.handle)
+    }
+
+    /// Connect to `remote` (INIT → RTR → RTS).
+    ///
+    /// # Errors
+    /// The `ibv_modify_qp` failure; on the soft NIC, `EINVAL` when no such peer QP exists.
+    pub fn connect(&self, remote: &Endpoint) -> Result<()> {
+        self.backend().connect_qp(self.inner.handle, remote)
+    }
+
+    /// The QP's state.
+    ///
+    /// # Errors
+    /// The `ibv_query_qp` failure.
+    pub fn state(&self) -> Result<QpState> {
+        self.backend().qp_state(self.inner.handle)
+    }
+
+    fn post(&self, wr_id: u64, sges: &[Sge], op: RawSendOp) -> Result<()> {
+        if sges.len() > self.inner.caps.max_send_sge as usize {
+            return Err(Error::Limit {
+                verb: Verb::PostSend,
+                limit: "max_send_sge",
+                max: self.inner.caps.max_send_sge as u64,
+            });
+        }
+        self.backend().post_send(self.inner.handle, &RawSendWr { wr_id, signaled: true, sges, op })
+    }
+
+    /// Post a SEND of `sges`.
+    ///
+    /// # Errors
+    /// The `ibv_post_send` failure (the outcome of the transfer arrives as a completion).
+    pub fn post_send(&self, wr_id: u64, sges: &[Sge]) -> Result<()> {
+        self.post(wr_id, sges, RawSendOp::Send)
+    }
+
+    /// Post a SEND that also invalidates `rkey` at the responder (SEND_WITH_INV).
+    ///
+    /// # Errors
+    /// The `ibv_post_send` failure.
+    pub fn post_send_with_inv(&self, wr_id: u64, sges: &[Sge], rkey: Rkey) -> Result<()> {
+        self.post(wr_id, sges, RawSendOp::SendWithInv(rkey))
+    }
+
+    /// Post an RDMA WRITE of `sges` to `remote_addr` under `rkey`.
+    ///
+    /// # Errors
+    /// The `ibv_post_send` failure.
+    pub fn post_write(&self, wr_id: u64, sges: &[Sge], remote_addr: u64, rkey: Rkey) -> Result<()> {
+        self.post(wr_id, sges, RawSendOp::Write { remote_addr, rkey })
+    }
+
+    /// Post an RDMA READ from `remote_addr` under `rkey` into `sges`.
+    ///
+    /// # Errors
+    /// The `ibv_post_send` failure.
+    pub fn post_read(&self, wr_id: u64, sges: &[Sge], remote_addr: u64, rkey: Rkey) -> Result<()> {
+        self.post(wr_id, sges, RawSendOp::Read { remote_addr, rkey })
+    }
+
+    /// Post a LOCAL_INV of `rkey` (a type 2 window bound on this QP).
+    ///
+    /// # Errors
+    /// The `ibv_post_send` failure.
+    pub fn post_local_inv(&self, wr_id: u64, rkey: Rkey) -> Result<()> {
+        self.post(wr_id, &[], RawSendOp::LocalInv(rkey))
+    }
+
+    /// Post a receive into `sges`.
+    ///
+    /// # Errors
+    /// `Limit` above `max_recv_sge`, or the `ibv_post_recv` failure.
+    pub fn post_recv(&self, wr_id: u64, sges: &[Sge]) -> Result<()> {
+        if sges.len() > self.inner.caps.max_recv_sge as usize {
+            return Err(Error::Limit {
+                verb: Verb::PostRecv,
+                limit: "max_recv_sge",
+                max: self.inner.caps.max_recv_sge as u64,
+            });
+        }
+        self.backend().post_recv(self.inner.handle, wr_id, sges)
+    }
+
+    fn bind_args(&self, wr_id: u64, mw: &Mw, mr: &Mr, offset: usize, len: usize, access: Access) -> Result<RawBind> {
+        if !Arc::ptr_eq(&mw.pd.inner.nic.backend, &self.inner.pd.inner.nic.backend) {
+            return Err(Error::invalid(Verb::BindMw, "window of another device"));
+        }
+        if offset.checked_add(len).is_none_or(|e| e > mr.len()) {
+            return Err(Error::invalid(Verb::BindMw, "window range outside the region"));
+        }
+        if access.intersects(!(Access::REMOTE | Access::ZERO_BASED)) {
+            return Err(Error::invalid(Verb::BindMw, "windows take only remote rights and ZERO_BASED"));
+        }
+        Ok(RawBind {
+            wr_id,
+            signaled: true,
+            mr: mr.as_raw(),
+            mr_lkey: mr.lkey(),
+            addr: mr.addr() + offset,
+            len,
+            access,
+        })
+    }
+
+    /// Bind the type 1 window `mw` to `[offset, offset + len)` of `mr` with `access`
+    /// (`ibv_bind_mw`). A zero `len` unbinds. The window gets a new rkey (returned and stored
+    /// in `mw`); a completion with `wr_id` follows.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a type 2 window or a range outside `mr`; the verb's failure.
+    pub fn bind_mw(&self, wr_id: u64, mw: &mut Mw, mr: &Mr, offset: usize, len: usize, access: Access) -> Result<Rkey> {
+        if mw.ty != MwType::Type1 {
+            return Err(Error::invalid(Verb::BindMw, "ibv_bind_mw binds type 1 windows only"));
+        }
+        let bind = self.bind_args(wr_id, mw, mr, offset, len, access)?;
+        let rkey = self.backend().bind_mw(self.inner.handle, mw.handle, mw.rkey, &bind)?;
+        mw.rkey = rkey;
+        mw.bound_mr = (len > 0).then(|| mr.inner.clone());
+        Ok(rkey)
+    }
+
+    /// Post a BIND_MW work request binding the type 2 window `mw` to `[offset, offset + len)` of
+    /// `mr`; the window is then usable only through this QP. Returns the window's new rkey (the
+    /// next variant), valid once the completion reports success.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a type 1 window or a range outside `mr`; the post failure.
+    pub fn post_bind_mw(&self, wr_id: u64, mw: &mut Mw, mr: &Mr, offset: usize, len: usize, access: Access) -> Result<Rkey> {
+        if mw.ty != MwType::Type2 {
+            return Err(Error::invalid(Verb::BindMw, "BIND_MW work requests bind type 2 windows only"));
+        }
+        let bind = self.bind_args(wr_id, mw, mr, offset, len, access)?;
+        let new_rkey = mw.rkey.next_variant();
+        self.post(wr_id, &[], RawSendOp::BindMw { mw: mw.handle, mw_rkey: mw.rkey, new_rkey, bind })?;
+        mw.rkey = new_rkey;
+        mw.bound_mr = Some(mr.inner.clone());
+        mw.bound_qp = Some(self.inner.clone());
+        Ok(new_rkey)
+    }
+}
+
+/// A DEVX UMEM: user memory registered for device queue objects.
+pub struct Umem {
+    nic: Nic,
+    handle: u64,
+    id: u32,
+    addr: usize,
+    len: usize,
+}
+
+impl std::fmt::Debug for Umem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Umem").field("id", &self.id).field("len", &self.len).finish()
+    }
+}
+
+impl Umem {
+    /// The UMEM id the device assigned.
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+    /// Start address.
+    pub fn addr(&self) -> usize {
+        self.addr
+    }
+    /// Length.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Never true: registration refuses empty ranges.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// The backend's handle (`struct mlx5dv_devx_umem *` on verbs).
+    pub fn as_raw(&self) -> u64 {
+        self.handle
+    }
+}
+
+impl Drop for Umem {
+    fn drop(&mut self) {
+        if let Err(e) = self.nic.backend.umem_dereg(self.handle) {
+            tracing::error!(error = %e, "mlx5dv_devx_umem_dereg failed in drop; the UMEM is leaked");
+        }
+    }
+}

@@ -1,0 +1,118 @@
+//! Where kernel Soft-RoCE (rxe) and the soft NIC differ: the one table of differences.
+//!
+//! The soft NIC models what verbs hardware enforces; rxe, the reference kernel stack run in CI,
+//! falls short of that in a few places (and refuses a few optional verbs). Each difference is one
+//! row of [`RXE`], with the reason, and the scenario suite (`tests/scenarios.rs`) asks
+//! [`applies`] before asserting the hardware behaviour, so a change in either stack is noticed.
+//!
+//! Measured on Debian's 7.3.4 kernel with rdma-core 65 (see `tests/rxe/README.md`).
+
+use super::Caps;
+
+/// A known difference between rxe and the soft NIC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Quirk {
+    /// rxe checks an rkey's access against the window's *region*, not the window's bounds.
+    MwBoundsNotEnforced,
+    /// rxe has no `rereg_mr`: every call fails with `ERR_CMD`/`EOPNOTSUPP`.
+    ReregUnsupported,
+    /// rxe has no implicit ODP.
+    NoImplicitOdp,
+    /// rxe ODP RDMA ignores the in-page offset unless buffers are page-aligned and the path MTU
+    /// is 4096: data silently corrupted.
+    OdpRdmaNeedsPageAlignment,
+    /// rxe refuses to deregister a region with bound windows with `EINVAL`, not `EBUSY`.
+    DeregBusyIsEinval,
+    /// Unbinding a type 1 window with a NULL region crashes rxe's provider.
+    UnbindNeedsRegion,
+    /// Destroying a QP before its type 2 windows stalls rxe ~50 s.
+    Type2WindowsBeforeQp,
+    /// After `ERR_CMD` from `rereg_mr`, rxe's region in fact still works; the soft NIC enforces
+    /// ibv_rereg_mr(3)'s "must not be used" by refusing it.
+    ErrCmdRegionStillWorks,
+    /// rxe has no DEVX (it is no mlx5 device).
+    NoDevx,
+}
+
+/// One row of the difference table.
+#[derive(Debug, Clone, Copy)]
+pub struct Difference {
+    /// Which difference.
+    pub quirk: Quirk,
+    /// What the soft NIC does (the hardware rule).
+    pub soft: &'static str,
+    /// What rxe does.
+    pub rxe: &'static str,
+    /// Why the soft NIC does not copy rxe here.
+    pub reason: &'static str,
+}
+
+/// The differences between rxe and the soft NIC.
+pub const RXE: &[Difference] = &[
+    Difference {
+        quirk: Quirk::MwBoundsNotEnforced,
+        soft: "access outside a window's range through its rkey: REM_ACCESS_ERR",
+        rxe: "succeeds when inside the window's region (rxe_lookup_mw checks rights, not range)",
+        reason: "IB spec C10-? and mlx5 enforce window bounds; a grant must cover one buffer only",
+    },
+    Difference {
+        quirk: Quirk::ReregUnsupported,
+        soft: "configurable: keep keys (default, as mlx5), change keys, or refuse",
+        rxe: "ERR_CMD (-4) with EOPNOTSUPP for every flag",
+        reason: "the pool must be tested on both the rereg path and the fallback path",
+    },
+    Difference {
+        quirk: Quirk::NoImplicitOdp,
+        soft: "implicit ODP supported (configurable)",
+        rxe: "EOPNOTSUPP",
+        reason: "mlx5 supports implicit ODP; the soft NIC models it so the pool's use is tested",
+    },
+    Difference {
+        quirk: Quirk::OdpRdmaNeedsPageAlignment,
+        soft: "ODP RDMA moves the right bytes at any offset",
+        rxe: "wrong bytes (success status) unless page-aligned at path MTU 4096",
+        reason: "a kernel bug in rxe's ODP copy; the verbs backend keeps ODP RDMA page-aligned on rxe",
+    },
+    Difference {
+        quirk: Quirk::DeregBusyIsEinval,
+        soft: "dereg_mr with a bound window: EBUSY",
+        rxe: "EINVAL",
+        reason: "EBUSY says what is wrong; both refuse and keep the region",
+    },
+    Difference {
+        quirk: Quirk::UnbindNeedsRegion,
+        soft: "zero-length bind with or without a region unbinds",
+        rxe: "NULL region segfaults in the provider",
+        reason: "rdma-pool always passes the region; the soft NIC does not need the workaround",
+    },
+    Difference {
+        quirk: Quirk::Type2WindowsBeforeQp,
+        soft: "QP destroy with type 2 windows bound: immediate",
+        rxe: "stalls about 50 s (error -110)",
+        reason: "a bound window holds its QP alive in rdma-pool's handles, so order is always right",
+    },
+    Difference {
+        quirk: Quirk::ErrCmdRegionStillWorks,
+        soft: "after ERR_CMD the region's keys are refused",
+        rxe: "the region keeps working",
+        reason: "ibv_rereg_mr(3): after ERR_CMD the MR must not be used; hardware may have torn it down",
+    },
+    Difference {
+        quirk: Quirk::NoDevx,
+        soft: "UMEM registration with page-size bitmap checks",
+        rxe: "Unsupported (not an mlx5 device)",
+        reason: "DEVX is mlx5-only; the soft NIC models it so queue-memory code is tested",
+    },
+];
+
+/// True when `quirk` applies to the device described by `caps`.
+///
+/// # Examples
+/// ```
+/// use rdma_pool::nic::{Nic, quirks::{applies, Quirk}};
+/// assert!(!applies(Nic::soft().caps(), Quirk::MwBoundsNotEnforced));
+/// ```
+pub fn applies(caps: &Caps, quirk: Quirk) -> bool {
+    caps.driver == "rxe" && RXE.iter().any(|d| d.quirk == quirk)
+}

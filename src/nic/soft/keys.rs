@@ -1,0 +1,379 @@
+//! The soft NIC's key table: every memory region and memory window lives in one slot, and a key
+//! is `index << 8 | variant`.
+//!
+//! Contract: a key is valid iff its slot holds an object *and* the slot's variant equals the
+//! key's low 8 bits and, for a window, it is bound (`Valid`). Each slot has its own lock, so the
+//! data path (`check_and_access`) never takes a table-wide lock; the free-index list is locked
+//! only by registration and deregistration. A data transfer holds its slot's read lock while it
+//! copies, so a deregistration waits for in-flight DMA, as hardware does.
+//!
+//! Invariants: `|free| + |occupied| == capacity - 1` (index 0 is never used);
+//! `mr.num_mw == |{ mw : mw.bound.mr_index == mr's index }|`.
+
+use super::mem;
+use crate::nic::types::{Access, MwType};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+/// Per-page ODP residency of a region: a page is present for reading, and maybe for writing.
+pub(super) enum Residency {
+    /// Explicit ODP: one bit per page of the region, in two bitmaps.
+    Explicit { first_page: usize, read: Box<[AtomicU64]>, write: Box<[AtomicU64]> },
+    /// Implicit ODP: the whole address space, so a sparse set (page → writable).
+    Implicit(Mutex<std::collections::HashMap<usize, bool>>),
+}
+
+impl Residency {
+    pub(super) fn new(addr: usize, len: usize) -> Residency {
+        if len == usize::MAX {
+            return Residency::Implicit(Mutex::new(Default::default()));
+        }
+        let ps = mem::page_size();
+        let first = addr / ps;
+        let last = (addr + len).div_ceil(ps);
+        let words = (last - first).div_ceil(64);
+        let bitmap = || (0..words).map(|_| AtomicU64::new(0)).collect::<Box<[_]>>();
+        Residency::Explicit { first_page: first, read: bitmap(), write: bitmap() }
+    }
+
+    /// Is `page` (a page number) present with the needed right?
+    pub(super) fn present(&self, page: usize, write: bool) -> bool {
+        match self {
+            Residency::Explicit { first_page, read, write: w } => {
+                let i = page - first_page;
+                let map = if write { w } else { read };
+                map[i / 64].load(Ordering::Acquire) & (1 << (i % 64)) != 0
+            }
+            Residency::Implicit(set) => {
+                let set = set.lock().unwrap_or_else(|e| e.into_inner());
+                set.get(&page).is_some_and(|&w| w || !write)
+            }
+        }
+    }
+
+    /// Make `page` present (readable; writable too when `write`). Returns true if it was not.
+    pub(super) fn insert(&self, page: usize, write: bool) -> bool {
+        match self {
+            Residency::Explicit { first_page, read, write: w } => {
+                let i = page - first_page;
+                let bit = 1u64 << (i % 64);
+                let was = read[i / 64].fetch_or(bit, Ordering::AcqRel) & bit != 0;
+                let was_w = !write || w[i / 64].fetch_or(bit, Ordering::AcqRel) & bit != 0;
+                !(was && was_w)
+            }
+            Residency::Implicit(set) => {
+                let mut set = set.lock().unwrap_or_else(|e| e.into_inner());
+                match set.get_mut(&page) {
+                    None => {
+                        set.insert(page, write);
+                        true
+                    }
+                    Some(w) => {
+                        let upgraded = write && !*w;
+                        *w |= write;
+                        upgraded
+                    }
+                }
+            }
+        }
+    }
+
+    /// Drop `page` from the device's translation (an MMU-notifier invalidation).
+    pub(super) fn remove(&self, page: usize) {
+        match self {
+            Residency::Explicit { first_page, read, write } => {
+                if page < *first_page || (page - first_page) / 64 >= read.len() {
+                    return;
+                }
+                let i = page - first_page;
+                read[i / 64].fetch_and(!(1 << (i % 64)), Ordering::AcqRel);
+                write[i / 64].fetch_and(!(1 << (i % 64)), Ordering::AcqRel);
+            }
+            Residency::Implicit(set) => {
+                set.lock().unwrap_or_else(|e| e.into_inner()).remove(&page);
+            }
+        }
+    }
+
+    /// Number of pages present.
+    pub(super) fn count(&self) -> usize {
+        match self {
+            Residency::Explicit { read, .. } => {
+                read.iter().map(|w| w.load(Ordering::Acquire).count_ones() as usize).sum()
+            }
+            Residency::Implicit(set) => set.lock().unwrap_or_else(|e| e.into_inner()).len(),
+        }
+    }
+}
+
+/// A registered region.
+pub(super) struct MrObj {
+    pub(super) pd: u64,
+    pub(super) addr: usize,
+    pub(super) len: usize,
+    pub(super) access: Access,
+    /// `Some` for ODP regions.
+    pub(super) odp: Option<Residency>,
+    /// Windows currently bound to this region.
+    pub(super) num_mw: AtomicU32,
+    /// False after a failed re-registration (`ERR_CMD`): every access is refused.
+    pub(super) usable: bool,
+    /// Bytes charged to the memlock account (0 for ODP).
+    pub(super) pinned: u64,
+}
+
+impl MrObj {
+    pub(super) fn contains(&self, addr: u64, len: u64) -> bool {
+        let (a, l) = (self.addr as u64, self.len as u64);
+        addr >= a && addr.checked_add(len).is_some_and(|e| e <= a.saturating_add(l))
+    }
+}
+
+/// A window's binding.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct MwBinding {
+    /// The region's key at bind time (index and variant).
+    pub(super) mr_key: u32,
+    pub(super) addr: usize,
+    pub(super) len: usize,
+    pub(super) access: Access,
+    /// The QP number a type 2 window is bound through.
+    pub(super) qpn: Option<u32>,
+}
+
+/// A memory window.
+pub(super) struct MwObj {
+    pub(super) pd: u64,
+    pub(super) ty: MwType,
+    /// `None`: free (type 2) or unbound (type 1).
+    pub(super) binding: Option<MwBinding>,
+}
+
+pub(super) enum KeyObj {
+    Mr(MrObj),
+    Mw(MwObj),
+}
+
+pub(super) struct Slot {
+    pub(super) variant: u8,
+    pub(super) obj: Option<KeyObj>,
+}
+
+pub(super) struct KeyTable {
+    slots: Box<[RwLock<Slot>]>,
+    free: Mutex<Vec<u32>>,
+}
+
+/// Why a key lookup failed (mapped to a completion status or errno by the caller).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum KeyFault {
+    /// No object at that index.
+    NoObject,
+    /// The object's current variant differs (invalidated, rebound, re-registered).
+    StaleVariant,
+    /// A window key where a region key is required (or the reverse).
+    WrongKind,
+    /// Another PD.
+    WrongPd,
+    /// A type 2 window used through another QP.
+    WrongQp,
+    /// The window is not bound.
+    Unbound,
+    /// The range leaves the region or window.
+    OutOfBounds,
+    /// The access flags do not allow the operation.
+    NoRight,
+    /// The region was poisoned by a failed re-registration.
+    Poisoned,
+    /// An ODP page could not be faulted in (the process cannot access it).
+    PageFault,
+    /// The DMA copy failed (memory unmapped under a pinned region).
+    Dma,
+}
+
+impl KeyTable {
+    pub(super) fn new(capacity: u32) -> KeyTable {
+        let cap = capacity.clamp(2, 1 << 24);
+        let slots = (0..cap)
+            .map(|i| RwLock::new(Slot { variant: (i.wrapping_mul(37) & 0xff) as u8, obj: None }))
+            .collect();
+        // Pop from the end: low indices first.
+        let free = Mutex::new((1..cap).rev().collect());
+        KeyTable { slots, free }
+    }
+
+    /// Put `obj` in a free slot; returns its key, or `None` when the table is full.
+    pub(super) fn insert(&self, obj: KeyObj) -> Option<u32> {
+        let index = self.free.lock().unwrap_or_else(|e| e.into_inner()).pop()?;
+        let mut slot = self.write(index);
+        slot.variant = slot.variant.wrapping_add(1);
+        slot.obj = Some(obj);
+        Some(index << 8 | slot.variant as u32)
+    }
+
+    /// Empty the slot at `index` and recycle it, if `check` accepts its object (checked under
+    /// the slot's write lock, so nothing can bind to it in between).
+    pub(super) fn remove_if(
+        &self,
+        index: u32,
+        check: impl FnOnce(&KeyObj) -> Result<(), i32>,
+    ) -> Result<KeyObj, i32> {
+        let obj = {
+            let mut slot = self.write(index);
+            check(slot.obj.as_ref().ok_or(libc::EINVAL)?)?;
+            slot.variant = slot.variant.wrapping_add(1);
+            slot.obj.take().ok_or(libc::EINVAL)?
+        };
+        self.free.lock().unwrap_or_else(|e| e.into_inner()).push(index);
+        Ok(obj)
+    }
+
+    /// Index 0 is never handed out, so an out-of-range index reads as an empty slot.
+    pub(super) fn read(&self, index: u32) -> RwLockReadGuard<'_, Slot> {
+        let slot = self.slots.get(index as usize).unwrap_or(&self.slots[0]);
+        slot.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(super) fn write(&self, index: u32) -> RwLockWriteGuard<'_, Slot> {
+        let slot = self.slots.get(index as usize).unwrap_or(&self.slots[0]);
+        slot.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Every occupied index (cold: tests and ODP invalidation).
+    pub(super) fn occupied(&self) -> Vec<u32> {
+        (1..self.slots.len() as u32).filter(|&i| self.read(i).obj.is_some()).collect()
+    }
+}
+
+/// Who is asking, for the checks of `check_and_access`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Requester {
+    pub(super) pd: u64,
+    pub(super) qpn: u32,
+    /// A remote access (rkey): windows allowed, remote rights needed.
+    pub(super) remote: bool,
+}
+
+/// What happens to the bytes once the key and range are checked: the closure gets the
+/// address to use and returns a DMA error.
+pub(super) type Dma<'a> = &'a mut dyn FnMut(usize) -> std::io::Result<()>;
+
+/// The NIC-side hooks needed while checking (fault accounting).
+pub(super) trait FaultSink {
+    fn page_fault(&self);
+    fn rejected(&self);
+}
+
+/// Check `key` for an access of `len` bytes at `addr` by `who`, needing `write`; then run `dma`
+/// while the slot is read-locked. ODP pages are faulted in first.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn check_and_access(
+    table: &KeyTable,
+    sink: &dyn FaultSink,
+    key: u32,
+    who: Requester,
+    addr: u64,
+    len: u64,
+    write: bool,
+    dma: Dma<'_>,
+) -> Result<(), KeyFault> {
+    let r = check_and_access_inner(table, sink, key, who, addr, len, write, dma);
+    if r.is_err() {
+        sink.rejected();
+    }
+    r
+}
+
+#[allow(clippy::too_many_arguments)]
+fn check_and_access_inner(
+    table: &KeyTable,
+    sink: &dyn FaultSink,
+    key: u32,
+    who: Requester,
+    addr: u64,
+    len: u64,
+    write: bool,
+    dma: Dma<'_>,
+) -> Result<(), KeyFault> {
+    let slot = table.read(key >> 8);
+    let obj = slot.obj.as_ref().ok_or(KeyFault::NoObject)?;
+    if slot.variant != (key & 0xff) as u8 {
+        return Err(KeyFault::StaleVariant);
+    }
+    let need = match (who.remote, write) {
+        (false, false) => Access::empty(),
+        (false, true) => Access::LOCAL_WRITE,
+        (true, false) => Access::REMOTE_READ,
+        (true, true) => Access::REMOTE_WRITE,
+    };
+    match obj {
+        KeyObj::Mr(mr) => {
+            if mr.pd != who.pd {
+                return Err(KeyFault::WrongPd);
+            }
+            if !mr.usable {
+                return Err(KeyFault::Poisoned);
+            }
+            if !mr.access.contains(need) {
+                return Err(KeyFault::NoRight);
+            }
+            if !mr.contains(addr, len) {
+                return Err(KeyFault::OutOfBounds);
+            }
+            access_mr(mr, sink, addr as usize, len as usize, write, dma)
+        }
+        KeyObj::Mw(mw) => {
+            if !who.remote {
+                return Err(KeyFault::WrongKind);
+            }
+            if mw.pd != who.pd {
+                return Err(KeyFault::WrongPd);
+            }
+            let b = mw.binding.ok_or(KeyFault::Unbound)?;
+            if mw.ty == MwType::Type2 && b.qpn != Some(who.qpn) {
+                return Err(KeyFault::WrongQp);
+            }
+            if !b.access.contains(need) {
+                return Err(KeyFault::NoRight);
+            }
+            let addr = if b.access.contains(Access::ZERO_BASED) {
+                addr.checked_add(b.addr as u64).ok_or(KeyFault::OutOfBounds)?
+            } else {
+                addr
+            };
+            if addr < b.addr as u64 || addr.checked_add(len).is_none_or(|e| e > (b.addr + b.len) as u64) {
+                return Err(KeyFault::OutOfBounds);
+            }
+            // Lock order: window, then region (binds take the window's write lock first too).
+            let mr_slot = table.read(b.mr_key >> 8);
+            let Some(KeyObj::Mr(mr)) = mr_slot.obj.as_ref().filter(|_| mr_slot.variant == b.mr_key as u8) else {
+                return Err(KeyFault::NoObject);
+            };
+            if !mr.usable {
+                return Err(KeyFault::Poisoned);
+            }
+            access_mr(mr, sink, addr as usize, len as usize, write, dma)
+        }
+    }
+}
+
+fn access_mr(mr: &MrObj, sink: &dyn FaultSink, addr: usize, len: usize, write: bool, dma: Dma<'_>) -> Result<(), KeyFault> {
+    if let Some(res) = &mr.odp {
+        if len > 0 {
+            let ps = mem::page_size();
+            for page in addr / ps..=(addr + len - 1) / ps {
+                if res.present(page, write) {
+                    continue;
+                }
+                sink.page_fault();
+                match mem::range_prot(page * ps, ps) {
+                    Some(p) if p.read && (p.write || !write) => {
+                        res.insert(page, write);
+                    }
+                    _ => return Err(KeyFault::PageFault),
+                }
+            }
+        }
+    }
+    dma(addr).map_err(|_| KeyFault::Dma)
+}

@@ -1,0 +1,377 @@
+//! Plain data that crosses the NIC boundary: keys, access flags, capabilities, work requests
+//! and completions.
+//!
+//! Contract: every numeric value here is the one libibverbs uses (`ibv_access_flags`,
+//! `ibv_rereg_mr_flags`, `ibv_advise_mr_advice`, `ibv_wc_status`), so the verbs backend passes
+//! them through unchanged and the soft NIC speaks the same language.
+//!
+//! Invariant: `key.variant() == key.0 & 0xff` and `key.index() == key.0 >> 8` for every key;
+//! a new binding or registration of the same index changes the variant.
+
+use bitflags::bitflags;
+
+/// A local key: names a memory region to the local NIC in scatter/gather entries.
+///
+/// # Examples
+/// ```
+/// use rdma_pool::nic::Lkey;
+/// let k = Lkey(0x1234_56ab);
+/// assert_eq!(k.variant(), 0xab);
+/// assert_eq!(k.index(), 0x12_3456);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Lkey(pub u32);
+
+/// A remote key: names a memory region or memory window to a peer's NIC.
+///
+/// The low 8 bits are the key *variant*: rebinding a window or re-registering a region
+/// changes them, and a key with an earlier variant is rejected.
+///
+/// # Examples
+/// ```
+/// use rdma_pool::nic::Rkey;
+/// let k = Rkey(0x0000_0107);
+/// assert_eq!(k.variant(), 7);
+/// assert_eq!(k.next_variant(), Rkey(0x0000_0108));
+/// assert_eq!(Rkey(0x01ff).next_variant(), Rkey(0x0100));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Rkey(pub u32);
+
+macro_rules! key_methods {
+    ($t:ident) => {
+        impl $t {
+            /// The low 8 bits: the key variant, changed by every rebind / re-registration.
+            pub const fn variant(self) -> u8 {
+                (self.0 & 0xff) as u8
+            }
+            /// The high 24 bits: the index of the region or window in the NIC's key table.
+            pub const fn index(self) -> u32 {
+                self.0 >> 8
+            }
+            /// The same index with the next variant (what `ibv_inc_rkey` computes).
+            pub const fn next_variant(self) -> Self {
+                $t((self.0 & !0xff) | ((self.0.wrapping_add(1)) & 0xff))
+            }
+        }
+        impl std::fmt::Display for $t {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "{:#010x}", self.0)
+            }
+        }
+    };
+}
+key_methods!(Lkey);
+key_methods!(Rkey);
+
+bitflags! {
+    /// Memory access flags (`enum ibv_access_flags`), for regions, windows and UMEMs.
+    ///
+    /// # Examples
+    /// ```
+    /// use rdma_pool::nic::Access;
+    /// let a = Access::LOCAL_WRITE | Access::REMOTE_READ;
+    /// assert!(a.is_valid_for_mr());
+    /// assert!(!Access::REMOTE_WRITE.is_valid_for_mr()); // needs LOCAL_WRITE
+    /// ```
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct Access: u32 {
+        /// `IBV_ACCESS_LOCAL_WRITE`: the local NIC may write (RECV, READ response).
+        const LOCAL_WRITE = 1;
+        /// `IBV_ACCESS_REMOTE_WRITE`: peers may RDMA WRITE.
+        const REMOTE_WRITE = 1 << 1;
+        /// `IBV_ACCESS_REMOTE_READ`: peers may RDMA READ.
+        const REMOTE_READ = 1 << 2;
+        /// `IBV_ACCESS_REMOTE_ATOMIC`: peers may issue atomics.
+        const REMOTE_ATOMIC = 1 << 3;
+        /// `IBV_ACCESS_MW_BIND`: memory windows may be bound to this region.
+        const MW_BIND = 1 << 4;
+        /// `IBV_ACCESS_ZERO_BASED`: remote addresses are offsets (windows only).
+        const ZERO_BASED = 1 << 5;
+        /// `IBV_ACCESS_ON_DEMAND`: on-demand paging, pages are not pinned.
+        const ON_DEMAND = 1 << 6;
+        /// `IBV_ACCESS_HUGETLB`: the range is backed by huge pages.
+        const HUGETLB = 1 << 7;
+        /// `IBV_ACCESS_RELAXED_ORDERING`.
+        const RELAXED_ORDERING = 1 << 20;
+    }
+}
+
+impl Access {
+    /// The remote rights, which need `LOCAL_WRITE` when they include a write.
+    pub const REMOTE: Access = Access::REMOTE_READ
+        .union(Access::REMOTE_WRITE)
+        .union(Access::REMOTE_ATOMIC);
+
+    /// True when `REMOTE_WRITE`/`REMOTE_ATOMIC` come with `LOCAL_WRITE`, as `ibv_reg_mr`
+    /// requires (the kernel answers `EINVAL` otherwise).
+    pub fn is_valid_for_mr(self) -> bool {
+        !self.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC)
+            || self.contains(Access::LOCAL_WRITE)
+    }
+}
+
+bitflags! {
+    /// `ibv_rereg_mr` flags: which properties of the region change.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct ReregFlags: u32 {
+        /// `IBV_REREG_MR_CHANGE_TRANSLATION`: new address and length.
+        const CHANGE_TRANSLATION = 1;
+        /// `IBV_REREG_MR_CHANGE_PD`: new protection domain.
+        const CHANGE_PD = 1 << 1;
+        /// `IBV_REREG_MR_CHANGE_ACCESS`: new access flags.
+        const CHANGE_ACCESS = 1 << 2;
+    }
+}
+
+bitflags! {
+    /// `ibv_advise_mr` flags.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct AdviseFlags: u32 {
+        /// `IBV_ADVISE_MR_FLAG_FLUSH`: return only once the translations are in the NIC.
+        const FLUSH = 1;
+    }
+}
+
+/// `enum ibv_advise_mr_advice`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum Advice {
+    /// Make pages present read-only before the I/O.
+    Prefetch = 0,
+    /// Make pages present readable and writable.
+    PrefetchWrite = 1,
+    /// Map pages already present in the CPU, without faulting.
+    PrefetchNoFault = 2,
+}
+
+/// Memory window type (`IBV_MW_TYPE_1` / `IBV_MW_TYPE_2`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum MwType {
+    /// Bound with `ibv_bind_mw` on any QP of the PD, usable from any QP.
+    Type1 = 1,
+    /// Bound by a BIND_MW work request, usable only through the QP that bound it.
+    Type2 = 2,
+}
+
+bitflags! {
+    /// ODP support for one transport's operations (`ibv_odp_transport_cap_bits`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct OdpOps: u32 {
+        /// SEND.
+        const SEND = 1;
+        /// RECV.
+        const RECV = 1 << 1;
+        /// RDMA WRITE.
+        const WRITE = 1 << 2;
+        /// RDMA READ.
+        const READ = 1 << 3;
+        /// Atomics.
+        const ATOMIC = 1 << 4;
+        /// SRQ receive.
+        const SRQ_RECV = 1 << 5;
+    }
+}
+
+/// On-demand paging capabilities.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct OdpCaps {
+    /// Explicit ODP regions (`IBV_ODP_SUPPORT`).
+    pub explicit: bool,
+    /// Implicit ODP, a region over the whole address space (`IBV_ODP_SUPPORT_IMPLICIT`).
+    pub implicit: bool,
+    /// Which RC operations may touch ODP memory.
+    pub rc: OdpOps,
+}
+
+/// Which backend a [`crate::nic::Nic`] talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum NicKind {
+    /// The in-process software NIC.
+    Soft,
+    /// A real libibverbs device (hardware or the kernel's Soft-RoCE).
+    Verbs,
+}
+
+/// What a device can do, as queried once when it is opened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caps {
+    /// Device name (`rxe0`, `mlx5_0`, `soft0`).
+    pub name: String,
+    /// Provider driver (`rxe`, `mlx5`, `soft`).
+    pub driver: String,
+    /// Largest region in bytes (`max_mr_size`).
+    pub max_mr_size: u64,
+    /// Most regions (`max_mr`).
+    pub max_mr: u32,
+    /// Most memory windows (`max_mw`); 0 when windows are unsupported.
+    pub max_mw: u32,
+    /// Most scatter/gather entries per work request (`max_sge`).
+    pub max_sge: u32,
+    /// Most outstanding work requests per queue (`max_qp_wr`).
+    pub max_qp_wr: u32,
+    /// Most completions per CQ (`max_cqe`).
+    pub max_cqe: u32,
+    /// ODP support.
+    pub odp: OdpCaps,
+    /// `ibv_rereg_mr` is implemented by the provider. (Whether it keeps the keys is a
+    /// separate question that only a probe answers.)
+    pub rereg_mr: bool,
+    /// Type 1 windows.
+    pub mw_type1: bool,
+    /// Type 2 windows.
+    pub mw_type2: bool,
+    /// `ibv_advise_mr` is implemented.
+    pub advise_mr: bool,
+    /// mlx5 DEVX (UMEM registration) is available.
+    pub devx: bool,
+    /// Active path MTU of port 1 in bytes.
+    pub path_mtu: u32,
+}
+
+/// A scatter/gather entry (`struct ibv_sge`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Sge {
+    /// Start address.
+    pub addr: u64,
+    /// Length in bytes.
+    pub length: u32,
+    /// Key of the region that covers `[addr, addr + length)`.
+    pub lkey: Lkey,
+}
+
+/// Completion status (`enum ibv_wc_status`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum WcStatus {
+    /// `IBV_WC_SUCCESS`.
+    #[default]
+    Success,
+    /// `IBV_WC_LOC_LEN_ERR`: a receive buffer was too small.
+    LocLenErr,
+    /// `IBV_WC_LOC_QP_OP_ERR`: an internal QP consistency error (bad invalidate, …).
+    LocQpOpErr,
+    /// `IBV_WC_LOC_PROT_ERR`: a local key, bound or right was wrong.
+    LocProtErr,
+    /// `IBV_WC_WR_FLUSH_ERR`: the QP was in the error state.
+    WrFlushErr,
+    /// `IBV_WC_MW_BIND_ERR`: a memory window bind failed.
+    MwBindErr,
+    /// `IBV_WC_LOC_ACCESS_ERR`: a local access fault (ODP page the process cannot reach).
+    LocAccessErr,
+    /// `IBV_WC_REM_INV_REQ_ERR`: the responder found the request invalid.
+    RemInvReqErr,
+    /// `IBV_WC_REM_ACCESS_ERR`: the remote key, bound or right was wrong.
+    RemAccessErr,
+    /// `IBV_WC_REM_OP_ERR`: the responder could not complete the operation.
+    RemOpErr,
+    /// `IBV_WC_RETRY_EXC_ERR`: transport retries exhausted.
+    RetryExcErr,
+    /// `IBV_WC_RNR_RETRY_EXC_ERR`: receiver-not-ready retries exhausted.
+    RnrRetryExcErr,
+    /// Any other `ibv_wc_status` value.
+    Other(u32),
+}
+
+impl WcStatus {
+    /// Map an `ibv_wc_status` value.
+    pub fn from_raw(v: u32) -> WcStatus {
+        match v {
+            0 => WcStatus::Success,
+            1 => WcStatus::LocLenErr,
+            2 => WcStatus::LocQpOpErr,
+            4 => WcStatus::LocProtErr,
+            5 => WcStatus::WrFlushErr,
+            6 => WcStatus::MwBindErr,
+            8 => WcStatus::LocAccessErr,
+            9 => WcStatus::RemInvReqErr,
+            10 => WcStatus::RemAccessErr,
+            11 => WcStatus::RemOpErr,
+            12 => WcStatus::RetryExcErr,
+            13 => WcStatus::RnrRetryExcErr,
+            other => WcStatus::Other(other),
+        }
+    }
+}
+
+/// What a completion completes (`enum ibv_wc_opcode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum WcOpcode {
+    /// SEND (or SEND_WITH_INV).
+    #[default]
+    Send,
+    /// RDMA WRITE.
+    RdmaWrite,
+    /// RDMA READ.
+    RdmaRead,
+    /// BIND_MW (type 1 or 2).
+    BindMw,
+    /// LOCAL_INV.
+    LocalInv,
+    /// A receive.
+    Recv,
+    /// Anything else.
+    Other(u32),
+}
+
+/// A work completion (`struct ibv_wc`), the fields rdma-pool uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Completion {
+    /// The work request's id.
+    pub wr_id: u64,
+    /// Outcome.
+    pub status: WcStatus,
+    /// Operation.
+    pub opcode: WcOpcode,
+    /// Bytes received (receives only).
+    pub byte_len: u32,
+    /// The local QP number.
+    pub qp_num: u32,
+    /// The rkey a SEND_WITH_INV invalidated (receives only).
+    pub invalidated_rkey: Option<Rkey>,
+}
+
+/// QP state as far as rdma-pool cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QpState {
+    /// Created, not connected (RESET/INIT).
+    Init,
+    /// Connected, ready to send (RTS).
+    Ready,
+    /// The error state: every posted request completes with `WrFlushErr`.
+    Error,
+}
+
+/// QP sizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpCaps {
+    /// Send queue depth.
+    pub max_send_wr: u32,
+    /// Receive queue depth.
+    pub max_recv_wr: u32,
+    /// Scatter/gather entries per send.
+    pub max_send_sge: u32,
+    /// Scatter/gather entries per receive.
+    pub max_recv_sge: u32,
+}
+
+impl Default for QpCaps {
+    fn default() -> Self {
+        QpCaps { max_send_wr: 64, max_recv_wr: 64, max_send_sge: 1, max_recv_sge: 1 }
+    }
+}
+
+/// What a peer needs to connect its QP to ours (exchanged out of band).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Endpoint {
+    /// Port GID (RoCE: the IPv6 link-local GID at index 0).
+    pub gid: [u8; 16],
+    /// QP number.
+    pub qpn: u32,
+    /// Port LID (InfiniBand only; 0 on RoCE).
+    pub lid: u16,
+    /// Initial packet sequence number.
+    pub psn: u32,
+}
