@@ -14,6 +14,7 @@
 //! that region.
 
 mod backend;
+mod buffer;
 mod error;
 #[cfg(feature = "verbs")]
 pub mod mlx5dv;
@@ -23,6 +24,7 @@ mod types;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 
+pub use buffer::{Buffer, huge_page_size};
 pub use error::{Error, ReregError, ReregErrorKind, Result, Verb};
 pub use types::*;
 

@@ -1,0 +1,541 @@
+//! One scenario suite, two NICs: every scenario runs on the soft NIC in `cargo test` and on
+//! kernel Soft-RoCE in the QEMU test bed (`tests/rxe/run.sh`, `RDMA_POOL_TEST_NIC=verbs`).
+//! Outcomes are the same except the rows of `rdma_pool::nic::quirks::RXE`, which each scenario
+//! consults through `quirk()` — so a change in either stack makes a scenario fail.
+//!
+//! To add a verbs test for a later feature, add a scenario here (or a new `tests/*.rs` whose
+//! binary `.ci/run` passes to `tests/rxe/run.sh`), using `common::bed()`.
+
+mod common;
+
+use common::*;
+use rdma_pool::nic::quirks::{Quirk, applies};
+use rdma_pool::nic::*;
+
+fn quirk(bed: &Bed, q: Quirk) -> bool {
+    applies(bed.a.nic.caps(), q)
+}
+
+#[test]
+fn write_then_read_back_pinned() {
+    let _g = serial();
+    let bed = bed();
+    let mut src = buf(8192, 0);
+    src.as_mut_slice().iter_mut().enumerate().for_each(|(i, x)| *x = (i % 251) as u8);
+    let mut dst = buf(8192, 0);
+    let mut back = buf(8192, 0);
+    let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
+    let back_mr = bed.a.reg(&mut back, Access::LOCAL_WRITE).unwrap();
+    let dst_mr = bed.b.reg(&mut dst, RW).unwrap();
+    assert_eq!(write(&bed, &src_mr, 8192, dst_mr.addr() as u64, dst_mr.rkey()), WcStatus::Success);
+    assert_eq!(dst.as_slice(), src.as_slice());
+    assert_eq!(read(&bed, &back_mr, 8192, dst_mr.addr() as u64, dst_mr.rkey()), WcStatus::Success);
+    assert_eq!(back.as_slice(), src.as_slice());
+}
+
+#[test]
+fn write_into_malloc_memory_at_an_offset() {
+    let _g = serial();
+    let bed = bed();
+    let mut src = buf(4096, 0x5a);
+    let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
+    let mut heap = vec![0u8; 1000];
+    // SAFETY: `heap` outlives the region.
+    let mr = unsafe { bed.b.pd.reg_mr(heap.as_mut_ptr(), heap.len(), RW) }.unwrap();
+    assert_eq!(write(&bed, &src_mr, 100, mr.addr() as u64 + 17, mr.rkey()), WcStatus::Success);
+    assert!(heap[17..117].iter().all(|&x| x == 0x5a));
+    assert!(heap[..17].iter().chain(&heap[117..]).all(|&x| x == 0));
+}
+
+#[test]
+fn hugetlb_memory_registers_and_moves_data() {
+    let _g = serial();
+    let bed = bed();
+    let Ok(mut huge) = Buffer::huge(1 << 21) else {
+        // No huge pages reserved on this machine: registration of a hugetlb buffer cannot be
+        // tried; the rest of the scenario needs one. (.ci/run and the VM reserve some.)
+        eprintln!("no huge pages reserved; hugetlb scenario checks only the refusal");
+        assert!(Buffer::huge(1 << 21).is_err());
+        return;
+    };
+    let mr = bed.b.reg(&mut huge, RW | Access::HUGETLB).unwrap();
+    let mut src = buf(4096, 0x77);
+    let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
+    assert_eq!(write(&bed, &src_mr, 4096, mr.addr() as u64 + (1 << 20), mr.rkey()), WcStatus::Success);
+    assert!(huge.as_slice()[1 << 20..(1 << 20) + 4096].iter().all(|&x| x == 0x77));
+}
+
+#[test]
+fn wrong_rkey_is_rejected_and_the_qp_flushes() {
+    let _g = serial();
+    let bed = bed();
+    let mut src = buf(4096, 1);
+    let mut dst = buf(4096, 0);
+    let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
+    let dst_mr = bed.b.reg(&mut dst, RW).unwrap();
+    let bogus = Rkey(dst_mr.rkey().0 ^ 0x5500);
+    assert_eq!(write(&bed, &src_mr, 64, dst_mr.addr() as u64, bogus), WcStatus::RemAccessErr);
+    assert!(dst.as_slice().iter().all(|&x| x == 0), "nothing landed");
+    assert_eq!(bed.qa.state().unwrap(), QpState::Error);
+    // Later requests, even correct ones, are flushed.
+    assert_eq!(write(&bed, &src_mr, 64, dst_mr.addr() as u64, dst_mr.rkey()), WcStatus::WrFlushErr);
+}
+
+#[test]
+fn stale_key_variant_is_rejected() {
+    let _g = serial();
+    let bed = bed();
+    let mut src = buf(4096, 1);
+    let mut dst = buf(4096, 0);
+    let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
+    let dst_mr = bed.b.reg(&mut dst, RW).unwrap();
+    let stale = Rkey(dst_mr.rkey().0.wrapping_sub(1) & 0xff | dst_mr.rkey().0 & !0xff);
+    assert_ne!(stale, dst_mr.rkey());
+    assert_eq!(write(&bed, &src_mr, 64, dst_mr.addr() as u64, stale), WcStatus::RemAccessErr);
+}
+
+#[test]
+fn deregistered_key_is_rejected() {
+    let _g = serial();
+    let bed = bed();
+    let mut src = buf(4096, 1);
+    let mut dst = buf(4096, 0);
+    let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
+    let dst_mr = bed.b.reg(&mut dst, RW).unwrap();
+    let (addr, rkey) = (dst_mr.addr() as u64, dst_mr.rkey());
+    dst_mr.dereg().unwrap();
+    assert_eq!(write(&bed, &src_mr, 64, addr, rkey), WcStatus::RemAccessErr);
+    assert!(dst.as_slice().iter().all(|&x| x == 0));
+}
+
+#[test]
+fn access_rights_are_enforced() {
+    let _g = serial();
+    let bed = bed();
+    let mut src = buf(4096, 9);
+    let mut ro = buf(4096, 0);
+    let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
+    let ro_mr = bed.b.reg(&mut ro, Access::LOCAL_WRITE | Access::REMOTE_READ).unwrap();
+    assert_eq!(write(&bed, &src_mr, 64, ro_mr.addr() as u64, ro_mr.rkey()), WcStatus::RemAccessErr);
+    assert!(ro.as_slice().iter().all(|&x| x == 0));
+}
+
+#[test]
+fn read_needs_remote_read() {
+    let _g = serial();
+    let bed = bed();
+    let mut dst = buf(4096, 0);
+    let mut wo = buf(4096, 3);
+    let dst_mr = bed.a.reg(&mut dst, Access::LOCAL_WRITE).unwrap();
+    let wo_mr = bed.b.reg(&mut wo, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+    assert_eq!(read(&bed, &dst_mr, 64, wo_mr.addr() as u64, wo_mr.rkey()), WcStatus::RemAccessErr);
+    assert!(dst.as_slice().iter().all(|&x| x == 0));
+}
+
+#[test]
+fn region_bounds_are_enforced() {
+    let _g = serial();
+    let bed = bed();
+    let mut src = buf(8192, 4);
+    let mut dst = buf(8192, 0);
+    let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
+    // SAFETY: `dst` outlives the region, which covers its first page only.
+    let dst_mr = unsafe { bed.b.pd.reg_mr(dst.as_mut_ptr(), 4096, RW) }.unwrap();
+    assert_eq!(write(&bed, &src_mr, 128, dst_mr.addr() as u64 + 4096 - 64, dst_mr.rkey()), WcStatus::RemAccessErr);
+    assert!(dst.as_slice().iter().all(|&x| x == 0));
+}
+
+#[test]
+fn local_key_must_cover_the_sge() {
+    let _g = serial();
+    let bed = bed();
+    let mut src = buf(4096, 4);
+    let mut dst = buf(4096, 0);
+    let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
+    let dst_mr = bed.b.reg(&mut dst, RW).unwrap();
+    let bad = Sge { addr: src_mr.addr() as u64 + 4000, length: 200, lkey: src_mr.lkey() };
+    bed.qa.post_write(1, &[bad], dst_mr.addr() as u64, dst_mr.rkey()).unwrap();
+    assert_eq!(bed.a.wait().status, WcStatus::LocProtErr);
+}
+
+#[test]
+fn remote_write_without_local_write_is_einval() {
+    let _g = serial();
+    let bed = bed();
+    let mut b = buf(4096, 0);
+    let e = bed.b.reg(&mut b, Access::REMOTE_WRITE).unwrap_err();
+    assert_eq!(e.errno(), Some(libc::EINVAL));
+    let e = bed.b.reg(&mut b, Access::REMOTE_ATOMIC | Access::REMOTE_READ).unwrap_err();
+    assert_eq!(e.errno(), Some(libc::EINVAL));
+}
+
+#[test]
+fn send_lands_in_a_posted_receive() {
+    let _g = serial();
+    let bed = bed();
+    let mut src = buf(4096, 0);
+    src.as_mut_slice()[..5].copy_from_slice(b"hello");
+    let mut dst = buf(4096, 0);
+    let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
+    let dst_mr = bed.b.reg(&mut dst, Access::LOCAL_WRITE).unwrap();
+    bed.qb.post_recv(42, &[dst_mr.sge(0, 4096).unwrap()]).unwrap();
+    bed.qa.post_send(43, &[src_mr.sge(0, 5).unwrap()]).unwrap();
+    let s = bed.a.wait();
+    assert_eq!((s.wr_id, s.status, s.opcode), (43, WcStatus::Success, WcOpcode::Send));
+    let r = bed.b.wait();
+    assert_eq!((r.wr_id, r.status, r.opcode, r.byte_len), (42, WcStatus::Success, WcOpcode::Recv, 5));
+    assert_eq!(&dst.as_slice()[..5], b"hello");
+}
+
+#[test]
+fn odp_region_faults_in_and_moves_the_right_bytes() {
+    let _g = serial();
+    let bed = bed();
+    if !bed.b.nic.caps().odp.explicit {
+        panic!("the test devices must support explicit ODP (soft and rxe on 7.3.4 do)");
+    }
+    // Page-aligned, whole pages: correct on rxe too (OdpRdmaNeedsPageAlignment).
+    let mut src = buf(4 * 4096, 0);
+    src.as_mut_slice().iter_mut().enumerate().for_each(|(i, x)| *x = (i / 7) as u8);
+    let mut dst = buf(4 * 4096, 0);
+    let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
+    let dst_mr = bed.b.reg(&mut dst, RW | Access::ON_DEMAND).unwrap();
+    assert!(dst_mr.is_odp());
+    if let Some(soft) = bed.b.nic.as_soft() {
+        assert_eq!(soft.resident_pages(dst_mr.lkey()), Some(0), "nothing resident before the first access");
+    }
+    assert_eq!(write(&bed, &src_mr, 4 * 4096, dst_mr.addr() as u64, dst_mr.rkey()), WcStatus::Success);
+    assert_eq!(dst.as_slice(), src.as_slice());
+    if let Some(soft) = bed.b.nic.as_soft() {
+        assert_eq!(soft.counters().page_faults, 4);
+        assert_eq!(soft.resident_pages(dst_mr.lkey()), Some(4));
+    }
+}
+
+#[test]
+fn advise_mr_prefetch_all_advices_with_and_without_flush() {
+    let _g = serial();
+    let bed = bed();
+    let mut b = buf(16 * 4096, 1);
+    let mr = bed.b.reg(&mut b, Access::LOCAL_WRITE | Access::ON_DEMAND).unwrap();
+    for advice in [Advice::Prefetch, Advice::PrefetchWrite, Advice::PrefetchNoFault] {
+        for flags in [AdviseFlags::empty(), AdviseFlags::FLUSH] {
+            bed.b.pd.advise_mr(advice, flags, &[mr.sge(0, 8 * 4096).unwrap(), mr.sge(8 * 4096, 8 * 4096).unwrap()])
+                .unwrap_or_else(|e| panic!("{advice:?} {flags:?}: {e}"));
+        }
+    }
+    if let Some(soft) = bed.b.nic.as_soft() {
+        assert_eq!(soft.resident_pages(mr.lkey()), Some(16));
+    }
+}
+
+#[test]
+fn advise_mr_refuses_non_odp_and_out_of_bounds() {
+    let _g = serial();
+    let bed = bed();
+    let mut b = buf(4 * 4096, 1);
+    let pinned = bed.b.reg(&mut b, Access::LOCAL_WRITE).unwrap();
+    let e = bed.b.pd.advise_mr(Advice::Prefetch, AdviseFlags::FLUSH, &[pinned.sge(0, 4096).unwrap()]).unwrap_err();
+    assert!(e.errno().is_some(), "{e}");
+    let mut o = buf(4 * 4096, 1);
+    let odp = bed.b.reg(&mut o, Access::LOCAL_WRITE | Access::ON_DEMAND).unwrap();
+    let oob = Sge { addr: odp.addr() as u64 + 3 * 4096, length: 2 * 4096, lkey: odp.lkey() };
+    let e = bed.b.pd.advise_mr(Advice::Prefetch, AdviseFlags::FLUSH, &[oob]).unwrap_err();
+    assert!(e.errno().is_some(), "{e}");
+    if bed.b.nic.as_soft().is_some() {
+        // ibv_advise_mr(3): out of the MR's bounds is EFAULT.
+        assert_eq!(e.errno(), Some(libc::EFAULT));
+    }
+    let e = bed.b.pd.advise_mr(Advice::Prefetch, AdviseFlags::from_bits_retain(0x80), &[odp.sge(0, 4096).unwrap()]).unwrap_err();
+    assert_eq!(e.errno(), Some(libc::EINVAL), "unknown flags: {e}");
+}
+
+#[test]
+fn rereg_translation_keeps_keys_or_takes_the_fallback() {
+    let _g = serial();
+    let bed = bed();
+    let mut a = buf(4096, 0);
+    let mut b = buf(8192, 0);
+    let mut mr = bed.b.reg(&mut a, RW).unwrap();
+    let old = (mr.lkey(), mr.rkey());
+    // SAFETY: `b` outlives the region.
+    let r = unsafe { mr.rereg(ReregFlags::CHANGE_TRANSLATION, None, b.as_mut_ptr(), b.len(), Access::empty()) };
+    if quirk(&bed, Quirk::ReregUnsupported) {
+        let e = r.unwrap_err();
+        assert_eq!(e.kind, ReregErrorKind::Cmd);
+        assert!(e.is_unsupported(), "{e}");
+        assert!(mr.is_poisoned());
+        return;
+    }
+    r.unwrap();
+    assert_eq!((mr.lkey(), mr.rkey()), old, "the soft NIC models mlx5's in-place update");
+    assert_eq!((mr.addr(), mr.len()), (b.as_ptr() as usize, 8192));
+    let mut src = buf(4096, 0x33);
+    let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
+    assert_eq!(write(&bed, &src_mr, 64, mr.addr() as u64 + 4096, mr.rkey()), WcStatus::Success);
+    assert!(b.as_slice()[4096..4160].iter().all(|&x| x == 0x33));
+}
+
+#[test]
+fn rereg_input_errors_keep_the_region() {
+    let _g = serial();
+    let bed = bed();
+    let mut a = buf(4096, 0);
+    let mut mr = bed.b.reg(&mut a, RW).unwrap();
+    // SAFETY: no translation change.
+    let e = unsafe { mr.rereg(ReregFlags::empty(), None, std::ptr::null_mut(), 0, Access::empty()) }.unwrap_err();
+    assert_eq!(e.kind, ReregErrorKind::Input);
+    // Access without CHANGE_ACCESS: libibverbs' own input check.
+    // SAFETY: no translation change.
+    let e = unsafe { mr.rereg(ReregFlags::CHANGE_PD, Some(&bed.b.pd), std::ptr::null_mut(), 0, Access::LOCAL_WRITE) }.unwrap_err();
+    assert_eq!((e.kind, e.errno()), (ReregErrorKind::Input, Some(libc::EINVAL)));
+    assert!(e.kind.old_mr_valid() && !mr.is_poisoned());
+    let mut src = buf(4096, 0x44);
+    let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
+    assert_eq!(write(&bed, &src_mr, 64, mr.addr() as u64, mr.rkey()), WcStatus::Success);
+}
+
+#[test]
+fn implicit_odp_is_supported_or_refused_cleanly() {
+    let _g = serial();
+    let bed = bed();
+    // SAFETY: the test accepts NIC access to its address space.
+    let r = unsafe { bed.b.pd.reg_mr_implicit_odp(RW) };
+    if quirk(&bed, Quirk::NoImplicitOdp) {
+        assert!(r.unwrap_err().is_unsupported());
+        return;
+    }
+    let mr = r.unwrap();
+    let mut dst = buf(4096, 0);
+    let mut src = buf(4096, 0x21);
+    let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
+    assert_eq!(write(&bed, &src_mr, 128, dst.as_ptr() as u64 + 64, mr.rkey()), WcStatus::Success);
+    assert!(dst.as_mut_slice()[64..192].iter().all(|&x| x == 0x21));
+}
+
+/// Bind a type 1 window over `[off, off + len)` of `mr` through `qp`; returns its rkey.
+fn bind1(side: &Side, qp: &Qp, mw: &mut Mw, mr: &Mr, off: usize, len: usize, access: Access) -> Rkey {
+    let rkey = qp.bind_mw(5, mw, mr, off, len, access).unwrap();
+    let wc = side.wait();
+    assert_eq!((wc.wr_id, wc.status), (5, WcStatus::Success));
+    rkey
+}
+
+#[test]
+fn type1_window_grants_rebinds_and_enforces_rights() {
+    let _g = serial();
+    let bed = bed();
+    let mut mem = buf(4 * 4096, 0);
+    mem.as_mut_slice()[4096..8192].fill(0x66);
+    let mr = bed.b.reg(&mut mem, RW | Access::MW_BIND).unwrap();
+    let mut mw = bed.b.pd.alloc_mw(MwType::Type1).unwrap();
+    let rkey = bind1(&bed.b, &bed.qb, &mut mw, &mr, 4096, 4096, Access::REMOTE_READ);
+    assert_ne!(rkey, mr.rkey());
+    let mut dst = buf(4096, 0);
+    let dst_mr = bed.a.reg(&mut dst, Access::LOCAL_WRITE).unwrap();
+    assert_eq!(read(&bed, &dst_mr, 4096, mr.addr() as u64 + 4096, rkey), WcStatus::Success);
+    assert!(dst.as_slice().iter().all(|&x| x == 0x66));
+    // Rebind: a new variant; the old one is refused.
+    let rkey2 = bind1(&bed.b, &bed.qb, &mut mw, &mr, 4096, 4096, Access::REMOTE_READ);
+    assert_eq!(rkey2.index(), rkey.index());
+    assert_ne!(rkey2.variant(), rkey.variant());
+    assert_eq!(read(&bed, &dst_mr, 64, mr.addr() as u64 + 4096, rkey), WcStatus::RemAccessErr);
+}
+
+#[test]
+fn type1_window_rights_cannot_be_exceeded() {
+    let _g = serial();
+    let bed = bed();
+    let mut mem = buf(4096, 0);
+    let mr = bed.b.reg(&mut mem, RW | Access::MW_BIND).unwrap();
+    let mut mw = bed.b.pd.alloc_mw(MwType::Type1).unwrap();
+    let rkey = bind1(&bed.b, &bed.qb, &mut mw, &mr, 0, 4096, Access::REMOTE_READ);
+    let mut src = buf(4096, 0x12);
+    let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
+    assert_eq!(write(&bed, &src_mr, 64, mr.addr() as u64, rkey), WcStatus::RemAccessErr);
+    assert!(mem.as_slice().iter().all(|&x| x == 0));
+}
+
+#[test]
+fn window_bounds() {
+    let _g = serial();
+    let bed = bed();
+    let mut mem = buf(4 * 4096, 0x31);
+    let mr = bed.b.reg(&mut mem, RW | Access::MW_BIND).unwrap();
+    let mut mw = bed.b.pd.alloc_mw(MwType::Type1).unwrap();
+    let rkey = bind1(&bed.b, &bed.qb, &mut mw, &mr, 4096, 4096, Access::REMOTE_READ);
+    let mut dst = buf(4096, 0);
+    let dst_mr = bed.a.reg(&mut dst, Access::LOCAL_WRITE).unwrap();
+    // Inside the region, outside the window.
+    let status = read(&bed, &dst_mr, 64, mr.addr() as u64 + 3 * 4096, rkey);
+    if quirk(&bed, Quirk::MwBoundsNotEnforced) {
+        assert_eq!(status, WcStatus::Success, "rxe checks only the region's range");
+    } else {
+        assert_eq!(status, WcStatus::RemAccessErr);
+        assert!(dst.as_slice().iter().all(|&x| x == 0));
+    }
+}
+
+#[test]
+fn zero_length_bind_unbinds_a_type1_window() {
+    let _g = serial();
+    let bed = bed();
+    let mut mem = buf(4096, 0x31);
+    let mr = bed.b.reg(&mut mem, RW | Access::MW_BIND).unwrap();
+    let mut mw = bed.b.pd.alloc_mw(MwType::Type1).unwrap();
+    let rkey = bind1(&bed.b, &bed.qb, &mut mw, &mr, 0, 4096, Access::REMOTE_READ);
+    let unbound = bind1(&bed.b, &bed.qb, &mut mw, &mr, 0, 0, Access::empty());
+    let mut dst = buf(4096, 0);
+    let dst_mr = bed.a.reg(&mut dst, Access::LOCAL_WRITE).unwrap();
+    assert_eq!(read(&bed, &dst_mr, 64, mr.addr() as u64, rkey), WcStatus::RemAccessErr);
+    let (_, _) = (unbound, mr.rkey());
+}
+
+#[test]
+fn local_inv_does_not_invalidate_type1_windows() {
+    let _g = serial();
+    let bed = bed();
+    let mut mem = buf(4096, 0x31);
+    let mr = bed.b.reg(&mut mem, RW | Access::MW_BIND).unwrap();
+    let mut mw = bed.b.pd.alloc_mw(MwType::Type1).unwrap();
+    let rkey = bind1(&bed.b, &bed.qb, &mut mw, &mr, 0, 4096, Access::REMOTE_READ);
+    bed.qb.post_local_inv(9, rkey).unwrap();
+    let wc = bed.b.wait();
+    assert_eq!((wc.wr_id, wc.status), (9, WcStatus::LocQpOpErr), "o10-37.2.26");
+}
+
+#[test]
+fn type2_window_is_bound_on_one_qp_and_invalidated() {
+    let _g = serial();
+    let bed = bed();
+    let mut mem = buf(2 * 4096, 0x48);
+    let mr = bed.b.reg(&mut mem, RW | Access::MW_BIND).unwrap();
+    let mut mw = bed.b.pd.alloc_mw(MwType::Type2).unwrap();
+    let rkey = bed.qb.post_bind_mw(11, &mut mw, &mr, 0, 4096, Access::REMOTE_READ | Access::REMOTE_WRITE).unwrap();
+    let wc = bed.b.wait();
+    assert_eq!((wc.wr_id, wc.status, wc.opcode), (11, WcStatus::Success, WcOpcode::BindMw));
+    let mut dst = buf(4096, 0);
+    let dst_mr = bed.a.reg(&mut dst, Access::LOCAL_WRITE).unwrap();
+    assert_eq!(read(&bed, &dst_mr, 4096, mr.addr() as u64, rkey), WcStatus::Success);
+    assert!(dst.as_slice().iter().all(|&x| x == 0x48));
+
+    // Through another QP pair the window is not usable.
+    let (qa2, qb2) = connect(&bed.a, &bed.b);
+    qa2.post_read(12, &[dst_mr.sge(0, 64).unwrap()], mr.addr() as u64, rkey).unwrap();
+    assert_eq!(bed.a.wait().status, WcStatus::RemAccessErr);
+
+    // LOCAL_INV revokes it.
+    bed.qb.post_local_inv(13, rkey).unwrap();
+    let wc = bed.b.wait();
+    assert_eq!((wc.wr_id, wc.status), (13, WcStatus::Success));
+    assert_eq!(read(&bed, &dst_mr, 64, mr.addr() as u64, rkey), WcStatus::RemAccessErr);
+    drop((qa2, qb2));
+    drop(mw); // before the QPs: Type2WindowsBeforeQp
+}
+
+#[test]
+fn send_with_invalidate_revokes_a_type2_window() {
+    let _g = serial();
+    let bed = bed();
+    let mut mem = buf(4096, 0x48);
+    let mr = bed.b.reg(&mut mem, RW | Access::MW_BIND).unwrap();
+    let mut mw = bed.b.pd.alloc_mw(MwType::Type2).unwrap();
+    let rkey = bed.qb.post_bind_mw(21, &mut mw, &mr, 0, 4096, Access::REMOTE_READ).unwrap();
+    assert_eq!(bed.b.wait().status, WcStatus::Success);
+    let mut rbuf = buf(4096, 0);
+    let rmr = bed.b.reg(&mut rbuf, Access::LOCAL_WRITE).unwrap();
+    bed.qb.post_recv(22, &[rmr.sge(0, 4096).unwrap()]).unwrap();
+    let mut sbuf = buf(4096, 1);
+    let smr = bed.a.reg(&mut sbuf, Access::LOCAL_WRITE).unwrap();
+    bed.qa.post_send_with_inv(23, &[smr.sge(0, 8).unwrap()], rkey).unwrap();
+    assert_eq!(bed.a.wait().status, WcStatus::Success);
+    let wc = bed.b.wait();
+    assert_eq!((wc.wr_id, wc.status, wc.invalidated_rkey), (22, WcStatus::Success, Some(rkey)));
+    let mut dst = buf(4096, 0);
+    let dst_mr = bed.a.reg(&mut dst, Access::LOCAL_WRITE).unwrap();
+    assert_eq!(read(&bed, &dst_mr, 64, mr.addr() as u64, rkey), WcStatus::RemAccessErr);
+    drop(mw);
+}
+
+#[test]
+fn dereg_while_a_window_is_bound_fails_and_keeps_the_region() {
+    let _g = serial();
+    let bed = bed();
+    let mut mem = buf(4096, 0x31);
+    let mr = bed.b.reg(&mut mem, RW | Access::MW_BIND).unwrap();
+    let mut mw = bed.b.pd.alloc_mw(MwType::Type1).unwrap();
+    let _rkey = bind1(&bed.b, &bed.qb, &mut mw, &mr, 0, 4096, Access::REMOTE_READ);
+    let e = mr.dereg().unwrap_err();
+    let want = if quirk(&bed, Quirk::DeregBusyIsEinval) { libc::EINVAL } else { libc::EBUSY };
+    assert_eq!(e.error.errno(), Some(want), "{}", e.error);
+    let mr = e.mr;
+    let mut dst = buf(4096, 0);
+    let dst_mr = bed.a.reg(&mut dst, Access::LOCAL_WRITE).unwrap();
+    assert_eq!(read(&bed, &dst_mr, 64, mr.addr() as u64, mr.rkey()), WcStatus::Success, "region still works");
+    bind1(&bed.b, &bed.qb, &mut mw, &mr, 0, 0, Access::empty());
+    mr.dereg().unwrap();
+}
+
+#[test]
+fn bind_needs_mw_bind_on_the_region() {
+    let _g = serial();
+    let bed = bed();
+    let mut mem = buf(4096, 0);
+    let mr = bed.b.reg(&mut mem, RW).unwrap();
+    let mut mw = bed.b.pd.alloc_mw(MwType::Type1).unwrap();
+    bed.qb.bind_mw(31, &mut mw, &mr, 0, 4096, Access::REMOTE_READ).unwrap();
+    let wc = bed.b.wait();
+    assert_eq!((wc.wr_id, wc.status), (31, WcStatus::MwBindErr));
+}
+
+#[test]
+fn memlock_limits_pinned_but_not_odp_registration() {
+    let _g = serial();
+    let bed = bed();
+    let mut old = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit on our own process with valid structs.
+    unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut old) };
+    let low = libc::rlimit { rlim_cur: 1 << 20, rlim_max: old.rlim_max };
+    // SAFETY: as above; lowering the soft limit is always allowed.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &low) }, 0);
+    let mut big = buf(4 << 20, 0);
+    let pinned = bed.b.reg(&mut big, Access::LOCAL_WRITE);
+    let odp = bed.b.reg(&mut big, Access::LOCAL_WRITE | Access::ON_DEMAND);
+    // SAFETY: restore the limit.
+    unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &old) };
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if root {
+        pinned.expect("CAP_IPC_LOCK bypasses RLIMIT_MEMLOCK");
+    } else {
+        assert_eq!(pinned.unwrap_err().errno(), Some(libc::ENOMEM));
+    }
+    odp.expect("ODP pins nothing, so the limit does not apply");
+}
+
+#[test]
+fn umem_needs_devx() {
+    let _g = serial();
+    let bed = bed();
+    let mut b = buf(1 << 16, 0);
+    // SAFETY: `b` outlives the UMEM.
+    let r = unsafe { bed.b.nic.umem_reg(b.as_mut_ptr(), b.len(), Access::LOCAL_WRITE, 1 << 12) };
+    if quirk(&bed, Quirk::NoDevx) {
+        assert!(r.unwrap_err().is_unsupported());
+    } else {
+        assert!(r.unwrap().id() > 0);
+    }
+}
+
+#[test]
+fn device_limits_are_reported() {
+    let _g = serial();
+    let bed = bed();
+    let c = bed.b.nic.caps();
+    assert!(c.max_mr > 0 && c.max_mr_size > 0 && c.max_sge > 0, "{c:?}");
+    assert!(c.mw_type1 && c.mw_type2, "both window types on soft and rxe: {c:?}");
+    if c.driver == "rxe" {
+        assert!(!c.odp.implicit && c.odp.explicit && !c.rereg_mr && !c.devx, "rxe facts changed: {c:?}");
+        assert_eq!(c.path_mtu, 4096, "the test bed sets link MTU 9000 for path MTU 4096");
+    }
+}
