@@ -9,7 +9,10 @@ use rdma_pool::nic::*;
 use std::time::Duration;
 
 fn soft_bed(cfg: SoftConfig) -> Bed {
-    let (a, b) = (Side::new(Nic::soft_with(cfg.clone())), Side::new(Nic::soft_with(cfg)));
+    let (a, b) = (
+        Side::new(Nic::soft_with(cfg.clone())),
+        Side::new(Nic::soft_with(cfg)),
+    );
     let (qa, qb) = connect(&a, &b);
     Bed { a, b, qa, qb }
 }
@@ -27,7 +30,10 @@ fn key_must_belong_to_the_responders_pd() {
     let mr = unsafe { other_pd.reg_mr(dst.as_mut_ptr(), 4096, RW) }.unwrap();
     let mut src = buf(4096, 1);
     let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
-    assert_eq!(write(&bed, &src_mr, 64, mr.addr() as u64, mr.rkey()), WcStatus::RemAccessErr);
+    assert_eq!(
+        write(&bed, &src_mr, 64, mr.addr() as u64, mr.rkey()),
+        WcStatus::RemAccessErr
+    );
     assert!(dst.as_slice().iter().all(|&x| x == 0));
 }
 
@@ -40,7 +46,10 @@ fn lkey_must_belong_to_the_requesters_pd() {
     let src_mr = unsafe { other_pd.reg_mr(src.as_mut_ptr(), 4096, Access::LOCAL_WRITE) }.unwrap();
     let mut dst = buf(4096, 0);
     let mr = bed.b.reg(&mut dst, RW).unwrap();
-    assert_eq!(write(&bed, &src_mr, 64, mr.addr() as u64, mr.rkey()), WcStatus::LocProtErr);
+    assert_eq!(
+        write(&bed, &src_mr, 64, mr.addr() as u64, mr.rkey()),
+        WcStatus::LocProtErr
+    );
 }
 
 #[test]
@@ -50,7 +59,10 @@ fn read_response_needs_local_write_on_the_destination() {
     let dst_mr = bed.a.reg(&mut dst, Access::empty()).unwrap();
     let mut src = buf(4096, 5);
     let src_mr = bed.b.reg(&mut src, RW).unwrap();
-    assert_eq!(read(&bed, &dst_mr, 64, src_mr.addr() as u64, src_mr.rkey()), WcStatus::LocProtErr);
+    assert_eq!(
+        read(&bed, &dst_mr, 64, src_mr.addr() as u64, src_mr.rkey()),
+        WcStatus::LocProtErr
+    );
     assert!(dst.as_slice().iter().all(|&x| x == 0));
 }
 
@@ -60,12 +72,21 @@ fn window_keys_are_not_local_keys() {
     let mut mem = buf(4096, 0);
     let mr = bed.a.reg(&mut mem, RW | Access::MW_BIND).unwrap();
     let mut mw = bed.a.pd.alloc_mw(MwType::Type1).unwrap();
-    let rkey = bed.qa.bind_mw(1, &mut mw, &mr, 0, 4096, Access::REMOTE_READ).unwrap();
+    let rkey = bed
+        .qa
+        .bind_mw(1, &mut mw, &mr, 0, 4096, Access::REMOTE_READ)
+        .unwrap();
     assert_eq!(bed.a.wait().status, WcStatus::Success);
     let mut dst = buf(4096, 0);
     let dst_mr = bed.b.reg(&mut dst, RW).unwrap();
-    let sge = Sge { addr: mr.addr() as u64, length: 64, lkey: Lkey(rkey.0) };
-    bed.qa.post_write(2, &[sge], dst_mr.addr() as u64, dst_mr.rkey()).unwrap();
+    let sge = Sge {
+        addr: mr.addr() as u64,
+        length: 64,
+        lkey: Lkey(rkey.0),
+    };
+    bed.qa
+        .post_write(2, &[sge], dst_mr.addr() as u64, dst_mr.rkey())
+        .unwrap();
     assert_eq!(bed.a.wait().status, WcStatus::LocProtErr);
 }
 
@@ -75,12 +96,16 @@ fn type1_window_is_usable_from_any_qp() {
     let mut mem = buf(4096, 0x61);
     let mr = bed.b.reg(&mut mem, RW | Access::MW_BIND).unwrap();
     let mut mw = bed.b.pd.alloc_mw(MwType::Type1).unwrap();
-    let rkey = bed.qb.bind_mw(1, &mut mw, &mr, 0, 4096, Access::REMOTE_READ).unwrap();
+    let rkey = bed
+        .qb
+        .bind_mw(1, &mut mw, &mr, 0, 4096, Access::REMOTE_READ)
+        .unwrap();
     assert_eq!(bed.b.wait().status, WcStatus::Success);
     let (qa2, _qb2) = connect(&bed.a, &bed.b);
     let mut dst = buf(4096, 0);
     let dst_mr = bed.a.reg(&mut dst, Access::LOCAL_WRITE).unwrap();
-    qa2.post_read(3, &[dst_mr.sge(0, 64).unwrap()], mr.addr() as u64, rkey).unwrap();
+    qa2.post_read(3, &[dst_mr.sge(0, 64).unwrap()], mr.addr() as u64, rkey)
+        .unwrap();
     assert_eq!(bed.a.wait().status, WcStatus::Success);
     assert!(dst.as_slice()[..64].iter().all(|&x| x == 0x61));
 }
@@ -90,9 +115,17 @@ fn a_window_cannot_grant_more_than_its_region() {
     let bed = default_bed();
     let mut mem = buf(4096, 0);
     // The region allows remote reads only.
-    let mr = bed.b.reg(&mut mem, Access::LOCAL_WRITE | Access::REMOTE_READ | Access::MW_BIND).unwrap();
+    let mr = bed
+        .b
+        .reg(
+            &mut mem,
+            Access::LOCAL_WRITE | Access::REMOTE_READ | Access::MW_BIND,
+        )
+        .unwrap();
     let mut mw = bed.b.pd.alloc_mw(MwType::Type1).unwrap();
-    bed.qb.bind_mw(1, &mut mw, &mr, 0, 4096, Access::REMOTE_WRITE).unwrap();
+    bed.qb
+        .bind_mw(1, &mut mw, &mr, 0, 4096, Access::REMOTE_WRITE)
+        .unwrap();
     assert_eq!(bed.b.wait().status, WcStatus::MwBindErr);
     assert_eq!(bed.qb.state().unwrap(), QpState::Error);
 }
@@ -101,9 +134,14 @@ fn a_window_cannot_grant_more_than_its_region() {
 fn writable_window_needs_local_write_on_the_region() {
     let bed = default_bed();
     let mut mem = buf(4096, 0);
-    let mr = bed.b.reg(&mut mem, Access::REMOTE_READ | Access::MW_BIND).unwrap();
+    let mr = bed
+        .b
+        .reg(&mut mem, Access::REMOTE_READ | Access::MW_BIND)
+        .unwrap();
     let mut mw = bed.b.pd.alloc_mw(MwType::Type1).unwrap();
-    bed.qb.bind_mw(1, &mut mw, &mr, 0, 4096, Access::REMOTE_ATOMIC).unwrap();
+    bed.qb
+        .bind_mw(1, &mut mw, &mr, 0, 4096, Access::REMOTE_ATOMIC)
+        .unwrap();
     assert_eq!(bed.b.wait().status, WcStatus::MwBindErr);
 }
 
@@ -113,9 +151,14 @@ fn type2_window_must_be_invalidated_before_rebinding() {
     let mut mem = buf(4096, 0);
     let mr = bed.b.reg(&mut mem, RW | Access::MW_BIND).unwrap();
     let mut mw = bed.b.pd.alloc_mw(MwType::Type2).unwrap();
-    let k1 = bed.qb.post_bind_mw(1, &mut mw, &mr, 0, 4096, Access::REMOTE_READ).unwrap();
+    let k1 = bed
+        .qb
+        .post_bind_mw(1, &mut mw, &mr, 0, 4096, Access::REMOTE_READ)
+        .unwrap();
     assert_eq!(bed.b.wait().status, WcStatus::Success);
-    bed.qb.post_bind_mw(2, &mut mw, &mr, 0, 4096, Access::REMOTE_READ).unwrap();
+    bed.qb
+        .post_bind_mw(2, &mut mw, &mr, 0, 4096, Access::REMOTE_READ)
+        .unwrap();
     assert_eq!(bed.b.wait().status, WcStatus::MwBindErr);
     let _ = k1;
 }
@@ -126,7 +169,9 @@ fn type2_window_cannot_be_bound_to_nothing() {
     let mut mem = buf(4096, 0);
     let mr = bed.b.reg(&mut mem, RW | Access::MW_BIND).unwrap();
     let mut mw = bed.b.pd.alloc_mw(MwType::Type2).unwrap();
-    bed.qb.post_bind_mw(1, &mut mw, &mr, 0, 0, Access::REMOTE_READ).unwrap();
+    bed.qb
+        .post_bind_mw(1, &mut mw, &mr, 0, 0, Access::REMOTE_READ)
+        .unwrap();
     assert_eq!(bed.b.wait().status, WcStatus::MwBindErr);
 }
 
@@ -137,13 +182,27 @@ fn zero_based_type2_window_addresses_from_its_start() {
     mem.as_mut_slice()[4096..].fill(0x7e);
     let mr = bed.b.reg(&mut mem, RW | Access::MW_BIND).unwrap();
     let mut mw = bed.b.pd.alloc_mw(MwType::Type2).unwrap();
-    let rkey = bed.qb.post_bind_mw(1, &mut mw, &mr, 4096, 4096, Access::REMOTE_READ | Access::ZERO_BASED).unwrap();
+    let rkey = bed
+        .qb
+        .post_bind_mw(
+            1,
+            &mut mw,
+            &mr,
+            4096,
+            4096,
+            Access::REMOTE_READ | Access::ZERO_BASED,
+        )
+        .unwrap();
     assert_eq!(bed.b.wait().status, WcStatus::Success);
     let mut dst = buf(4096, 0);
     let dst_mr = bed.a.reg(&mut dst, Access::LOCAL_WRITE).unwrap();
     assert_eq!(read(&bed, &dst_mr, 4096, 0, rkey), WcStatus::Success);
     assert!(dst.as_slice().iter().all(|&x| x == 0x7e));
-    assert_eq!(read(&bed, &dst_mr, 64, 4096 - 32, rkey), WcStatus::RemAccessErr, "past the window's end");
+    assert_eq!(
+        read(&bed, &dst_mr, 64, 4096 - 32, rkey),
+        WcStatus::RemAccessErr,
+        "past the window's end"
+    );
 }
 
 #[test]
@@ -152,13 +211,25 @@ fn type1_windows_cannot_be_zero_based() {
     let mut mem = buf(4096, 0);
     let mr = bed.b.reg(&mut mem, RW | Access::MW_BIND).unwrap();
     let mut mw = bed.b.pd.alloc_mw(MwType::Type1).unwrap();
-    bed.qb.bind_mw(1, &mut mw, &mr, 0, 4096, Access::REMOTE_READ | Access::ZERO_BASED).unwrap();
+    bed.qb
+        .bind_mw(
+            1,
+            &mut mw,
+            &mr,
+            0,
+            4096,
+            Access::REMOTE_READ | Access::ZERO_BASED,
+        )
+        .unwrap();
     assert_eq!(bed.b.wait().status, WcStatus::MwBindErr);
 }
 
 #[test]
 fn rereg_change_keys_mode_retires_old_keys() {
-    let bed = soft_bed(SoftConfig { rereg: ReregMode::ChangeKeys, ..Default::default() });
+    let bed = soft_bed(SoftConfig {
+        rereg: ReregMode::ChangeKeys,
+        ..Default::default()
+    });
     let mut a = buf(4096, 0);
     let mut mr = bed.b.reg(&mut a, RW).unwrap();
     let old = mr.rkey();
@@ -168,22 +239,36 @@ fn rereg_change_keys_mode_retires_old_keys() {
     assert_eq!(mr.rkey().index(), old.index());
     let mut src = buf(4096, 2);
     let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
-    assert_eq!(write(&bed, &src_mr, 8, mr.addr() as u64, old), WcStatus::RemAccessErr);
+    assert_eq!(
+        write(&bed, &src_mr, 8, mr.addr() as u64, old),
+        WcStatus::RemAccessErr
+    );
 }
 
 #[test]
 fn rereg_unsupported_mode_is_err_cmd_and_poisons() {
-    let bed = soft_bed(SoftConfig { rereg: ReregMode::Unsupported, ..Default::default() });
+    let bed = soft_bed(SoftConfig {
+        rereg: ReregMode::Unsupported,
+        ..Default::default()
+    });
     let mut a = buf(4096, 0);
     let mut mr = bed.b.reg(&mut a, RW).unwrap();
     let (addr, rkey) = (mr.addr() as u64, mr.rkey());
     // SAFETY: no translation change.
-    let e = unsafe { mr.rereg(ReregFlags::CHANGE_ACCESS, None, std::ptr::null_mut(), 0, RW) }.unwrap_err();
-    assert_eq!((e.kind, e.errno()), (ReregErrorKind::Cmd, Some(libc::EOPNOTSUPP)));
+    let e = unsafe { mr.rereg(ReregFlags::CHANGE_ACCESS, None, std::ptr::null_mut(), 0, RW) }
+        .unwrap_err();
+    assert_eq!(
+        (e.kind, e.errno()),
+        (ReregErrorKind::Cmd, Some(libc::EOPNOTSUPP))
+    );
     assert!(mr.is_poisoned() && mr.sge(0, 8).is_err());
     let mut src = buf(4096, 2);
     let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
-    assert_eq!(write(&bed, &src_mr, 8, addr, rkey), WcStatus::RemAccessErr, "MR must not be used after ERR_CMD");
+    assert_eq!(
+        write(&bed, &src_mr, 8, addr, rkey),
+        WcStatus::RemAccessErr,
+        "MR must not be used after ERR_CMD"
+    );
     drop(mr); // dereg still works
     assert_eq!(bed.b.nic.as_soft().unwrap().counters().deregistrations, 1);
 }
@@ -192,12 +277,18 @@ fn rereg_unsupported_mode_is_err_cmd_and_poisons() {
 fn rereg_change_access_takes_effect() {
     let bed = default_bed();
     let mut a = buf(4096, 0);
-    let mut mr = bed.b.reg(&mut a, Access::LOCAL_WRITE | Access::REMOTE_READ).unwrap();
+    let mut mr = bed
+        .b
+        .reg(&mut a, Access::LOCAL_WRITE | Access::REMOTE_READ)
+        .unwrap();
     let mut src = buf(4096, 2);
     let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
     // SAFETY: no translation change.
     unsafe { mr.rereg(ReregFlags::CHANGE_ACCESS, None, std::ptr::null_mut(), 0, RW) }.unwrap();
-    assert_eq!(write(&bed, &src_mr, 8, mr.addr() as u64, mr.rkey()), WcStatus::Success);
+    assert_eq!(
+        write(&bed, &src_mr, 8, mr.addr() as u64, mr.rkey()),
+        WcStatus::Success
+    );
     assert_eq!(bed.b.nic.as_soft().unwrap().counters().reregs, 1);
 }
 
@@ -208,12 +299,24 @@ fn rereg_change_pd_moves_the_region() {
     let mut a = buf(4096, 0);
     let mut mr = bed.b.reg(&mut a, RW).unwrap();
     // SAFETY: no translation change.
-    unsafe { mr.rereg(ReregFlags::CHANGE_PD, Some(&pd2), std::ptr::null_mut(), 0, Access::empty()) }.unwrap();
+    unsafe {
+        mr.rereg(
+            ReregFlags::CHANGE_PD,
+            Some(&pd2),
+            std::ptr::null_mut(),
+            0,
+            Access::empty(),
+        )
+    }
+    .unwrap();
     assert_eq!(mr.pd(), &pd2);
     let mut src = buf(4096, 2);
     let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
     // The bed's responder QP is in the old PD: the key no longer matches.
-    assert_eq!(write(&bed, &src_mr, 8, mr.addr() as u64, mr.rkey()), WcStatus::RemAccessErr);
+    assert_eq!(
+        write(&bed, &src_mr, 8, mr.addr() as u64, mr.rkey()),
+        WcStatus::RemAccessErr
+    );
 }
 
 #[test]
@@ -224,11 +327,13 @@ fn injected_rereg_failures_follow_the_man_page() {
     let mut mr = bed.b.reg(&mut a, RW).unwrap();
     soft.fail_next_rereg(ReregErrorKind::DontForkNew, 1, libc::ENOMEM);
     // SAFETY: no translation change.
-    let e = unsafe { mr.rereg(ReregFlags::CHANGE_ACCESS, None, std::ptr::null_mut(), 0, RW) }.unwrap_err();
+    let e = unsafe { mr.rereg(ReregFlags::CHANGE_ACCESS, None, std::ptr::null_mut(), 0, RW) }
+        .unwrap_err();
     assert!(e.kind.old_mr_valid() && !mr.is_poisoned());
     soft.fail_next_rereg(ReregErrorKind::CmdAndDoForkNew, 1, libc::EIO);
     // SAFETY: as above.
-    let e = unsafe { mr.rereg(ReregFlags::CHANGE_ACCESS, None, std::ptr::null_mut(), 0, RW) }.unwrap_err();
+    let e = unsafe { mr.rereg(ReregFlags::CHANGE_ACCESS, None, std::ptr::null_mut(), 0, RW) }
+        .unwrap_err();
     assert!(!e.kind.mr_usable() && mr.is_poisoned());
 }
 
@@ -242,14 +347,33 @@ fn odp_access_to_an_inaccessible_page_fails() {
     assert_eq!(rc, 0);
     let mut src = buf(4096, 1);
     let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
-    assert_eq!(write(&bed, &src_mr, 64, mr.addr() as u64 + 4096, mr.rkey()), WcStatus::RemAccessErr);
+    assert_eq!(
+        write(&bed, &src_mr, 64, mr.addr() as u64 + 4096, mr.rkey()),
+        WcStatus::RemAccessErr
+    );
     let (qa, _qb) = connect(&bed.a, &bed.b);
-    qa.post_write(1, &[src_mr.sge(0, 64).unwrap()], mr.addr() as u64, mr.rkey()).unwrap();
-    assert_eq!(bed.a.wait().status, WcStatus::Success, "the accessible page faults in fine");
+    qa.post_write(
+        1,
+        &[src_mr.sge(0, 64).unwrap()],
+        mr.addr() as u64,
+        mr.rkey(),
+    )
+    .unwrap();
+    assert_eq!(
+        bed.a.wait().status,
+        WcStatus::Success,
+        "the accessible page faults in fine"
+    );
     let c = bed.b.nic.as_soft().unwrap().counters();
     assert_eq!(c.page_faults, 2);
     // SAFETY: restore before the buffer is unmapped.
-    unsafe { libc::mprotect(dst.as_mut_ptr().add(4096).cast(), 4096, libc::PROT_READ | libc::PROT_WRITE) };
+    unsafe {
+        libc::mprotect(
+            dst.as_mut_ptr().add(4096).cast(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+        )
+    };
 }
 
 #[test]
@@ -261,27 +385,63 @@ fn odp_write_to_a_read_only_page_fails_but_reads_work() {
     unsafe { libc::mprotect(mem.as_mut_ptr().cast(), 4096, libc::PROT_READ) };
     let mut dst = buf(4096, 0);
     let dst_mr = bed.a.reg(&mut dst, Access::LOCAL_WRITE).unwrap();
-    assert_eq!(read(&bed, &dst_mr, 64, mr.addr() as u64, mr.rkey()), WcStatus::Success);
-    assert_eq!(write(&bed, &dst_mr, 64, mr.addr() as u64, mr.rkey()), WcStatus::RemAccessErr);
+    assert_eq!(
+        read(&bed, &dst_mr, 64, mr.addr() as u64, mr.rkey()),
+        WcStatus::Success
+    );
+    assert_eq!(
+        write(&bed, &dst_mr, 64, mr.addr() as u64, mr.rkey()),
+        WcStatus::RemAccessErr
+    );
     // SAFETY: restore.
-    unsafe { libc::mprotect(mem.as_mut_ptr().cast(), 4096, libc::PROT_READ | libc::PROT_WRITE) };
+    unsafe {
+        libc::mprotect(
+            mem.as_mut_ptr().cast(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+        )
+    };
 }
 
 #[test]
 fn odp_fault_cost_is_paid_once_per_page_and_prefetch_avoids_it() {
     let cost = Duration::from_millis(5);
-    let bed = soft_bed(SoftConfig { fault_cost: cost, ..Default::default() });
+    let bed = soft_bed(SoftConfig {
+        fault_cost: cost,
+        ..Default::default()
+    });
     let soft = bed.b.nic.as_soft().unwrap();
     let mut dst = buf(8 * 4096, 0);
     let mr = bed.b.reg(&mut dst, RW | Access::ON_DEMAND).unwrap();
     let mut src = buf(8 * 4096, 1);
     let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
-    bed.b.pd.advise_mr(Advice::PrefetchWrite, AdviseFlags::FLUSH, &[mr.sge(0, 4 * 4096).unwrap()]).unwrap();
+    bed.b
+        .pd
+        .advise_mr(
+            Advice::PrefetchWrite,
+            AdviseFlags::FLUSH,
+            &[mr.sge(0, 4 * 4096).unwrap()],
+        )
+        .unwrap();
     assert_eq!(soft.counters().prefetched_pages, 4);
-    assert_eq!(write(&bed, &src_mr, 8 * 4096, mr.addr() as u64, mr.rkey()), WcStatus::Success);
-    assert_eq!(soft.counters().page_faults, 4, "only the pages not prefetched fault");
-    assert_eq!(write(&bed, &src_mr, 8 * 4096, mr.addr() as u64, mr.rkey()), WcStatus::Success);
-    assert_eq!(soft.counters().page_faults, 4, "resident pages do not fault again");
+    assert_eq!(
+        write(&bed, &src_mr, 8 * 4096, mr.addr() as u64, mr.rkey()),
+        WcStatus::Success
+    );
+    assert_eq!(
+        soft.counters().page_faults,
+        4,
+        "only the pages not prefetched fault"
+    );
+    assert_eq!(
+        write(&bed, &src_mr, 8 * 4096, mr.addr() as u64, mr.rkey()),
+        WcStatus::Success
+    );
+    assert_eq!(
+        soft.counters().page_faults,
+        4,
+        "resident pages do not fault again"
+    );
 }
 
 #[test]
@@ -290,11 +450,25 @@ fn read_prefetch_leaves_pages_read_only_for_the_nic() {
     let soft = bed.b.nic.as_soft().unwrap();
     let mut dst = buf(4096, 0);
     let mr = bed.b.reg(&mut dst, RW | Access::ON_DEMAND).unwrap();
-    bed.b.pd.advise_mr(Advice::Prefetch, AdviseFlags::FLUSH, &[mr.sge(0, 4096).unwrap()]).unwrap();
+    bed.b
+        .pd
+        .advise_mr(
+            Advice::Prefetch,
+            AdviseFlags::FLUSH,
+            &[mr.sge(0, 4096).unwrap()],
+        )
+        .unwrap();
     let mut src = buf(4096, 1);
     let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
-    assert_eq!(write(&bed, &src_mr, 64, mr.addr() as u64, mr.rkey()), WcStatus::Success);
-    assert_eq!(soft.counters().page_faults, 1, "a write to a read-prefetched page faults for write");
+    assert_eq!(
+        write(&bed, &src_mr, 64, mr.addr() as u64, mr.rkey()),
+        WcStatus::Success
+    );
+    assert_eq!(
+        soft.counters().page_faults,
+        1,
+        "a write to a read-prefetched page faults for write"
+    );
 }
 
 #[test]
@@ -303,10 +477,20 @@ fn prefetch_without_flush_completes_in_the_background() {
     let soft = bed.b.nic.as_soft().unwrap();
     let mut dst = buf(64 * 4096, 0);
     let mr = bed.b.reg(&mut dst, RW | Access::ON_DEMAND).unwrap();
-    bed.b.pd.advise_mr(Advice::PrefetchWrite, AdviseFlags::empty(), &[mr.sge(0, 64 * 4096).unwrap()]).unwrap();
+    bed.b
+        .pd
+        .advise_mr(
+            Advice::PrefetchWrite,
+            AdviseFlags::empty(),
+            &[mr.sge(0, 64 * 4096).unwrap()],
+        )
+        .unwrap();
     let start = std::time::Instant::now();
     while soft.resident_pages(mr.lkey()) != Some(64) {
-        assert!(start.elapsed() < Duration::from_secs(10), "postponed prefetch never happened");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "postponed prefetch never happened"
+        );
         std::thread::sleep(Duration::from_millis(1));
     }
 }
@@ -318,7 +502,14 @@ fn prefetch_no_fault_maps_only_pages_the_cpu_has() {
     let mut mem = Buffer::new(8 * 4096).unwrap();
     mem.as_mut_slice()[..2 * 4096].fill(1); // touch two pages only
     let mr = bed.b.reg(&mut mem, RW | Access::ON_DEMAND).unwrap();
-    bed.b.pd.advise_mr(Advice::PrefetchNoFault, AdviseFlags::FLUSH, &[mr.sge(0, 8 * 4096).unwrap()]).unwrap();
+    bed.b
+        .pd
+        .advise_mr(
+            Advice::PrefetchNoFault,
+            AdviseFlags::FLUSH,
+            &[mr.sge(0, 8 * 4096).unwrap()],
+        )
+        .unwrap();
     assert_eq!(soft.resident_pages(mr.lkey()), Some(2));
 }
 
@@ -328,7 +519,14 @@ fn odp_invalidation_makes_pages_fault_again() {
     let soft = bed.b.nic.as_soft().unwrap();
     let mut mem = buf(4 * 4096, 0);
     let mr = bed.b.reg(&mut mem, RW | Access::ON_DEMAND).unwrap();
-    bed.b.pd.advise_mr(Advice::PrefetchWrite, AdviseFlags::FLUSH, &[mr.sge(0, 4 * 4096).unwrap()]).unwrap();
+    bed.b
+        .pd
+        .advise_mr(
+            Advice::PrefetchWrite,
+            AdviseFlags::FLUSH,
+            &[mr.sge(0, 4 * 4096).unwrap()],
+        )
+        .unwrap();
     soft.invalidate_odp_range(mr.addr(), 4096);
     assert_eq!(soft.resident_pages(mr.lkey()), Some(3));
     assert!(!soft.is_resident(mr.lkey(), mr.addr()));
@@ -339,57 +537,133 @@ fn advise_mr_error_codes_follow_the_man_page() {
     let bed = default_bed();
     let pd = &bed.b.pd;
     let mut a = buf(4 * 4096, 0);
-    let ro = bed.b.reg(&mut a, Access::ON_DEMAND | Access::REMOTE_READ).unwrap();
-    let errno = |sges: &[Sge], advice| pd.advise_mr(advice, AdviseFlags::FLUSH, sges).unwrap_err().errno();
+    let ro = bed
+        .b
+        .reg(&mut a, Access::ON_DEMAND | Access::REMOTE_READ)
+        .unwrap();
+    let errno = |sges: &[Sge], advice| {
+        pd.advise_mr(advice, AdviseFlags::FLUSH, sges)
+            .unwrap_err()
+            .errno()
+    };
     // PREFETCH_WRITE on a region without write access: EPERM.
-    assert_eq!(errno(&[ro.sge(0, 4096).unwrap()], Advice::PrefetchWrite), Some(libc::EPERM));
+    assert_eq!(
+        errno(&[ro.sge(0, 4096).unwrap()], Advice::PrefetchWrite),
+        Some(libc::EPERM)
+    );
     // A valid lkey of another PD: EPERM.
     let pd2 = bed.b.nic.alloc_pd().unwrap();
     let mut b = buf(4096, 0);
     // SAFETY: `b` outlives the region.
-    let other = unsafe { pd2.reg_mr(b.as_mut_ptr(), 4096, Access::LOCAL_WRITE | Access::ON_DEMAND) }.unwrap();
-    assert_eq!(errno(&[other.sge(0, 4096).unwrap()], Advice::Prefetch), Some(libc::EPERM));
+    let other = unsafe {
+        pd2.reg_mr(
+            b.as_mut_ptr(),
+            4096,
+            Access::LOCAL_WRITE | Access::ON_DEMAND,
+        )
+    }
+    .unwrap();
+    assert_eq!(
+        errno(&[other.sge(0, 4096).unwrap()], Advice::Prefetch),
+        Some(libc::EPERM)
+    );
     // An lkey naming nothing: EFAULT.
-    let none = Sge { addr: ro.addr() as u64, length: 64, lkey: Lkey(0x00ff_ff00) };
+    let none = Sge {
+        addr: ro.addr() as u64,
+        length: 64,
+        lkey: Lkey(0x00ff_ff00),
+    };
     assert_eq!(errno(&[none], Advice::Prefetch), Some(libc::EFAULT));
     // A stale lkey (not consistent with the MR's): ENOENT.
-    let stale = Sge { lkey: Lkey(ro.lkey().0 ^ 1), ..ro.sge(0, 64).unwrap() };
+    let stale = Sge {
+        lkey: Lkey(ro.lkey().0 ^ 1),
+        ..ro.sge(0, 64).unwrap()
+    };
     assert_eq!(errno(&[stale], Advice::Prefetch), Some(libc::ENOENT));
     // A window's key: EINVAL.
     let mw = pd.alloc_mw(MwType::Type1).unwrap();
-    let mwsge = Sge { addr: ro.addr() as u64, length: 64, lkey: Lkey(mw.rkey().0) };
+    let mwsge = Sge {
+        addr: ro.addr() as u64,
+        length: 64,
+        lkey: Lkey(mw.rkey().0),
+    };
     assert_eq!(errno(&[mwsge], Advice::Prefetch), Some(libc::EINVAL));
     // Nothing was prefetched by the failed calls (all entries are checked first).
     assert_eq!(bed.b.nic.as_soft().unwrap().counters().prefetched_pages, 0);
     // Range outside the process address space (inside the MR): EFAULT.
     let mut c = buf(2 * 4096, 0);
-    let odp = bed.b.reg(&mut c, Access::LOCAL_WRITE | Access::ON_DEMAND).unwrap();
+    let odp = bed
+        .b
+        .reg(&mut c, Access::LOCAL_WRITE | Access::ON_DEMAND)
+        .unwrap();
     // SAFETY: our mapping; its second page becomes inaccessible.
     unsafe { libc::mprotect(c.as_mut_ptr().add(4096).cast(), 4096, libc::PROT_NONE) };
-    assert_eq!(errno(&[odp.sge(0, 2 * 4096).unwrap()], Advice::Prefetch), Some(libc::EFAULT));
+    assert_eq!(
+        errno(&[odp.sge(0, 2 * 4096).unwrap()], Advice::Prefetch),
+        Some(libc::EFAULT)
+    );
     // SAFETY: restore.
-    unsafe { libc::mprotect(c.as_mut_ptr().add(4096).cast(), 4096, libc::PROT_READ | libc::PROT_WRITE) };
+    unsafe {
+        libc::mprotect(
+            c.as_mut_ptr().add(4096).cast(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+        )
+    };
     // An empty list: EINVAL.
-    assert_eq!(pd.advise_mr(Advice::Prefetch, AdviseFlags::FLUSH, &[]).unwrap_err().errno(), Some(libc::EINVAL));
+    assert_eq!(
+        pd.advise_mr(Advice::Prefetch, AdviseFlags::FLUSH, &[])
+            .unwrap_err()
+            .errno(),
+        Some(libc::EINVAL)
+    );
 }
 
 #[test]
 fn advise_mr_unsupported_device_says_so() {
-    let nic = Nic::soft_with(SoftConfig { advise_mr: false, ..Default::default() });
+    let nic = Nic::soft_with(SoftConfig {
+        advise_mr: false,
+        ..Default::default()
+    });
     let pd = nic.alloc_pd().unwrap();
     let mut a = buf(4096, 0);
     // SAFETY: `a` outlives the region.
-    let mr = unsafe { pd.reg_mr(a.as_mut_ptr(), 4096, Access::LOCAL_WRITE | Access::ON_DEMAND) }.unwrap();
-    assert!(pd.advise_mr(Advice::Prefetch, AdviseFlags::FLUSH, &[mr.sge(0, 64).unwrap()]).unwrap_err().is_unsupported());
+    let mr = unsafe {
+        pd.reg_mr(
+            a.as_mut_ptr(),
+            4096,
+            Access::LOCAL_WRITE | Access::ON_DEMAND,
+        )
+    }
+    .unwrap();
+    assert!(
+        pd.advise_mr(
+            Advice::Prefetch,
+            AdviseFlags::FLUSH,
+            &[mr.sge(0, 64).unwrap()]
+        )
+        .unwrap_err()
+        .is_unsupported()
+    );
 }
 
 #[test]
 fn odp_needs_device_support() {
-    let nic = Nic::soft_with(SoftConfig { odp: false, ..Default::default() });
+    let nic = Nic::soft_with(SoftConfig {
+        odp: false,
+        ..Default::default()
+    });
     let pd = nic.alloc_pd().unwrap();
     let mut a = buf(4096, 0);
     // SAFETY: `a` outlives the region.
-    let e = unsafe { pd.reg_mr(a.as_mut_ptr(), 4096, Access::LOCAL_WRITE | Access::ON_DEMAND) }.unwrap_err();
+    let e = unsafe {
+        pd.reg_mr(
+            a.as_mut_ptr(),
+            4096,
+            Access::LOCAL_WRITE | Access::ON_DEMAND,
+        )
+    }
+    .unwrap_err();
     assert!(e.is_unsupported());
 }
 
@@ -405,7 +679,8 @@ fn pinned_registration_needs_mapped_and_writable_memory() {
     let e = unsafe { pd.reg_mr(p, 4096, Access::LOCAL_WRITE) }.unwrap_err();
     assert_eq!(e.errno(), Some(libc::EFAULT));
     // SAFETY: as above.
-    unsafe { pd.reg_mr(p, 4096, Access::REMOTE_READ) }.expect("read-only memory registers for reads");
+    unsafe { pd.reg_mr(p, 4096, Access::REMOTE_READ) }
+        .expect("read-only memory registers for reads");
     // SAFETY: restore.
     unsafe { libc::mprotect(p.cast(), 2 * 4096, libc::PROT_READ | libc::PROT_WRITE) };
     let gone = Buffer::new(4096).unwrap().as_ptr() as *mut u8; // unmapped when dropped
@@ -416,7 +691,10 @@ fn pinned_registration_needs_mapped_and_writable_memory() {
 
 #[test]
 fn memlock_budget_limits_pinned_bytes() {
-    let nic = Nic::soft_with(SoftConfig { memlock: MemlockLimit::Bytes(16 * 4096), ..Default::default() });
+    let nic = Nic::soft_with(SoftConfig {
+        memlock: MemlockLimit::Bytes(16 * 4096),
+        ..Default::default()
+    });
     let soft = nic.as_soft().unwrap();
     let pd = nic.alloc_pd().unwrap();
     let mut a = buf(12 * 4096, 0);
@@ -428,37 +706,85 @@ fn memlock_budget_limits_pinned_bytes() {
     let e = unsafe { pd.reg_mr(b.as_mut_ptr(), b.len(), Access::LOCAL_WRITE) }.unwrap_err();
     assert_eq!(e.errno(), Some(libc::ENOMEM));
     // SAFETY: as above.
-    let _odp = unsafe { pd.reg_mr(b.as_mut_ptr(), b.len(), Access::LOCAL_WRITE | Access::ON_DEMAND) }.unwrap();
+    let _odp = unsafe {
+        pd.reg_mr(
+            b.as_mut_ptr(),
+            b.len(),
+            Access::LOCAL_WRITE | Access::ON_DEMAND,
+        )
+    }
+    .unwrap();
     drop(mr);
     assert_eq!(soft.pinned_bytes(), 0);
     // SAFETY: as above.
-    unsafe { pd.reg_mr(b.as_mut_ptr(), b.len(), Access::LOCAL_WRITE) }.expect("budget freed by dereg");
+    unsafe { pd.reg_mr(b.as_mut_ptr(), b.len(), Access::LOCAL_WRITE) }
+        .expect("budget freed by dereg");
 }
 
 #[test]
 fn max_mr_and_max_mw_are_enforced() {
-    let nic = Nic::soft_with(SoftConfig { max_mr: 2, max_mw: 1, ..Default::default() });
+    let nic = Nic::soft_with(SoftConfig {
+        max_mr: 2,
+        max_mw: 1,
+        ..Default::default()
+    });
     let pd = nic.alloc_pd().unwrap();
     let mut a = buf(4096, 0);
     // SAFETY: `a` outlives the regions.
-    let r: Vec<_> = (0..3).map(|_| unsafe { pd.reg_mr(a.as_mut_ptr(), 4096, Access::empty()) }).collect();
+    let r: Vec<_> = (0..3)
+        .map(|_| unsafe { pd.reg_mr(a.as_mut_ptr(), 4096, Access::empty()) })
+        .collect();
     assert!(r[0].is_ok() && r[1].is_ok());
     assert_eq!(r[2].as_ref().unwrap_err().errno(), Some(libc::ENOMEM));
     let _w = pd.alloc_mw(MwType::Type1).unwrap();
-    assert_eq!(pd.alloc_mw(MwType::Type2).unwrap_err().errno(), Some(libc::ENOMEM));
+    assert_eq!(
+        pd.alloc_mw(MwType::Type2).unwrap_err().errno(),
+        Some(libc::ENOMEM)
+    );
 }
 
 #[test]
 fn max_mr_size_and_max_sge_are_enforced() {
-    let nic = Nic::soft_with(SoftConfig { max_mr_size: 8192, max_sge: 2, ..Default::default() });
+    let nic = Nic::soft_with(SoftConfig {
+        max_mr_size: 8192,
+        max_sge: 2,
+        ..Default::default()
+    });
     let pd = nic.alloc_pd().unwrap();
     let mut a = buf(4 * 4096, 0);
     // SAFETY: `a` outlives the region.
     let e = unsafe { pd.reg_mr(a.as_mut_ptr(), a.len(), Access::empty()) }.unwrap_err();
-    assert!(matches!(e, Error::Limit { limit: "max_mr_size", .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::Limit {
+                limit: "max_mr_size",
+                ..
+            }
+        ),
+        "{e}"
+    );
     let cq = nic.create_cq(4).unwrap();
-    let e = pd.create_qp(&cq, &cq, QpCaps { max_send_sge: 3, ..Default::default() }).unwrap_err();
-    assert!(matches!(e, Error::Limit { limit: "max_sge", .. }), "{e}");
+    let e = pd
+        .create_qp(
+            &cq,
+            &cq,
+            QpCaps {
+                max_send_sge: 3,
+                ..Default::default()
+            },
+        )
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Limit {
+                limit: "max_sge",
+                ..
+            }
+        ),
+        "{e}"
+    );
 }
 
 #[test]
@@ -485,18 +811,36 @@ fn umem_page_size_bitmap_must_fit_the_buffer() {
     let nic = Nic::soft();
     let mut a = buf(1 << 16, 0);
     // SAFETY (all calls): `a` outlives the UMEMs.
-    let e = unsafe { nic.umem_reg(a.as_mut_ptr(), a.len(), Access::LOCAL_WRITE, 1 << 11) }.unwrap_err();
+    let e =
+        unsafe { nic.umem_reg(a.as_mut_ptr(), a.len(), Access::LOCAL_WRITE, 1 << 11) }.unwrap_err();
     assert_eq!(e.errno(), Some(libc::EINVAL), "below the base page");
-    let e = unsafe { nic.umem_reg(a.as_mut_ptr(), a.len(), Access::LOCAL_WRITE, 1 << 21) }.unwrap_err();
+    let e =
+        unsafe { nic.umem_reg(a.as_mut_ptr(), a.len(), Access::LOCAL_WRITE, 1 << 21) }.unwrap_err();
     assert_eq!(e.errno(), Some(libc::EINVAL), "2 MiB pages on 4 KiB memory");
-    let u = unsafe { nic.umem_reg(a.as_mut_ptr(), a.len(), Access::LOCAL_WRITE, (1 << 12) | (1 << 21)) }.unwrap();
+    let u = unsafe {
+        nic.umem_reg(
+            a.as_mut_ptr(),
+            a.len(),
+            Access::LOCAL_WRITE,
+            (1 << 12) | (1 << 21),
+        )
+    }
+    .unwrap();
     let v = unsafe { nic.umem_reg(a.as_mut_ptr(), a.len(), Access::LOCAL_WRITE, 1 << 12) }.unwrap();
     assert_ne!(u.id(), v.id());
     if let Ok(mut h) = Buffer::huge(1 << 21) {
-        unsafe { nic.umem_reg(h.as_mut_ptr(), h.len(), Access::LOCAL_WRITE, 1 << 21) }.expect("2 MiB pages fit hugetlb memory");
+        unsafe { nic.umem_reg(h.as_mut_ptr(), h.len(), Access::LOCAL_WRITE, 1 << 21) }
+            .expect("2 MiB pages fit hugetlb memory");
     }
-    let off = Nic::soft_with(SoftConfig { devx: false, ..Default::default() });
-    assert!(unsafe { off.umem_reg(a.as_mut_ptr(), a.len(), Access::LOCAL_WRITE, 1 << 12) }.unwrap_err().is_unsupported());
+    let off = Nic::soft_with(SoftConfig {
+        devx: false,
+        ..Default::default()
+    });
+    assert!(
+        unsafe { off.umem_reg(a.as_mut_ptr(), a.len(), Access::LOCAL_WRITE, 1 << 12) }
+            .unwrap_err()
+            .is_unsupported()
+    );
 }
 
 #[test]
@@ -509,10 +853,18 @@ fn receives_are_flushed_when_the_qp_fails() {
     let mut mem = buf(4096, 0);
     let mr = bed.b.reg(&mut mem, RW).unwrap();
     let mut mw = bed.b.pd.alloc_mw(MwType::Type1).unwrap();
-    bed.qb.bind_mw(2, &mut mw, &mr, 0, 4096, Access::REMOTE_READ).unwrap();
-    let mut got: Vec<_> = (0..2).map(|_| bed.b.wait()).map(|c| (c.wr_id, c.status)).collect();
+    bed.qb
+        .bind_mw(2, &mut mw, &mr, 0, 4096, Access::REMOTE_READ)
+        .unwrap();
+    let mut got: Vec<_> = (0..2)
+        .map(|_| bed.b.wait())
+        .map(|c| (c.wr_id, c.status))
+        .collect();
     got.sort_by_key(|c| c.0);
-    assert_eq!(got, vec![(1, WcStatus::WrFlushErr), (2, WcStatus::MwBindErr)]);
+    assert_eq!(
+        got,
+        vec![(1, WcStatus::WrFlushErr), (2, WcStatus::MwBindErr)]
+    );
 }
 
 #[test]
@@ -534,7 +886,10 @@ fn send_waits_for_a_receive() {
     let mut s = buf(4096, 9);
     let smr = bed.a.reg(&mut s, Access::LOCAL_WRITE).unwrap();
     bed.qa.post_send(2, &[smr.sge(0, 16).unwrap()]).unwrap();
-    assert!(bed.a.cq.poll_one().unwrap().is_none(), "no receive yet: the send is not complete");
+    assert!(
+        bed.a.cq.poll_one().unwrap().is_none(),
+        "no receive yet: the send is not complete"
+    );
     let mut r = buf(4096, 0);
     let rmr = bed.b.reg(&mut r, Access::LOCAL_WRITE).unwrap();
     bed.qb.post_recv(1, &[rmr.sge(0, 4096).unwrap()]).unwrap();
@@ -550,7 +905,12 @@ fn posting_before_connect_is_refused() {
     let qp = side.qp();
     let mut s = buf(4096, 9);
     let smr = side.reg(&mut s, Access::LOCAL_WRITE).unwrap();
-    assert_eq!(qp.post_send(1, &[smr.sge(0, 8).unwrap()]).unwrap_err().errno(), Some(libc::EINVAL));
+    assert_eq!(
+        qp.post_send(1, &[smr.sge(0, 8).unwrap()])
+            .unwrap_err()
+            .errno(),
+        Some(libc::EINVAL)
+    );
 }
 
 #[test]
@@ -584,25 +944,73 @@ fn concurrent_writers_on_many_qps() {
                 let mut src = buf(4096, t + 1);
                 let src_mr = a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
                 for _ in 0..50 {
-                    qa.post_write(t as u64, &[src_mr.sge(0, 4096).unwrap()], dst_mr.addr() as u64 + t as u64 * 4096, dst_mr.rkey()).unwrap();
+                    qa.post_write(
+                        t as u64,
+                        &[src_mr.sge(0, 4096).unwrap()],
+                        dst_mr.addr() as u64 + t as u64 * 4096,
+                        dst_mr.rkey(),
+                    )
+                    .unwrap();
                     assert_eq!(cq.wait_one(WAIT).unwrap().status, WcStatus::Success);
                 }
             });
         }
     });
     for t in 0..8 {
-        assert!(dst.as_slice()[t * 4096..(t + 1) * 4096].iter().all(|&x| x == t as u8 + 1));
+        assert!(
+            dst.as_slice()[t * 4096..(t + 1) * 4096]
+                .iter()
+                .all(|&x| x == t as u8 + 1)
+        );
     }
     assert_eq!(b.nic.as_soft().unwrap().counters().rejected_accesses, 0);
+}
+
+#[test]
+fn soft_nic_is_send_and_sync_and_keeps_its_invariants() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Nic>();
+    assert_send_sync::<rdma_pool::nic::soft::SoftNic>();
+    let bed = default_bed();
+    let mut mem = buf(4096, 0);
+    let mr = bed.b.reg(&mut mem, RW | Access::MW_BIND).unwrap();
+    let mut w1 = bed.b.pd.alloc_mw(MwType::Type1).unwrap();
+    let mut w2 = bed.b.pd.alloc_mw(MwType::Type2).unwrap();
+    bed.qb
+        .bind_mw(1, &mut w1, &mr, 0, 4096, Access::REMOTE_READ)
+        .unwrap();
+    let k2 = bed
+        .qb
+        .post_bind_mw(2, &mut w2, &mr, 0, 64, Access::REMOTE_READ)
+        .unwrap();
+    let soft = bed.b.nic.as_soft().unwrap();
+    soft.validate().unwrap();
+    bed.qb.post_local_inv(3, k2).unwrap();
+    bed.qb
+        .bind_mw(4, &mut w1, &mr, 0, 0, Access::empty())
+        .unwrap();
+    for _ in 0..4 {
+        assert_eq!(bed.b.wait().status, WcStatus::Success);
+    }
+    soft.validate().unwrap();
+    drop((w1, w2));
+    mr.dereg().unwrap();
+    soft.validate().unwrap();
 }
 
 #[test]
 fn rejected_accesses_are_counted() {
     let bed = default_bed();
     let mut dst = buf(4096, 0);
-    let mr = bed.b.reg(&mut dst, Access::LOCAL_WRITE | Access::REMOTE_READ).unwrap();
+    let mr = bed
+        .b
+        .reg(&mut dst, Access::LOCAL_WRITE | Access::REMOTE_READ)
+        .unwrap();
     let mut src = buf(4096, 1);
     let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
-    assert_eq!(write(&bed, &src_mr, 8, mr.addr() as u64, mr.rkey()), WcStatus::RemAccessErr);
+    assert_eq!(
+        write(&bed, &src_mr, 8, mr.addr() as u64, mr.rkey()),
+        WcStatus::RemAccessErr
+    );
     assert_eq!(bed.b.nic.as_soft().unwrap().counters().rejected_accesses, 1);
 }

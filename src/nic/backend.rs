@@ -38,10 +38,21 @@ pub(crate) struct RawBind {
 pub(crate) enum RawSendOp {
     Send,
     SendWithInv(Rkey),
-    Write { remote_addr: u64, rkey: Rkey },
-    Read { remote_addr: u64, rkey: Rkey },
+    Write {
+        remote_addr: u64,
+        rkey: Rkey,
+    },
+    Read {
+        remote_addr: u64,
+        rkey: Rkey,
+    },
     /// Type 2 bind: `mw_rkey` is the window's current key, `new_rkey` the one it gets.
-    BindMw { mw: u64, mw_rkey: Rkey, new_rkey: Rkey, bind: RawBind },
+    BindMw {
+        mw: u64,
+        mw_rkey: Rkey,
+        new_rkey: Rkey,
+        bind: RawBind,
+    },
     LocalInv(Rkey),
 }
 
@@ -96,7 +107,12 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn post_recv(&self, qp: u64, wr_id: u64, sges: &[Sge]) -> Result<()>;
 
     /// Returns (handle, umem id).
-    fn umem_reg(&self, addr: usize, len: usize, access: Access, pgsz_bitmap: u64)
-    -> Result<(u64, u32)>;
+    fn umem_reg(
+        &self,
+        addr: usize,
+        len: usize,
+        access: Access,
+        pgsz_bitmap: u64,
+    ) -> Result<(u64, u32)>;
     fn umem_dereg(&self, umem: u64) -> Result<()>;
 }

@@ -26,14 +26,24 @@ unsafe impl Sync for Buffer {}
 
 impl std::fmt::Debug for Buffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Buffer").field("len", &self.len).field("hugetlb", &self.is_hugetlb()).finish()
+        f.debug_struct("Buffer")
+            .field("len", &self.len)
+            .field("hugetlb", &self.is_hugetlb())
+            .finish()
     }
 }
 
 /// The huge page size from `/proc/meminfo`, if the kernel has hugetlb.
 pub fn huge_page_size() -> Option<usize> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kb: usize = info.lines().find_map(|l| l.strip_prefix("Hugepagesize:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+    let kb: usize = info
+        .lines()
+        .find_map(|l| l.strip_prefix("Hugepagesize:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
     Some(kb * 1024)
 }
 
@@ -53,7 +63,10 @@ impl Buffer {
         if len == 0 {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty buffer"));
         }
-        Ok(Buffer { kind: Kind::Mmap(memmap2::MmapMut::map_anon(len)?), len })
+        Ok(Buffer {
+            kind: Kind::Mmap(memmap2::MmapMut::map_anon(len)?),
+            len,
+        })
     }
 
     /// A zeroed buffer of `len` bytes (rounded up to whole huge pages) on hugetlb pages.
@@ -79,7 +92,10 @@ impl Buffer {
         let p = unsafe { hugepage_rs::alloc(layout) };
         let p = NonNull::new(p)
             .ok_or_else(|| io::Error::new(io::ErrorKind::OutOfMemory, "no huge pages available"))?;
-        Ok(Buffer { kind: Kind::Huge(p, layout), len: size })
+        Ok(Buffer {
+            kind: Kind::Huge(p, layout),
+            len: size,
+        })
     }
 
     /// Start of the buffer.

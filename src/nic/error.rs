@@ -12,6 +12,12 @@ pub enum Verb {
     OpenDevice,
     /// `ibv_query_device_ex`.
     QueryDevice,
+    /// `ibv_query_port`.
+    QueryPort,
+    /// `ibv_query_gid`.
+    QueryGid,
+    /// `ibv_query_qp`.
+    QueryQp,
     /// `ibv_alloc_pd`.
     AllocPd,
     /// `ibv_dealloc_pd`.
@@ -58,6 +64,9 @@ impl Verb {
         match self {
             Verb::OpenDevice => "ibv_open_device",
             Verb::QueryDevice => "ibv_query_device_ex",
+            Verb::QueryPort => "ibv_query_port",
+            Verb::QueryGid => "ibv_query_gid",
+            Verb::QueryQp => "ibv_query_qp",
             Verb::AllocPd => "ibv_alloc_pd",
             Verb::DeallocPd => "ibv_dealloc_pd",
             Verb::RegMr => "ibv_reg_mr",
@@ -148,12 +157,18 @@ pub struct ReregError {
     /// The errno.
     #[source]
     pub source: io::Error,
+    /// With `DoForkOld`: the region as re-registered (the new attributes are in force).
+    pub(crate) replaced: Option<crate::nic::backend::RawMr>,
 }
 
 impl ReregError {
     /// Build from a kind and an errno value.
     pub fn new(kind: ReregErrorKind, errno: i32) -> ReregError {
-        ReregError { kind, source: io::Error::from_raw_os_error(errno) }
+        ReregError {
+            kind,
+            source: io::Error::from_raw_os_error(errno),
+            replaced: None,
+        }
     }
 
     /// The errno value.
@@ -229,9 +244,10 @@ impl Error {
     /// A verb failure from an `io::Error`, promoting "not supported" errnos to `Unsupported`.
     pub fn from_io(verb: Verb, source: io::Error) -> Error {
         match source.raw_os_error() {
-            Some(libc::EOPNOTSUPP | libc::ENOSYS) => {
-                Error::Unsupported { verb, detail: source.to_string() }
-            }
+            Some(libc::EOPNOTSUPP | libc::ENOSYS) => Error::Unsupported {
+                verb,
+                detail: source.to_string(),
+            },
             _ => Error::Verb { verb, source },
         }
     }
@@ -254,7 +270,10 @@ impl Error {
     }
 
     pub(crate) fn invalid(verb: Verb, detail: impl Into<String>) -> Error {
-        Error::InvalidArgument { verb, detail: detail.into() }
+        Error::InvalidArgument {
+            verb,
+            detail: detail.into(),
+        }
     }
 }
 

@@ -10,9 +10,9 @@
 //! - UMEM registration needs an mlx5 device *and* a context opened with
 //!   `mlx5dv_open_device(MLX5DV_CONTEXT_FLAGS_DEVX)`; the verbs backend opens mlx5 devices that
 //!   way (falling back to `ibv_open_device` without DEVX) and tells this module which case it is
-//!   in through [`DevxState`].
+//!   in through `DevxState`.
 //! - A UMEM handle is the `struct mlx5dv_devx_umem *` cast to `u64`; it is passed to
-//!   [`umem_dereg`] exactly once.
+//!   `umem_dereg` exactly once.
 //!
 //! The C declarations mirrored here (rdma-core `mlx5dv.h`, stable since rdma-core 31):
 //! ```c
@@ -75,9 +75,12 @@ struct Mlx5dvDevxUmemIn {
 }
 
 type IsSupportedFn = unsafe extern "C" fn(*mut ibv_device) -> bool;
-type OpenDeviceFn = unsafe extern "C" fn(*mut ibv_device, *mut Mlx5dvContextAttr) -> *mut ibv_context;
-type UmemRegFn = unsafe extern "C" fn(*mut ibv_context, *mut c_void, usize, u32) -> *mut Mlx5dvDevxUmem;
-type UmemRegExFn = unsafe extern "C" fn(*mut ibv_context, *mut Mlx5dvDevxUmemIn) -> *mut Mlx5dvDevxUmem;
+type OpenDeviceFn =
+    unsafe extern "C" fn(*mut ibv_device, *mut Mlx5dvContextAttr) -> *mut ibv_context;
+type UmemRegFn =
+    unsafe extern "C" fn(*mut ibv_context, *mut c_void, usize, u32) -> *mut Mlx5dvDevxUmem;
+type UmemRegExFn =
+    unsafe extern "C" fn(*mut ibv_context, *mut Mlx5dvDevxUmemIn) -> *mut Mlx5dvDevxUmem;
 type UmemDeregFn = unsafe extern "C" fn(*mut Mlx5dvDevxUmem) -> c_int;
 
 /// The resolved entry points of `libmlx5.so.1`.
@@ -100,7 +103,9 @@ fn dl_error(fallback: &str) -> String {
         fallback.to_owned()
     } else {
         // SAFETY: non-null, NUL-terminated (see above).
-        unsafe { CStr::from_ptr(msg) }.to_string_lossy().into_owned()
+        unsafe { CStr::from_ptr(msg) }
+            .to_string_lossy()
+            .into_owned()
     }
 }
 
@@ -142,7 +147,13 @@ fn load() -> Result<Lib, String> {
     let Some(is_supported) = is_supported else {
         return Err("libmlx5.so.1 has no mlx5dv_is_supported".to_owned());
     };
-    Ok(Lib { is_supported, open_device, umem_reg, umem_reg_ex, umem_dereg })
+    Ok(Lib {
+        is_supported,
+        open_device,
+        umem_reg,
+        umem_reg_ex,
+        umem_dereg,
+    })
 }
 
 fn lib() -> Result<&'static Lib, &'static str> {
@@ -198,7 +209,10 @@ pub(crate) enum DevxState {
 }
 
 fn unsupported(verb: Verb, detail: impl Into<String>) -> Error {
-    Error::Unsupported { verb, detail: detail.into() }
+    Error::Unsupported {
+        verb,
+        detail: detail.into(),
+    }
 }
 
 /// Open `device` with `mlx5dv_open_device(MLX5DV_CONTEXT_FLAGS_DEVX)`.
@@ -215,7 +229,10 @@ pub(crate) unsafe fn open_devx(device: *mut ibv_device) -> Result<*mut ibv_conte
     let open = lib
         .open_device
         .ok_or_else(|| unsupported(Verb::OpenDevice, "libmlx5 has no mlx5dv_open_device"))?;
-    let mut attr = Mlx5dvContextAttr { flags: MLX5DV_CONTEXT_FLAGS_DEVX, comp_mask: 0 };
+    let mut attr = Mlx5dvContextAttr {
+        flags: MLX5DV_CONTEXT_FLAGS_DEVX,
+        comp_mask: 0,
+    };
     // SAFETY: `device` is valid (caller); `attr` lives across the call.
     let ctx = unsafe { open(device, &mut attr) };
     if ctx.is_null() {
@@ -282,7 +299,10 @@ pub(crate) unsafe fn umem_reg(
         // SAFETY: as above.
         unsafe { reg(ctx, addr as *mut c_void, len, access.bits()) }
     } else {
-        return Err(unsupported(Verb::UmemReg, "libmlx5 has no mlx5dv_devx_umem_reg(_ex)"));
+        return Err(unsupported(
+            Verb::UmemReg,
+            "libmlx5 has no mlx5dv_devx_umem_reg(_ex)",
+        ));
     };
     if umem.is_null() {
         return Err(Error::from_io(Verb::UmemReg, io::Error::last_os_error()));
@@ -315,7 +335,11 @@ pub(crate) unsafe fn umem_dereg(handle: u64) -> Result<()> {
 
 /// A `c_char` buffer as a `String` (up to the first NUL).
 pub(crate) fn c_chars_to_string(buf: &[c_char]) -> String {
-    let bytes: Vec<u8> = buf.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+    let bytes: Vec<u8> = buf
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
@@ -337,7 +361,10 @@ mod tests {
                 // symbol name above is misspelt.
                 assert!(lib.open_device.is_some(), "mlx5dv_open_device not resolved");
                 assert!(lib.umem_reg.is_some(), "mlx5dv_devx_umem_reg not resolved");
-                assert!(lib.umem_dereg.is_some(), "mlx5dv_devx_umem_dereg not resolved");
+                assert!(
+                    lib.umem_dereg.is_some(),
+                    "mlx5dv_devx_umem_dereg not resolved"
+                );
                 assert!(load_error().is_none());
             }
             Err(why) => {
@@ -352,11 +379,21 @@ mod tests {
         for state in [DevxState::NotMlx5, DevxState::NoDevxContext] {
             // SAFETY: these states return before touching the (null) context or the range.
             let err = unsafe {
-                umem_reg(state, std::ptr::null_mut(), 0x1000, 4096, Access::LOCAL_WRITE, 1 << 12)
+                umem_reg(
+                    state,
+                    std::ptr::null_mut(),
+                    0x1000,
+                    4096,
+                    Access::LOCAL_WRITE,
+                    1 << 12,
+                )
             }
             .unwrap_err();
             match err {
-                Error::Unsupported { verb: Verb::UmemReg, detail } => {
+                Error::Unsupported {
+                    verb: Verb::UmemReg,
+                    detail,
+                } => {
                     assert!(detail.contains("DEVX needs an mlx5 device"), "{detail}")
                 }
                 other => panic!("expected Unsupported, got {other:?}"),

@@ -48,7 +48,10 @@ pub struct Nic {
 
 impl std::fmt::Debug for Nic {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Nic").field("name", &self.caps().name).field("kind", &self.kind()).finish()
+        f.debug_struct("Nic")
+            .field("name", &self.caps().name)
+            .field("kind", &self.kind())
+            .finish()
     }
 }
 
@@ -73,7 +76,9 @@ impl Nic {
     /// assert!(!nic.caps().rereg_mr);
     /// ```
     pub fn soft_with(config: soft::SoftConfig) -> Nic {
-        Nic { backend: Arc::new(soft::SoftNic::new(config)) }
+        Nic {
+            backend: Arc::new(soft::SoftNic::new(config)),
+        }
     }
 
     /// Open the verbs device called `name`.
@@ -90,7 +95,9 @@ impl Nic {
     pub fn open(name: &str) -> Result<Nic> {
         #[cfg(feature = "verbs")]
         {
-            Ok(Nic { backend: Arc::new(verbs::VerbsNic::open(Some(name))?) })
+            Ok(Nic {
+                backend: Arc::new(verbs::VerbsNic::open(Some(name))?),
+            })
         }
         #[cfg(not(feature = "verbs"))]
         {
@@ -115,7 +122,9 @@ impl Nic {
     pub fn open_first() -> Result<Nic> {
         #[cfg(feature = "verbs")]
         {
-            Ok(Nic { backend: Arc::new(verbs::VerbsNic::open(None)?) })
+            Ok(Nic {
+                backend: Arc::new(verbs::VerbsNic::open(None)?),
+            })
         }
         #[cfg(not(feature = "verbs"))]
         {
@@ -192,7 +201,12 @@ impl Nic {
     /// ```
     pub fn alloc_pd(&self) -> Result<Pd> {
         let handle = self.backend.alloc_pd()?;
-        Ok(Pd { inner: Arc::new(PdInner { nic: self.clone(), handle }) })
+        Ok(Pd {
+            inner: Arc::new(PdInner {
+                nic: self.clone(),
+                handle,
+            }),
+        })
     }
 
     /// Create a completion queue with room for `depth` completions.
@@ -217,7 +231,12 @@ impl Nic {
             });
         }
         let handle = self.backend.create_cq(depth)?;
-        Ok(Cq { inner: Arc::new(CqInner { nic: self.clone(), handle }) })
+        Ok(Cq {
+            inner: Arc::new(CqInner {
+                nic: self.clone(),
+                handle,
+            }),
+        })
     }
 
     /// Register `len` bytes at `addr` as a DEVX UMEM (`mlx5dv_devx_umem_reg_ex`), allowing only
@@ -250,8 +269,16 @@ impl Nic {
         if len == 0 || addr.is_null() {
             return Err(Error::invalid(Verb::UmemReg, "empty or null range"));
         }
-        let (handle, id) = self.backend.umem_reg(addr as usize, len, access, pgsz_bitmap)?;
-        Ok(Umem { nic: self.clone(), handle, id, addr: addr as usize, len })
+        let (handle, id) = self
+            .backend
+            .umem_reg(addr as usize, len, access, pgsz_bitmap)?;
+        Ok(Umem {
+            nic: self.clone(),
+            handle,
+            id,
+            addr: addr as usize,
+            len,
+        })
     }
 }
 
@@ -276,7 +303,9 @@ impl Drop for PdInner {
 
 impl std::fmt::Debug for Pd {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Pd").field("handle", &self.inner.handle).finish()
+        f.debug_struct("Pd")
+            .field("handle", &self.inner.handle)
+            .finish()
     }
 }
 
@@ -373,10 +402,18 @@ impl Pd {
             });
         }
         if len != usize::MAX && len as u64 > caps.max_mr_size {
-            return Err(Error::Limit { verb: Verb::RegMr, limit: "max_mr_size", max: caps.max_mr_size });
+            return Err(Error::Limit {
+                verb: Verb::RegMr,
+                limit: "max_mr_size",
+                max: caps.max_mr_size,
+            });
         }
-        let raw = self.backend().reg_mr(self.inner.handle, addr as usize, len, access)?;
-        Ok(Mr { inner: Arc::new(MrInner::new(self.clone(), raw, access)) })
+        let raw = self
+            .backend()
+            .reg_mr(self.inner.handle, addr as usize, len, access)?;
+        Ok(Mr {
+            inner: Arc::new(MrInner::new(self.clone(), raw, access)),
+        })
     }
 
     /// Give the kernel advice about ranges of ODP regions of this PD (`ibv_advise_mr`).
@@ -405,9 +442,14 @@ impl Pd {
         }
         let max = self.nic().caps().max_sge;
         if sges.len() > max as usize {
-            return Err(Error::Limit { verb: Verb::AdviseMr, limit: "max_sge", max: max as u64 });
+            return Err(Error::Limit {
+                verb: Verb::AdviseMr,
+                limit: "max_sge",
+                max: max as u64,
+            });
         }
-        self.backend().advise_mr(self.inner.handle, advice, flags, sges)
+        self.backend()
+            .advise_mr(self.inner.handle, advice, flags, sges)
     }
 
     /// Allocate a memory window of type `ty` (`ibv_alloc_mw`).
@@ -435,7 +477,16 @@ impl Pd {
             });
         }
         let (handle, rkey) = self.backend().alloc_mw(self.inner.handle, ty)?;
-        Ok(Mw { pd: self.clone(), handle, ty, rkey, bound_mr: None, bound_qp: None })
+        Ok(Mw {
+            pd: self.clone(),
+            handle,
+            ty,
+            cur: MwState {
+                rkey,
+                ..Default::default()
+            },
+            before_bind: None,
+        })
     }
 
     /// Create an RC queue pair using `send_cq` and `recv_cq`.
@@ -455,10 +506,18 @@ impl Pd {
     pub fn create_qp(&self, send_cq: &Cq, recv_cq: &Cq, caps: QpCaps) -> Result<Qp> {
         let dev = self.nic().caps();
         if caps.max_send_wr.max(caps.max_recv_wr) > dev.max_qp_wr {
-            return Err(Error::Limit { verb: Verb::CreateQp, limit: "max_qp_wr", max: dev.max_qp_wr as u64 });
+            return Err(Error::Limit {
+                verb: Verb::CreateQp,
+                limit: "max_qp_wr",
+                max: dev.max_qp_wr as u64,
+            });
         }
         if caps.max_send_sge.max(caps.max_recv_sge) > dev.max_sge {
-            return Err(Error::Limit { verb: Verb::CreateQp, limit: "max_sge", max: dev.max_sge as u64 });
+            return Err(Error::Limit {
+                verb: Verb::CreateQp,
+                limit: "max_sge",
+                max: dev.max_sge as u64,
+            });
         }
         let (handle, qpn) = self.backend().create_qp(
             self.inner.handle,
@@ -481,10 +540,16 @@ impl Pd {
 
 fn check_mr_access(verb: Verb, access: Access) -> Result<()> {
     if !access.is_valid_for_mr() {
-        return Err(Error::invalid(verb, "REMOTE_WRITE/REMOTE_ATOMIC need LOCAL_WRITE"));
+        return Err(Error::invalid(
+            verb,
+            "REMOTE_WRITE/REMOTE_ATOMIC need LOCAL_WRITE",
+        ));
     }
     if access.contains(Access::ZERO_BASED) {
-        return Err(Error::invalid(verb, "ZERO_BASED applies to memory windows only"));
+        return Err(Error::invalid(
+            verb,
+            "ZERO_BASED applies to memory windows only",
+        ));
     }
     Ok(())
 }
@@ -504,7 +569,13 @@ struct MrInner {
 
 impl MrInner {
     fn new(pd: Pd, raw: RawMr, access: Access) -> MrInner {
-        MrInner { pd, raw, access, poisoned: false, registered: true.into() }
+        MrInner {
+            pd,
+            raw,
+            access,
+            poisoned: false,
+            registered: true.into(),
+        }
     }
 
     fn dereg(&self) -> Result<()> {
@@ -611,7 +682,10 @@ impl Mr {
     /// ```
     pub fn sge(&self, offset: usize, len: usize) -> Result<Sge> {
         if self.inner.poisoned {
-            return Err(Error::invalid(Verb::PostSend, "region is poisoned by a failed rereg"));
+            return Err(Error::invalid(
+                Verb::PostSend,
+                "region is poisoned by a failed rereg",
+            ));
         }
         let end = offset.checked_add(len);
         if end.is_none_or(|e| e > self.len()) || len > u32::MAX as usize {
@@ -668,11 +742,15 @@ impl Mr {
         if !access.is_empty() && !flags.contains(ReregFlags::CHANGE_ACCESS) {
             return input(libc::EINVAL);
         }
-        if flags.contains(ReregFlags::CHANGE_ACCESS) && check_mr_access(Verb::ReregMr, access).is_err() {
+        if flags.contains(ReregFlags::CHANGE_ACCESS)
+            && check_mr_access(Verb::ReregMr, access).is_err()
+        {
             return input(libc::EINVAL);
         }
         let new_pd = match (flags.contains(ReregFlags::CHANGE_PD), pd) {
-            (true, Some(pd)) if Arc::ptr_eq(&pd.inner.nic.backend, &self.inner.pd.inner.nic.backend) => {
+            (true, Some(pd))
+                if Arc::ptr_eq(&pd.inner.nic.backend, &self.inner.pd.inner.nic.backend) =>
+            {
                 pd.clone()
             }
             (true, _) => return input(libc::EINVAL),
@@ -688,9 +766,19 @@ impl Mr {
         } else {
             (inner.raw.addr, inner.raw.len)
         };
-        let new_access =
-            if flags.contains(ReregFlags::CHANGE_ACCESS) { access } else { inner.access };
-        match backend.rereg_mr(inner.raw.handle, flags, new_pd.inner.handle, new_addr, new_len, new_access) {
+        let new_access = if flags.contains(ReregFlags::CHANGE_ACCESS) {
+            access
+        } else {
+            inner.access
+        };
+        match backend.rereg_mr(
+            inner.raw.handle,
+            flags,
+            new_pd.inner.handle,
+            new_addr,
+            new_len,
+            new_access,
+        ) {
             Ok(raw) => {
                 inner.raw = raw;
                 inner.pd = new_pd;
@@ -698,7 +786,12 @@ impl Mr {
                 Ok(())
             }
             Err(e) => {
-                if !e.kind.mr_usable() {
+                if let Some(raw) = e.replaced {
+                    // DO_FORK_OLD: the new registration is in force.
+                    inner.raw = raw;
+                    inner.pd = new_pd;
+                    inner.access = new_access;
+                } else if !e.kind.mr_usable() {
                     inner.poisoned = true;
                 }
                 Err(e)
@@ -734,14 +827,27 @@ pub struct Mw {
     pd: Pd,
     handle: u64,
     ty: MwType,
+    cur: MwState,
+    /// The state before the last bind, for [`Mw::bind_failed`].
+    before_bind: Option<MwState>,
+}
+
+/// A window's key and what its binding holds alive (the region; for type 2, the QP).
+#[derive(Default)]
+struct MwState {
     rkey: Rkey,
-    bound_mr: Option<Arc<MrInner>>,
-    bound_qp: Option<Arc<QpInner>>,
+    /// Held so the region outlives the binding (dereg waits for the window).
+    _mr: Option<Arc<MrInner>>,
+    /// Held so a type 2 window is deallocated before its QP is destroyed.
+    _qp: Option<Arc<QpInner>>,
 }
 
 impl std::fmt::Debug for Mw {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Mw").field("type", &self.ty).field("rkey", &self.rkey).finish()
+        f.debug_struct("Mw")
+            .field("type", &self.ty)
+            .field("rkey", &self.cur.rkey)
+            .finish()
     }
 }
 
@@ -752,7 +858,7 @@ impl Mw {
     }
     /// The window's current rkey (updated by every bind this handle made).
     pub fn rkey(&self) -> Rkey {
-        self.rkey
+        self.cur.rkey
     }
     /// The backend's handle (`struct ibv_mw *` on verbs).
     pub fn as_raw(&self) -> u64 {
@@ -761,6 +867,51 @@ impl Mw {
     /// The PD.
     pub fn pd(&self) -> &Pd {
         &self.pd
+    }
+
+    /// Record a bind that was posted: the new key and what it binds.
+    fn bound(&mut self, rkey: Rkey, mr: Option<Arc<MrInner>>, qp: Option<Arc<QpInner>>) {
+        let before = std::mem::replace(
+            &mut self.cur,
+            MwState {
+                rkey,
+                _mr: mr,
+                _qp: qp,
+            },
+        );
+        self.before_bind = Some(before);
+    }
+
+    /// Undo the last bind after its completion reported failure (`MW_BIND_ERR`, or a flush):
+    /// the window gets back the key it had before, as `ibv_bind_mw(3)` tells the caller to do.
+    /// Returns false when there is no bind to undo.
+    ///
+    /// # Examples
+    /// ```
+    /// use rdma_pool::nic::{Access, MwType, Nic, QpCaps, WcStatus};
+    /// let nic = Nic::soft();
+    /// let pd = nic.alloc_pd().unwrap();
+    /// let cq = nic.create_cq(8).unwrap();
+    /// let (q1, q2) = (pd.create_qp(&cq, &cq, QpCaps::default()).unwrap(), pd.create_qp(&cq, &cq, QpCaps::default()).unwrap());
+    /// q1.connect(&q2.endpoint().unwrap()).unwrap();
+    /// let mut buf = vec![0u8; 64];
+    /// // SAFETY: `buf` outlives the region. (No MW_BIND right: the bind will fail.)
+    /// let mr = unsafe { pd.reg_mr(buf.as_mut_ptr(), 64, Access::LOCAL_WRITE) }.unwrap();
+    /// let mut mw = pd.alloc_mw(MwType::Type1).unwrap();
+    /// let old = mw.rkey();
+    /// q1.bind_mw(1, &mut mw, &mr, 0, 64, Access::REMOTE_READ).unwrap();
+    /// assert_ne!(cq.poll_one().unwrap().unwrap().status, WcStatus::Success);
+    /// assert!(mw.bind_failed());
+    /// assert_eq!(mw.rkey(), old);
+    /// ```
+    pub fn bind_failed(&mut self) -> bool {
+        match self.before_bind.take() {
+            Some(before) => {
+                self.cur = before;
+                true
+            }
+            None => false,
+        }
     }
 }
 
@@ -795,7 +946,9 @@ impl Drop for CqInner {
 
 impl std::fmt::Debug for Cq {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Cq").field("handle", &self.inner.handle).finish()
+        f.debug_struct("Cq")
+            .field("handle", &self.inner.handle)
+            .finish()
     }
 }
 
@@ -920,7 +1073,15 @@ impl Qp {
                 max: self.inner.caps.max_send_sge as u64,
             });
         }
-        self.backend().post_send(self.inner.handle, &RawSendWr { wr_id, signaled: true, sges, op })
+        self.backend().post_send(
+            self.inner.handle,
+            &RawSendWr {
+                wr_id,
+                signaled: true,
+                sges,
+                op,
+            },
+        )
     }
 
     /// Post a SEND of `sges`.
@@ -978,15 +1139,29 @@ impl Qp {
         self.backend().post_recv(self.inner.handle, wr_id, sges)
     }
 
-    fn bind_args(&self, wr_id: u64, mw: &Mw, mr: &Mr, offset: usize, len: usize, access: Access) -> Result<RawBind> {
+    fn bind_args(
+        &self,
+        wr_id: u64,
+        mw: &Mw,
+        mr: &Mr,
+        offset: usize,
+        len: usize,
+        access: Access,
+    ) -> Result<RawBind> {
         if !Arc::ptr_eq(&mw.pd.inner.nic.backend, &self.inner.pd.inner.nic.backend) {
             return Err(Error::invalid(Verb::BindMw, "window of another device"));
         }
         if offset.checked_add(len).is_none_or(|e| e > mr.len()) {
-            return Err(Error::invalid(Verb::BindMw, "window range outside the region"));
+            return Err(Error::invalid(
+                Verb::BindMw,
+                "window range outside the region",
+            ));
         }
         if access.intersects(!(Access::REMOTE | Access::ZERO_BASED)) {
-            return Err(Error::invalid(Verb::BindMw, "windows take only remote rights and ZERO_BASED"));
+            return Err(Error::invalid(
+                Verb::BindMw,
+                "windows take only remote rights and ZERO_BASED",
+            ));
         }
         Ok(RawBind {
             wr_id,
@@ -1005,14 +1180,26 @@ impl Qp {
     ///
     /// # Errors
     /// `InvalidArgument` for a type 2 window or a range outside `mr`; the verb's failure.
-    pub fn bind_mw(&self, wr_id: u64, mw: &mut Mw, mr: &Mr, offset: usize, len: usize, access: Access) -> Result<Rkey> {
+    pub fn bind_mw(
+        &self,
+        wr_id: u64,
+        mw: &mut Mw,
+        mr: &Mr,
+        offset: usize,
+        len: usize,
+        access: Access,
+    ) -> Result<Rkey> {
         if mw.ty != MwType::Type1 {
-            return Err(Error::invalid(Verb::BindMw, "ibv_bind_mw binds type 1 windows only"));
+            return Err(Error::invalid(
+                Verb::BindMw,
+                "ibv_bind_mw binds type 1 windows only",
+            ));
         }
         let bind = self.bind_args(wr_id, mw, mr, offset, len, access)?;
-        let rkey = self.backend().bind_mw(self.inner.handle, mw.handle, mw.rkey, &bind)?;
-        mw.rkey = rkey;
-        mw.bound_mr = (len > 0).then(|| mr.inner.clone());
+        let rkey = self
+            .backend()
+            .bind_mw(self.inner.handle, mw.handle, mw.cur.rkey, &bind)?;
+        mw.bound(rkey, (len > 0).then(|| mr.inner.clone()), None);
         Ok(rkey)
     }
 
@@ -1022,16 +1209,34 @@ impl Qp {
     ///
     /// # Errors
     /// `InvalidArgument` for a type 1 window or a range outside `mr`; the post failure.
-    pub fn post_bind_mw(&self, wr_id: u64, mw: &mut Mw, mr: &Mr, offset: usize, len: usize, access: Access) -> Result<Rkey> {
+    pub fn post_bind_mw(
+        &self,
+        wr_id: u64,
+        mw: &mut Mw,
+        mr: &Mr,
+        offset: usize,
+        len: usize,
+        access: Access,
+    ) -> Result<Rkey> {
         if mw.ty != MwType::Type2 {
-            return Err(Error::invalid(Verb::BindMw, "BIND_MW work requests bind type 2 windows only"));
+            return Err(Error::invalid(
+                Verb::BindMw,
+                "BIND_MW work requests bind type 2 windows only",
+            ));
         }
         let bind = self.bind_args(wr_id, mw, mr, offset, len, access)?;
-        let new_rkey = mw.rkey.next_variant();
-        self.post(wr_id, &[], RawSendOp::BindMw { mw: mw.handle, mw_rkey: mw.rkey, new_rkey, bind })?;
-        mw.rkey = new_rkey;
-        mw.bound_mr = Some(mr.inner.clone());
-        mw.bound_qp = Some(self.inner.clone());
+        let new_rkey = mw.cur.rkey.next_variant();
+        self.post(
+            wr_id,
+            &[],
+            RawSendOp::BindMw {
+                mw: mw.handle,
+                mw_rkey: mw.cur.rkey,
+                new_rkey,
+                bind,
+            },
+        )?;
+        mw.bound(new_rkey, Some(mr.inner.clone()), Some(self.inner.clone()));
         Ok(new_rkey)
     }
 }
@@ -1047,7 +1252,10 @@ pub struct Umem {
 
 impl std::fmt::Debug for Umem {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Umem").field("id", &self.id).field("len", &self.len).finish()
+        f.debug_struct("Umem")
+            .field("id", &self.id)
+            .field("len", &self.len)
+            .finish()
     }
 }
 

@@ -33,6 +33,16 @@ pub enum Quirk {
     ErrCmdRegionStillWorks,
     /// rxe has no DEVX (it is no mlx5 device).
     NoDevx,
+    /// rxe refuses `IBV_ACCESS_HUGETLB` in `reg_mr` (`EOPNOTSUPP`); hugetlb memory registers
+    /// fine without the flag.
+    HugetlbAccessRefused,
+    /// rxe completes a work request that failed a *local* check (bad lkey range, failed bind,
+    /// refused LOCAL_INV) with `WR_FLUSH_ERR` instead of its own status (`LOC_PROT_ERR`,
+    /// `MW_BIND_ERR`, `LOC_QP_OP_ERR`); the QP does enter the error state.
+    LocalErrorsReportedAsFlush,
+    /// rxe invalidates the window on SEND_WITH_INV but the receive completion does not carry
+    /// `IBV_WC_WITH_INV` and the invalidated rkey.
+    SendWithInvNotReported,
 }
 
 /// One row of the difference table.
@@ -103,6 +113,24 @@ pub const RXE: &[Difference] = &[
         soft: "UMEM registration with page-size bitmap checks",
         rxe: "Unsupported (not an mlx5 device)",
         reason: "DEVX is mlx5-only; the soft NIC models it so queue-memory code is tested",
+    },
+    Difference {
+        quirk: Quirk::HugetlbAccessRefused,
+        soft: "IBV_ACCESS_HUGETLB accepted as a hint",
+        rxe: "EOPNOTSUPP (\"access = 0x87 not supported\"); MAP_HUGETLB memory registers without it",
+        reason: "the flag is a valid hint on mlx5; the pool retries without it on EOPNOTSUPP",
+    },
+    Difference {
+        quirk: Quirk::LocalErrorsReportedAsFlush,
+        soft: "a local failure completes with its own status (LOC_PROT_ERR, MW_BIND_ERR, LOC_QP_OP_ERR)",
+        rxe: "the failing request itself completes with WR_FLUSH_ERR",
+        reason: "hardware reports the cause (IB spec 10.8.3); callers must not rely on the exact status on rxe",
+    },
+    Difference {
+        quirk: Quirk::SendWithInvNotReported,
+        soft: "the receive completion reports the invalidated rkey (IBV_WC_WITH_INV)",
+        rxe: "the window is invalidated but the completion does not say so",
+        reason: "the IB spec and mlx5 report it; the pool revokes by LOCAL_INV on rxe",
     },
 ];
 

@@ -29,7 +29,10 @@ pub fn nics() -> (Nic, Nic) {
         let mut it = devs.split(',');
         let a = it.next().expect("RDMA_POOL_TEST_DEVS names two devices");
         let b = it.next().unwrap_or(a);
-        (Nic::open(a).expect("open first test device"), Nic::open(b).expect("open second test device"))
+        (
+            Nic::open(a).expect("open first test device"),
+            Nic::open(b).expect("open second test device"),
+        )
     } else {
         (Nic::soft(), Nic::soft())
     }
@@ -50,7 +53,17 @@ impl Side {
     }
 
     pub fn qp(&self) -> Qp {
-        self.pd.create_qp(&self.cq, &self.cq, QpCaps { max_send_sge: 4, max_recv_sge: 4, ..Default::default() }).unwrap()
+        self.pd
+            .create_qp(
+                &self.cq,
+                &self.cq,
+                QpCaps {
+                    max_send_sge: 4,
+                    max_recv_sge: 4,
+                    ..Default::default()
+                },
+            )
+            .unwrap()
     }
 
     /// Register `buf` with `access`.
@@ -86,7 +99,9 @@ pub fn bed() -> Bed {
     Bed { a, b, qa, qb }
 }
 
-pub const RW: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE).union(Access::REMOTE_READ);
+pub const RW: Access = Access::LOCAL_WRITE
+    .union(Access::REMOTE_WRITE)
+    .union(Access::REMOTE_READ);
 
 /// A page-aligned buffer filled with `fill`.
 pub fn buf(len: usize, fill: u8) -> Buffer {
@@ -97,12 +112,16 @@ pub fn buf(len: usize, fill: u8) -> Buffer {
 
 /// Post an RDMA WRITE of `len` bytes and return the requester's completion status.
 pub fn write(bed: &Bed, src: &Mr, len: usize, raddr: u64, rkey: Rkey) -> WcStatus {
-    bed.qa.post_write(7, &[src.sge(0, len).unwrap()], raddr, rkey).unwrap();
+    bed.qa
+        .post_write(7, &[src.sge(0, len).unwrap()], raddr, rkey)
+        .unwrap();
     bed.a.wait().status
 }
 
 /// Post an RDMA READ of `len` bytes into `dst` and return the requester's completion status.
 pub fn read(bed: &Bed, dst: &Mr, len: usize, raddr: u64, rkey: Rkey) -> WcStatus {
-    bed.qa.post_read(8, &[dst.sge(0, len).unwrap()], raddr, rkey).unwrap();
+    bed.qa
+        .post_read(8, &[dst.sge(0, len).unwrap()], raddr, rkey)
+        .unwrap();
     bed.a.wait().status
 }

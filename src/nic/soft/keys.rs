@@ -18,7 +18,11 @@ use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 /// Per-page ODP residency of a region: a page is present for reading, and maybe for writing.
 pub(super) enum Residency {
     /// Explicit ODP: one bit per page of the region, in two bitmaps.
-    Explicit { first_page: usize, read: Box<[AtomicU64]>, write: Box<[AtomicU64]> },
+    Explicit {
+        first_page: usize,
+        read: Box<[AtomicU64]>,
+        write: Box<[AtomicU64]>,
+    },
     /// Implicit ODP: the whole address space, so a sparse set (page → writable).
     Implicit(Mutex<std::collections::HashMap<usize, bool>>),
 }
@@ -33,13 +37,21 @@ impl Residency {
         let last = (addr + len).div_ceil(ps);
         let words = (last - first).div_ceil(64);
         let bitmap = || (0..words).map(|_| AtomicU64::new(0)).collect::<Box<[_]>>();
-        Residency::Explicit { first_page: first, read: bitmap(), write: bitmap() }
+        Residency::Explicit {
+            first_page: first,
+            read: bitmap(),
+            write: bitmap(),
+        }
     }
 
     /// Is `page` (a page number) present with the needed right?
     pub(super) fn present(&self, page: usize, write: bool) -> bool {
         match self {
-            Residency::Explicit { first_page, read, write: w } => {
+            Residency::Explicit {
+                first_page,
+                read,
+                write: w,
+            } => {
                 let i = page - first_page;
                 let map = if write { w } else { read };
                 map[i / 64].load(Ordering::Acquire) & (1 << (i % 64)) != 0
@@ -54,7 +66,11 @@ impl Residency {
     /// Make `page` present (readable; writable too when `write`). Returns true if it was not.
     pub(super) fn insert(&self, page: usize, write: bool) -> bool {
         match self {
-            Residency::Explicit { first_page, read, write: w } => {
+            Residency::Explicit {
+                first_page,
+                read,
+                write: w,
+            } => {
                 let i = page - first_page;
                 let bit = 1u64 << (i % 64);
                 let was = read[i / 64].fetch_or(bit, Ordering::AcqRel) & bit != 0;
@@ -81,7 +97,11 @@ impl Residency {
     /// Drop `page` from the device's translation (an MMU-notifier invalidation).
     pub(super) fn remove(&self, page: usize) {
         match self {
-            Residency::Explicit { first_page, read, write } => {
+            Residency::Explicit {
+                first_page,
+                read,
+                write,
+            } => {
                 if page < *first_page || (page - first_page) / 64 >= read.len() {
                     return;
                 }
@@ -98,9 +118,10 @@ impl Residency {
     /// Number of pages present.
     pub(super) fn count(&self) -> usize {
         match self {
-            Residency::Explicit { read, .. } => {
-                read.iter().map(|w| w.load(Ordering::Acquire).count_ones() as usize).sum()
-            }
+            Residency::Explicit { read, .. } => read
+                .iter()
+                .map(|w| w.load(Ordering::Acquire).count_ones() as usize)
+                .sum(),
             Residency::Implicit(set) => set.lock().unwrap_or_else(|e| e.into_inner()).len(),
         }
     }
@@ -125,7 +146,10 @@ pub(super) struct MrObj {
 impl MrObj {
     pub(super) fn contains(&self, addr: u64, len: u64) -> bool {
         let (a, l) = (self.addr as u64, self.len as u64);
-        addr >= a && addr.checked_add(len).is_some_and(|e| e <= a.saturating_add(l))
+        addr >= a
+            && addr
+                .checked_add(len)
+                .is_some_and(|e| e <= a.saturating_add(l))
     }
 }
 
@@ -195,7 +219,12 @@ impl KeyTable {
     pub(super) fn new(capacity: u32) -> KeyTable {
         let cap = capacity.clamp(2, 1 << 24);
         let slots = (0..cap)
-            .map(|i| RwLock::new(Slot { variant: (i.wrapping_mul(37) & 0xff) as u8, obj: None }))
+            .map(|i| {
+                RwLock::new(Slot {
+                    variant: (i.wrapping_mul(37) & 0xff) as u8,
+                    obj: None,
+                })
+            })
             .collect();
         // Pop from the end: low indices first.
         let free = Mutex::new((1..cap).rev().collect());
@@ -224,7 +253,10 @@ impl KeyTable {
             slot.variant = slot.variant.wrapping_add(1);
             slot.obj.take().ok_or(libc::EINVAL)?
         };
-        self.free.lock().unwrap_or_else(|e| e.into_inner()).push(index);
+        self.free
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(index);
         Ok(obj)
     }
 
@@ -239,9 +271,45 @@ impl KeyTable {
         slot.write().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Check the invariants of the module contract; returns what is violated.
+    pub(super) fn validate(&self) -> Result<(), String> {
+        let free = self.free.lock().unwrap_or_else(|e| e.into_inner()).len();
+        let occupied = self.occupied();
+        if free + occupied.len() != self.slots.len() - 1 {
+            return Err(format!(
+                "|free| {free} + |occupied| {} != capacity - 1 {}",
+                occupied.len(),
+                self.slots.len() - 1
+            ));
+        }
+        let mut bound = std::collections::HashMap::<u32, u32>::new();
+        for &i in &occupied {
+            if let Some(KeyObj::Mw(MwObj {
+                binding: Some(b), ..
+            })) = self.read(i).obj.as_ref()
+            {
+                *bound.entry(b.mr_key >> 8).or_default() += 1;
+            }
+        }
+        for &i in &occupied {
+            if let Some(KeyObj::Mr(mr)) = self.read(i).obj.as_ref() {
+                let (have, want) = (
+                    mr.num_mw.load(Ordering::Acquire),
+                    bound.get(&i).copied().unwrap_or(0),
+                );
+                if have != want {
+                    return Err(format!("region {i}: num_mw {have} != bound windows {want}"));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Every occupied index (cold: tests and ODP invalidation).
     pub(super) fn occupied(&self) -> Vec<u32> {
-        (1..self.slots.len() as u32).filter(|&i| self.read(i).obj.is_some()).collect()
+        (1..self.slots.len() as u32)
+            .filter(|&i| self.read(i).obj.is_some())
+            .collect()
     }
 }
 
@@ -337,16 +405,25 @@ fn check_and_access_inner(
                 return Err(KeyFault::NoRight);
             }
             let addr = if b.access.contains(Access::ZERO_BASED) {
-                addr.checked_add(b.addr as u64).ok_or(KeyFault::OutOfBounds)?
+                addr.checked_add(b.addr as u64)
+                    .ok_or(KeyFault::OutOfBounds)?
             } else {
                 addr
             };
-            if addr < b.addr as u64 || addr.checked_add(len).is_none_or(|e| e > (b.addr + b.len) as u64) {
+            if addr < b.addr as u64
+                || addr
+                    .checked_add(len)
+                    .is_none_or(|e| e > (b.addr + b.len) as u64)
+            {
                 return Err(KeyFault::OutOfBounds);
             }
             // Lock order: window, then region (binds take the window's write lock first too).
             let mr_slot = table.read(b.mr_key >> 8);
-            let Some(KeyObj::Mr(mr)) = mr_slot.obj.as_ref().filter(|_| mr_slot.variant == b.mr_key as u8) else {
+            let Some(KeyObj::Mr(mr)) = mr_slot
+                .obj
+                .as_ref()
+                .filter(|_| mr_slot.variant == b.mr_key as u8)
+            else {
                 return Err(KeyFault::NoObject);
             };
             if !mr.usable {
@@ -357,7 +434,14 @@ fn check_and_access_inner(
     }
 }
 
-fn access_mr(mr: &MrObj, sink: &dyn FaultSink, addr: usize, len: usize, write: bool, dma: Dma<'_>) -> Result<(), KeyFault> {
+fn access_mr(
+    mr: &MrObj,
+    sink: &dyn FaultSink,
+    addr: usize,
+    len: usize,
+    write: bool,
+    dma: Dma<'_>,
+) -> Result<(), KeyFault> {
     if let Some(res) = &mr.odp {
         if len > 0 {
             let ps = mem::page_size();

@@ -24,8 +24,14 @@ pub(crate) fn dma_copy(dst: usize, src: usize, len: usize) -> io::Result<()> {
     if len == 0 {
         return Ok(());
     }
-    let local = libc::iovec { iov_base: dst as *mut libc::c_void, iov_len: len };
-    let remote = libc::iovec { iov_base: src as *mut libc::c_void, iov_len: len };
+    let local = libc::iovec {
+        iov_base: dst as *mut libc::c_void,
+        iov_len: len,
+    };
+    let remote = libc::iovec {
+        iov_base: src as *mut libc::c_void,
+        iov_len: len,
+    };
     // SAFETY: process_vm_readv validates both ranges in the kernel and returns EFAULT instead
     // of touching an invalid page; the iovecs are valid for the duration of the call.
     let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
@@ -52,7 +58,14 @@ fn parse_maps_line(line: &str) -> Option<(usize, usize, Prot)> {
     let (a, b) = range.split_once('-')?;
     let start = usize::from_str_radix(a, 16).ok()?;
     let end = usize::from_str_radix(b, 16).ok()?;
-    Some((start, end, Prot { read: perms.first() == Some(&b'r'), write: perms.get(1) == Some(&b'w') }))
+    Some((
+        start,
+        end,
+        Prot {
+            read: perms.first() == Some(&b'r'),
+            write: perms.get(1) == Some(&b'w'),
+        },
+    ))
 }
 
 /// The weakest protection over `[addr, addr + len)`, or `None` when part of it is unmapped.
@@ -60,7 +73,10 @@ pub(crate) fn range_prot(addr: usize, len: usize) -> Option<Prot> {
     let end = addr.checked_add(len)?;
     let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
     let mut cursor = addr;
-    let mut prot = Prot { read: true, write: true };
+    let mut prot = Prot {
+        read: true,
+        write: true,
+    };
     for (s, e, p) in maps.lines().filter_map(parse_maps_line) {
         if e <= cursor {
             continue;
@@ -121,10 +137,17 @@ pub(crate) fn has_cap_ipc_lock() -> bool {
 
 /// The soft `RLIMIT_MEMLOCK` in bytes (`u64::MAX` for unlimited).
 pub(crate) fn memlock_rlimit() -> u64 {
-    let mut rl = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    let mut rl = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
     // SAFETY: getrlimit writes into the struct we pass.
     let rc = unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut rl) };
-    if rc != 0 || rl.rlim_cur == libc::RLIM_INFINITY { u64::MAX } else { rl.rlim_cur }
+    if rc != 0 || rl.rlim_cur == libc::RLIM_INFINITY {
+        u64::MAX
+    } else {
+        rl.rlim_cur
+    }
 }
 
 #[cfg(test)]
@@ -137,21 +160,50 @@ mod tests {
         let mut dst = [0u8; 4];
         dma_copy(dst.as_mut_ptr() as usize, src.as_ptr() as usize, 4).unwrap();
         assert_eq!(dst, src);
-        let none = memmap2::MmapOptions::new().len(page_size()).map_anon().unwrap();
+        let none = memmap2::MmapOptions::new()
+            .len(page_size())
+            .map_anon()
+            .unwrap();
         let p = none.as_ptr() as usize;
         // SAFETY: the mapping is ours; making it inaccessible affects only this test.
         unsafe { libc::mprotect(p as *mut libc::c_void, page_size(), libc::PROT_NONE) };
-        assert_eq!(dma_copy(dst.as_mut_ptr() as usize, p, 4).unwrap_err().raw_os_error(), Some(libc::EFAULT));
-        assert_eq!(range_prot(p, 1), Some(Prot { read: false, write: false }));
+        assert_eq!(
+            dma_copy(dst.as_mut_ptr() as usize, p, 4)
+                .unwrap_err()
+                .raw_os_error(),
+            Some(libc::EFAULT)
+        );
+        assert_eq!(
+            range_prot(p, 1),
+            Some(Prot {
+                read: false,
+                write: false
+            })
+        );
     }
 
     #[test]
     fn range_prot_sees_read_only_and_unmapped() {
-        let m = memmap2::MmapOptions::new().len(2 * page_size()).map_anon().unwrap();
+        let m = memmap2::MmapOptions::new()
+            .len(2 * page_size())
+            .map_anon()
+            .unwrap();
         let p = m.as_ptr() as usize;
-        assert_eq!(range_prot(p, 2 * page_size()), Some(Prot { read: true, write: true }));
+        assert_eq!(
+            range_prot(p, 2 * page_size()),
+            Some(Prot {
+                read: true,
+                write: true
+            })
+        );
         let ro = m.make_read_only().unwrap();
-        assert_eq!(range_prot(p, 1), Some(Prot { read: true, write: false }));
+        assert_eq!(
+            range_prot(p, 1),
+            Some(Prot {
+                read: true,
+                write: false
+            })
+        );
         drop(ro);
         assert_eq!(range_prot(p, 1), None);
         assert_eq!(backing_page_size(page_size() * 3), None);

@@ -226,7 +226,9 @@ pub struct SoftNic {
 
 impl std::fmt::Debug for SoftNic {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SoftNic").field("name", &self.dev.caps.name).finish()
+        f.debug_struct("SoftNic")
+            .field("name", &self.dev.caps.name)
+            .finish()
     }
 }
 
@@ -238,14 +240,22 @@ impl SoftNic {
             driver: "soft".into(),
             max_mr_size: config.max_mr_size,
             max_mr: config.max_mr,
-            max_mw: if config.mw_type1 || config.mw_type2 { config.max_mw } else { 0 },
+            max_mw: if config.mw_type1 || config.mw_type2 {
+                config.max_mw
+            } else {
+                0
+            },
             max_sge: config.max_sge,
             max_qp_wr: 16384,
             max_cqe: 1 << 20,
             odp: OdpCaps {
                 explicit: config.odp,
                 implicit: config.odp && config.implicit_odp,
-                rc: if config.odp { OdpOps::all() } else { OdpOps::empty() },
+                rc: if config.odp {
+                    OdpOps::all()
+                } else {
+                    OdpOps::empty()
+                },
             },
             rereg_mr: config.rereg != ReregMode::Unsupported,
             mw_type1: config.mw_type1,
@@ -256,7 +266,12 @@ impl SoftNic {
         };
         let dev = Arc::new(Device {
             id,
-            keys: KeyTable::new(config.max_mr.saturating_add(config.max_mw).saturating_add(1)),
+            keys: KeyTable::new(
+                config
+                    .max_mr
+                    .saturating_add(config.max_mw)
+                    .saturating_add(1),
+            ),
             caps,
             config,
             counters: AtomicCounters::default(),
@@ -334,7 +349,12 @@ impl SoftNic {
         let mut f = lock(&self.dev.faults);
         f.retain(|x| x.verb != verb);
         if n > 0 {
-            f.push(InjectedFault { verb, remaining: n, errno, rereg_kind });
+            f.push(InjectedFault {
+                verb,
+                remaining: n,
+                errno,
+                rereg_kind,
+            });
         }
         self.dev.faults_armed.store(f.len(), Ordering::Release);
     }
@@ -344,7 +364,9 @@ impl SoftNic {
     pub fn resident_pages(&self, lkey: Lkey) -> Option<usize> {
         let slot = self.dev.keys.read(lkey.index());
         match slot.obj.as_ref() {
-            Some(KeyObj::Mr(mr)) if slot.variant == lkey.variant() => mr.odp.as_ref().map(Residency::count),
+            Some(KeyObj::Mr(mr)) if slot.variant == lkey.variant() => {
+                mr.odp.as_ref().map(Residency::count)
+            }
             _ => None,
         }
     }
@@ -353,8 +375,12 @@ impl SoftNic {
     pub fn is_resident(&self, lkey: Lkey, addr: usize) -> bool {
         let slot = self.dev.keys.read(lkey.index());
         match slot.obj.as_ref() {
-            Some(KeyObj::Mr(mr)) if slot.variant == lkey.variant() && mr.contains(addr as u64, 1) => {
-                mr.odp.as_ref().is_some_and(|r| r.present(addr / mem::page_size(), false))
+            Some(KeyObj::Mr(mr))
+                if slot.variant == lkey.variant() && mr.contains(addr as u64, 1) =>
+            {
+                mr.odp
+                    .as_ref()
+                    .is_some_and(|r| r.present(addr / mem::page_size(), false))
             }
             _ => false,
         }
@@ -374,6 +400,21 @@ impl SoftNic {
         }
     }
 
+    /// Check the key table's invariants (`|free| + |occupied| == capacity - 1`, and every
+    /// region's bound-window count equals the windows bound to it).
+    ///
+    /// # Errors
+    /// A description of the first violated invariant.
+    ///
+    /// # Examples
+    /// ```
+    /// let nic = rdma_pool::nic::Nic::soft();
+    /// nic.as_soft().unwrap().validate().unwrap();
+    /// ```
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        self.dev.keys.validate()
+    }
+
     /// Bytes this device has pinned (charged to the memlock budget).
     pub fn pinned_bytes(&self) -> u64 {
         self.dev.pinned.load(Ordering::Relaxed)
@@ -388,7 +429,9 @@ struct Sharded<V> {
 
 impl<V> Default for Sharded<V> {
     fn default() -> Self {
-        Sharded { shards: std::array::from_fn(|_| Mutex::new(HashMap::new())) }
+        Sharded {
+            shards: std::array::from_fn(|_| Mutex::new(HashMap::new())),
+        }
     }
 }
 
@@ -459,7 +502,10 @@ impl Device {
         };
         let mut cur = counter.load(Ordering::Relaxed);
         loop {
-            let new = cur.checked_add(bytes).filter(|&n| n <= limit).ok_or(libc::ENOMEM)?;
+            let new = cur
+                .checked_add(bytes)
+                .filter(|&n| n <= limit)
+                .ok_or(libc::ENOMEM)?;
             match counter.compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Relaxed) {
                 Ok(_) => break,
                 Err(c) => cur = c,
@@ -480,7 +526,13 @@ impl Device {
 
     /// Build a region object: checks rights against the process's mappings (pinned) and
     /// charges memlock. Returns the errno on failure.
-    fn make_mr(&self, pd: u64, addr: usize, len: usize, access: Access) -> std::result::Result<MrObj, i32> {
+    fn make_mr(
+        &self,
+        pd: u64,
+        addr: usize,
+        len: usize,
+        access: Access,
+    ) -> std::result::Result<MrObj, i32> {
         if len == 0 || !access.is_valid_for_mr() || access.contains(Access::ZERO_BASED) {
             return Err(libc::EINVAL);
         }
@@ -501,7 +553,8 @@ impl Device {
         if !odp {
             // Pinning faults every page in: it must be mapped, and writable if the NIC may write.
             let prot = mem::range_prot(addr, len).ok_or(libc::EFAULT)?;
-            let writes = access.intersects(Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC);
+            let writes = access
+                .intersects(Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC);
             if !prot.read || (writes && !prot.write) {
                 return Err(libc::EFAULT);
             }
@@ -528,25 +581,39 @@ impl Device {
         }
         let (s, r) = crossbeam::channel::unbounded::<PrefetchJob>();
         let weak = Arc::downgrade(self);
-        let spawned = std::thread::Builder::new().name("soft-nic-prefetch".into()).spawn(move || {
-            for job in r {
-                let Some(dev) = weak.upgrade() else { break };
-                // Best effort, as the man page says: errors of a postponed prefetch are dropped.
-                let _ = dev.prefetch_now(job.lkey, job.addr, job.len, job.write);
-            }
-        });
+        let spawned = std::thread::Builder::new()
+            .name("soft-nic-prefetch".into())
+            .spawn(move || {
+                for job in r {
+                    let Some(dev) = weak.upgrade() else { break };
+                    // Best effort, as the man page says: errors of a postponed prefetch are dropped.
+                    let _ = dev.prefetch_now(job.lkey, job.addr, job.len, job.write);
+                }
+            });
         if spawned.is_err() {
-            tracing::warn!("could not start the soft NIC prefetch thread; prefetching synchronously");
+            tracing::warn!(
+                "could not start the soft NIC prefetch thread; prefetching synchronously"
+            );
         }
         *tx = spawned.is_ok().then(|| s.clone());
         s
     }
 
     /// Make `[addr, addr + len)` of region `lkey` resident; returns pages made resident.
-    fn prefetch_now(&self, lkey: u32, addr: u64, len: u64, write: bool) -> std::result::Result<u64, i32> {
+    fn prefetch_now(
+        &self,
+        lkey: u32,
+        addr: u64,
+        len: u64,
+        write: bool,
+    ) -> std::result::Result<u64, i32> {
         let slot = self.keys.read(lkey >> 8);
-        let Some(KeyObj::Mr(mr)) = slot.obj.as_ref() else { return Err(libc::EFAULT) };
-        let Some(res) = mr.odp.as_ref() else { return Err(libc::EINVAL) };
+        let Some(KeyObj::Mr(mr)) = slot.obj.as_ref() else {
+            return Err(libc::EFAULT);
+        };
+        let Some(res) = mr.odp.as_ref() else {
+            return Err(libc::EINVAL);
+        };
         let ps = mem::page_size() as u64;
         let mut made = 0;
         if len == 0 {
@@ -625,7 +692,13 @@ impl Backend for SoftNic {
         };
         dev.pd_ref(pd, 1);
         bump(&dev.counters.registrations, 1);
-        Ok(RawMr { handle: (key >> 8) as u64, lkey: Lkey(key), rkey: Rkey(key), addr, len })
+        Ok(RawMr {
+            handle: (key >> 8) as u64,
+            lkey: Lkey(key),
+            rkey: Rkey(key),
+            addr,
+            len,
+        })
     }
 
     fn rereg_mr(
@@ -664,10 +737,21 @@ impl Backend for SoftNic {
             old.usable = false;
             return Err(cmd(libc::EINVAL));
         }
-        let new_pd = if flags.contains(ReregFlags::CHANGE_PD) { pd } else { old.pd };
-        let (new_addr, new_len) =
-            if flags.contains(ReregFlags::CHANGE_TRANSLATION) { (addr, len) } else { (old.addr, old.len) };
-        let new_access = if flags.contains(ReregFlags::CHANGE_ACCESS) { access } else { old.access };
+        let new_pd = if flags.contains(ReregFlags::CHANGE_PD) {
+            pd
+        } else {
+            old.pd
+        };
+        let (new_addr, new_len) = if flags.contains(ReregFlags::CHANGE_TRANSLATION) {
+            (addr, len)
+        } else {
+            (old.addr, old.len)
+        };
+        let new_access = if flags.contains(ReregFlags::CHANGE_ACCESS) {
+            access
+        } else {
+            old.access
+        };
         // Release the old pin before charging the new one (the kernel re-pins in place).
         dev.unpin(old.pinned);
         let old_pinned = old.pinned;
@@ -694,7 +778,13 @@ impl Backend for SoftNic {
         let key = index << 8 | slot.variant as u32;
         debug_assert!(dev.config.rereg == ReregMode::ChangeKeys || slot.variant == variant);
         bump(&dev.counters.reregs, 1);
-        Ok(RawMr { handle: mr, lkey: Lkey(key), rkey: Rkey(key), addr: new_addr, len: new_len })
+        Ok(RawMr {
+            handle: mr,
+            lkey: Lkey(key),
+            rkey: Rkey(key),
+            addr: new_addr,
+            len: new_len,
+        })
     }
 
     fn dereg_mr(&self, mr: u64) -> Result<()> {
@@ -734,7 +824,9 @@ impl Backend for SoftNic {
             match slot.obj.as_ref() {
                 None => return Err(e(libc::EFAULT)),
                 Some(KeyObj::Mw(_)) => return Err(e(libc::EINVAL)),
-                Some(KeyObj::Mr(_)) if slot.variant != sge.lkey.variant() => return Err(e(libc::ENOENT)),
+                Some(KeyObj::Mr(_)) if slot.variant != sge.lkey.variant() => {
+                    return Err(e(libc::ENOENT));
+                }
                 Some(KeyObj::Mr(mr)) => {
                     if mr.pd != pd {
                         return Err(e(libc::EPERM));
@@ -773,11 +865,20 @@ impl Backend for SoftNic {
                 Advice::Prefetch | Advice::PrefetchWrite => {
                     let write = advice == Advice::PrefetchWrite;
                     if flags.contains(AdviseFlags::FLUSH) {
-                        dev.prefetch_now(sge.lkey.0, sge.addr, sge.length as u64, write).map_err(e)?;
+                        dev.prefetch_now(sge.lkey.0, sge.addr, sge.length as u64, write)
+                            .map_err(e)?;
                     } else {
-                        let job = PrefetchJob { lkey: sge.lkey.0, addr: sge.addr, len: sge.length as u64, write };
-                        if let Err(crossbeam::channel::SendError(job)) = dev.prefetch_worker().send(job) {
-                            dev.prefetch_now(job.lkey, job.addr, job.len, job.write).map_err(e)?;
+                        let job = PrefetchJob {
+                            lkey: sge.lkey.0,
+                            addr: sge.addr,
+                            len: sge.length as u64,
+                            write,
+                        };
+                        if let Err(crossbeam::channel::SendError(job)) =
+                            dev.prefetch_worker().send(job)
+                        {
+                            dev.prefetch_now(job.lkey, job.addr, job.len, job.write)
+                                .map_err(e)?;
                         }
                     }
                 }
@@ -803,7 +904,11 @@ impl Backend for SoftNic {
             dev.mw_count.fetch_sub(1, Ordering::AcqRel);
             return Err(err(Verb::AllocMw, libc::ENOMEM));
         }
-        let Some(key) = dev.keys.insert(KeyObj::Mw(MwObj { pd, ty, binding: None })) else {
+        let Some(key) = dev.keys.insert(KeyObj::Mw(MwObj {
+            pd,
+            ty,
+            binding: None,
+        })) else {
             dev.mw_count.fetch_sub(1, Ordering::AcqRel);
             return Err(err(Verb::AllocMw, libc::ENOMEM));
         };
@@ -862,7 +967,13 @@ impl Backend for SoftNic {
     }
 
     fn poll_cq(&self, cq: u64, out: &mut [Completion]) -> Result<usize> {
-        let c = self.dev.cqs.shard(cq).get(&cq).cloned().ok_or_else(|| err(Verb::PollCq, libc::EINVAL))?;
+        let c = self
+            .dev
+            .cqs
+            .shard(cq)
+            .get(&cq)
+            .cloned()
+            .ok_or_else(|| err(Verb::PollCq, libc::EINVAL))?;
         Ok(c.poll(out))
     }
 
@@ -891,7 +1002,12 @@ impl Backend for SoftNic {
 
     fn endpoint(&self, qp: u64) -> Result<Endpoint> {
         let q = self.qp(qp, Verb::ModifyQp)?;
-        Ok(Endpoint { gid: soft_gid(self.dev.id), qpn: q.qpn, lid: 0, psn: q.qpn & 0xff_ffff })
+        Ok(Endpoint {
+            gid: soft_gid(self.dev.id),
+            qpn: q.qpn,
+            lid: 0,
+            psn: q.qpn & 0xff_ffff,
+        })
     }
 
     fn connect_qp(&self, qp: u64, remote: &Endpoint) -> Result<()> {
@@ -918,7 +1034,11 @@ impl Backend for SoftNic {
     fn destroy_qp(&self, qp: u64) -> Result<()> {
         let dev = &self.dev;
         dev.inject(Verb::DestroyQp)?;
-        let q = dev.qps.shard(qp).remove(&qp).ok_or_else(|| err(Verb::DestroyQp, libc::EINVAL))?;
+        let q = dev
+            .qps
+            .shard(qp)
+            .remove(&qp)
+            .ok_or_else(|| err(Verb::DestroyQp, libc::EINVAL))?;
         lock(&dev.qpns).remove(&q.qpn);
         dev.pd_ref(q.pd, -1);
         Ok(())
@@ -939,12 +1059,21 @@ impl Backend for SoftNic {
         q.post_recv(&self.dev, wr_id, sges)
     }
 
-    fn umem_reg(&self, addr: usize, len: usize, access: Access, pgsz_bitmap: u64) -> Result<(u64, u32)> {
+    fn umem_reg(
+        &self,
+        addr: usize,
+        len: usize,
+        access: Access,
+        pgsz_bitmap: u64,
+    ) -> Result<(u64, u32)> {
         let dev = &self.dev;
         dev.inject(Verb::UmemReg)?;
         let e = |errno| err(Verb::UmemReg, errno);
         if !dev.config.devx {
-            return Err(Error::Unsupported { verb: Verb::UmemReg, detail: "DEVX is disabled on this soft device".into() });
+            return Err(Error::Unsupported {
+                verb: Verb::UmemReg,
+                detail: "DEVX is disabled on this soft device".into(),
+            });
         }
         if !access.is_valid_for_mr() || access.intersects(!(Access::LOCAL_WRITE | Access::REMOTE)) {
             return Err(e(libc::EINVAL));
@@ -971,7 +1100,9 @@ impl Backend for SoftNic {
 
     fn umem_dereg(&self, umem: u64) -> Result<()> {
         self.dev.inject(Verb::UmemDereg)?;
-        let (_, pinned) = lock(&self.dev.umems).remove(&umem).ok_or_else(|| err(Verb::UmemDereg, libc::EINVAL))?;
+        let (_, pinned) = lock(&self.dev.umems)
+            .remove(&umem)
+            .ok_or_else(|| err(Verb::UmemDereg, libc::EINVAL))?;
         self.dev.unpin(pinned);
         Ok(())
     }
@@ -979,7 +1110,12 @@ impl Backend for SoftNic {
 
 impl SoftNic {
     fn qp(&self, qp: u64, verb: Verb) -> Result<Arc<QpObj>> {
-        self.dev.qps.shard(qp).get(&qp).cloned().ok_or_else(|| err(verb, libc::EINVAL))
+        self.dev
+            .qps
+            .shard(qp)
+            .get(&qp)
+            .cloned()
+            .ok_or_else(|| err(verb, libc::EINVAL))
     }
 }
 

@@ -27,7 +27,10 @@ pub(super) struct CqObj {
 
 impl CqObj {
     pub(super) fn new(depth: u32) -> CqObj {
-        CqObj { queue: ArrayQueue::new(depth.max(1) as usize), overruns: AtomicU64::new(0) }
+        CqObj {
+            queue: ArrayQueue::new(depth.max(1) as usize),
+            overruns: AtomicU64::new(0),
+        }
     }
 
     fn push(&self, wc: Completion) -> bool {
@@ -100,7 +103,14 @@ fn local_status(f: KeyFault) -> WcStatus {
 }
 
 impl QpObj {
-    pub(super) fn new(dev_id: u32, pd: u64, qpn: u32, send_cq: Arc<CqObj>, recv_cq: Arc<CqObj>, caps: QpCaps) -> QpObj {
+    pub(super) fn new(
+        dev_id: u32,
+        pd: u64,
+        qpn: u32,
+        send_cq: Arc<CqObj>,
+        recv_cq: Arc<CqObj>,
+        caps: QpCaps,
+    ) -> QpObj {
         QpObj {
             dev_id,
             pd,
@@ -149,19 +159,25 @@ impl QpObj {
             self.set_error();
         }
         // Errors are always reported, successes only when signaled.
-        if (signaled || status != WcStatus::Success) && !self.send_cq.push(Completion {
-            wr_id,
-            status,
-            opcode,
-            qp_num: self.qpn,
-            ..Default::default()
-        }) {
+        if (signaled || status != WcStatus::Success)
+            && !self.send_cq.push(Completion {
+                wr_id,
+                status,
+                opcode,
+                qp_num: self.qpn,
+                ..Default::default()
+            })
+        {
             self.set_error();
         }
     }
 
     fn who(&self, remote: bool) -> Requester {
-        Requester { pd: self.pd, qpn: self.qpn, remote }
+        Requester {
+            pd: self.pd,
+            qpn: self.qpn,
+            remote,
+        }
     }
 
     /// Gather the bytes named by local `sges`.
@@ -172,16 +188,28 @@ impl QpObj {
         for s in sges {
             let dst = buf[off..].as_mut_ptr() as usize;
             let len = s.length as usize;
-            keys::check_and_access(&dev.keys, dev, s.lkey.0, self.who(false), s.addr, s.length as u64, false, &mut |a| {
-                mem::dma_copy(dst, a, len)
-            })?;
+            keys::check_and_access(
+                &dev.keys,
+                dev,
+                s.lkey.0,
+                self.who(false),
+                s.addr,
+                s.length as u64,
+                false,
+                &mut |a| mem::dma_copy(dst, a, len),
+            )?;
             off += len;
         }
         Ok(buf)
     }
 
     /// Scatter `data` into local `sges` (which need LOCAL_WRITE).
-    fn scatter(&self, dev: &Device, sges: &[Sge], data: &[u8]) -> std::result::Result<(), KeyFault> {
+    fn scatter(
+        &self,
+        dev: &Device,
+        sges: &[Sge],
+        data: &[u8],
+    ) -> std::result::Result<(), KeyFault> {
         let mut off = 0;
         for s in sges {
             if off >= data.len() {
@@ -189,9 +217,16 @@ impl QpObj {
             }
             let len = (s.length as usize).min(data.len() - off);
             let src = data[off..].as_ptr() as usize;
-            keys::check_and_access(&dev.keys, dev, s.lkey.0, self.who(false), s.addr, len as u64, true, &mut |a| {
-                mem::dma_copy(a, src, len)
-            })?;
+            keys::check_and_access(
+                &dev.keys,
+                dev,
+                s.lkey.0,
+                self.who(false),
+                s.addr,
+                len as u64,
+                true,
+                &mut |a| mem::dma_copy(a, src, len),
+            )?;
             off += len;
         }
         Ok(())
@@ -237,11 +272,20 @@ impl QpObj {
                     Ok(d) => d,
                     Err(f) => return Some(local_status(f)),
                 };
-                let Some((pdev, peer)) = self.peer() else { return Some(WcStatus::RetryExcErr) };
+                let Some((pdev, peer)) = self.peer() else {
+                    return Some(WcStatus::RetryExcErr);
+                };
                 let src = data.as_ptr() as usize;
-                let r = keys::check_and_access(&pdev.keys, &*pdev, rkey.0, peer.who(true), remote_addr, data.len() as u64, true, &mut |a| {
-                    mem::dma_copy(a, src, data.len())
-                });
+                let r = keys::check_and_access(
+                    &pdev.keys,
+                    &*pdev,
+                    rkey.0,
+                    peer.who(true),
+                    remote_addr,
+                    data.len() as u64,
+                    true,
+                    &mut |a| mem::dma_copy(a, src, data.len()),
+                );
                 Some(match r {
                     Ok(()) => {
                         bump(&dev.counters.bytes_moved, data.len() as u64);
@@ -252,12 +296,21 @@ impl QpObj {
             }
             RawSendOp::Read { remote_addr, rkey } => {
                 let total: usize = wr.sges.iter().map(|s| s.length as usize).sum();
-                let Some((pdev, peer)) = self.peer() else { return Some(WcStatus::RetryExcErr) };
+                let Some((pdev, peer)) = self.peer() else {
+                    return Some(WcStatus::RetryExcErr);
+                };
                 let mut data = vec![0u8; total];
                 let dst = data.as_mut_ptr() as usize;
-                let r = keys::check_and_access(&pdev.keys, &*pdev, rkey.0, peer.who(true), remote_addr, total as u64, false, &mut |a| {
-                    mem::dma_copy(dst, a, total)
-                });
+                let r = keys::check_and_access(
+                    &pdev.keys,
+                    &*pdev,
+                    rkey.0,
+                    peer.who(true),
+                    remote_addr,
+                    total as u64,
+                    false,
+                    &mut |a| mem::dma_copy(dst, a, total),
+                );
                 if let Err(f) = r {
                     return Some(remote_status(f));
                 }
@@ -274,20 +327,33 @@ impl QpObj {
                     Ok(d) => d,
                     Err(f) => return Some(local_status(f)),
                 };
-                let Some((pdev, peer)) = self.peer() else { return Some(WcStatus::RetryExcErr) };
+                let Some((pdev, peer)) = self.peer() else {
+                    return Some(WcStatus::RetryExcErr);
+                };
                 let invalidate = match wr.op {
                     RawSendOp::SendWithInv(k) => Some(k),
                     _ => None,
                 };
-                let msg = Inbound { payload, invalidate, sender: Arc::downgrade(self), sender_wr_id: wr.wr_id, signaled: wr.signaled };
+                let msg = Inbound {
+                    payload,
+                    invalidate,
+                    sender: Arc::downgrade(self),
+                    sender_wr_id: wr.wr_id,
+                    signaled: wr.signaled,
+                };
                 peer.deliver(&pdev, msg)
             }
-            RawSendOp::BindMw { mw, mw_rkey, new_rkey, bind } => {
-                Some(match self.bind(dev, mw, mw_rkey, new_rkey, &bind, MwType::Type2) {
+            RawSendOp::BindMw {
+                mw,
+                mw_rkey,
+                new_rkey,
+                bind,
+            } => Some(
+                match self.bind(dev, mw, mw_rkey, new_rkey, &bind, MwType::Type2) {
                     Ok(()) => WcStatus::Success,
                     Err(_) => WcStatus::MwBindErr,
-                })
-            }
+                },
+            ),
             RawSendOp::LocalInv(rkey) => Some(match invalidate(dev, rkey, self.pd, None) {
                 Ok(()) => WcStatus::Success,
                 Err(()) => WcStatus::LocQpOpErr,
@@ -317,7 +383,12 @@ impl QpObj {
     /// Land `msg` in `recv`; completes the receive; returns the sender's status.
     fn land(&self, dev: &Device, recv: Recv, msg: &Inbound) -> WcStatus {
         let cap: usize = recv.sges.iter().map(|s| s.length as usize).sum();
-        let mut wc = Completion { wr_id: recv.wr_id, opcode: WcOpcode::Recv, qp_num: self.qpn, ..Default::default() };
+        let mut wc = Completion {
+            wr_id: recv.wr_id,
+            opcode: WcOpcode::Recv,
+            qp_num: self.qpn,
+            ..Default::default()
+        };
         let sender_status = if msg.payload.len() > cap {
             wc.status = WcStatus::LocLenErr;
             WcStatus::RemInvReqErr
@@ -355,13 +426,22 @@ impl QpObj {
         let mut st = lock(&self.st);
         if st.state == QpState::Error {
             drop(st);
-            self.recv_cq.push(Completion { wr_id, status: WcStatus::WrFlushErr, opcode: WcOpcode::Recv, qp_num: self.qpn, ..Default::default() });
+            self.recv_cq.push(Completion {
+                wr_id,
+                status: WcStatus::WrFlushErr,
+                opcode: WcOpcode::Recv,
+                qp_num: self.qpn,
+                ..Default::default()
+            });
             return Ok(());
         }
         if st.recvs.len() >= self.caps.max_recv_wr as usize {
             return Err(err(Verb::PostRecv, libc::ENOMEM));
         }
-        let recv = Recv { wr_id, sges: sges.to_vec() };
+        let recv = Recv {
+            wr_id,
+            sges: sges.to_vec(),
+        };
         match st.inbound.pop_front() {
             Some(msg) => {
                 drop(st);
@@ -375,7 +455,14 @@ impl QpObj {
         Ok(())
     }
 
-    pub(super) fn bind_type1(&self, dev: &Device, mw: u64, mw_rkey: Rkey, new_rkey: Rkey, bind: &RawBind) -> Result<()> {
+    pub(super) fn bind_type1(
+        &self,
+        dev: &Device,
+        mw: u64,
+        mw_rkey: Rkey,
+        new_rkey: Rkey,
+        bind: &RawBind,
+    ) -> Result<()> {
         match self.state() {
             QpState::Init => return Err(err(Verb::BindMw, libc::EINVAL)),
             QpState::Error => {
@@ -394,13 +481,23 @@ impl QpObj {
 
     /// The checks of rxe_check_bind_mw (IB spec C10-72..75, o10-36.2.2, o10-37.2.30/40), then
     /// the bind.
-    fn bind(&self, dev: &Device, mw: u64, mw_rkey: Rkey, new_rkey: Rkey, bind: &RawBind, via: MwType) -> std::result::Result<(), ()> {
+    fn bind(
+        &self,
+        dev: &Device,
+        mw: u64,
+        mw_rkey: Rkey,
+        new_rkey: Rkey,
+        bind: &RawBind,
+        via: MwType,
+    ) -> std::result::Result<(), ()> {
         let table = &dev.keys;
         let mut wslot = table.write(mw as u32);
         if wslot.variant != mw_rkey.variant() || new_rkey.index() != mw_rkey.index() {
             return Err(());
         }
-        let Some(KeyObj::Mw(w)) = wslot.obj.as_mut() else { return Err(()) };
+        let Some(KeyObj::Mw(w)) = wslot.obj.as_mut() else {
+            return Err(());
+        };
         if w.ty != via || w.pd != self.pd {
             return Err(());
         }
@@ -415,7 +512,9 @@ impl QpObj {
             None
         } else {
             let mslot = table.read(bind.mr as u32);
-            let Some(KeyObj::Mr(mr)) = mslot.obj.as_ref() else { return Err(()) };
+            let Some(KeyObj::Mr(mr)) = mslot.obj.as_ref() else {
+                return Err(());
+            };
             if mslot.variant != bind.mr_lkey.variant() || mr.pd != w.pd || !mr.usable {
                 return Err(());
             }
@@ -427,7 +526,11 @@ impl QpObj {
             if !mr.access.contains(remote) {
                 return Err(());
             }
-            if bind.access.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC) && !mr.access.contains(Access::LOCAL_WRITE) {
+            if bind
+                .access
+                .intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC)
+                && !mr.access.contains(Access::LOCAL_WRITE)
+            {
                 return Err(());
             }
             if !mr.contains(bind.addr as u64, bind.len as u64) {
@@ -469,7 +572,9 @@ fn invalidate(dev: &Device, rkey: Rkey, pd: u64, qpn: Option<u32>) -> std::resul
     if slot.variant != rkey.variant() {
         return Err(());
     }
-    let Some(KeyObj::Mw(w)) = slot.obj.as_mut() else { return Err(()) };
+    let Some(KeyObj::Mw(w)) = slot.obj.as_mut() else {
+        return Err(());
+    };
     if w.ty != MwType::Type2 {
         return Err(());
     }
@@ -485,6 +590,9 @@ fn invalidate(dev: &Device, rkey: Rkey, pd: u64, qpn: Option<u32>) -> std::resul
 
 impl std::fmt::Debug for QpObj {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("QpObj").field("dev", &self.dev_id).field("qpn", &self.qpn).finish()
+        f.debug_struct("QpObj")
+            .field("dev", &self.dev_id)
+            .field("qpn", &self.qpn)
+            .finish()
     }
 }

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The README's test command (and what .ci/run runs): installs what it needs, checks format and
+# lints, runs the whole test suite on the soft NIC, builds the nightly allocator-api crate, and
+# runs the scenario suite on kernel Soft-RoCE in a QEMU guest (tests/rxe/run.sh).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+start=$(date +%s)
+bash scripts/deps.sh --vm
+
+# Huge pages for the hugetlb scenarios, where we may reserve them (root, not in a container that
+# forbids it). Without them those scenarios check the refusal path instead.
+if [ "$(id -u)" -eq 0 ] && [ -w /proc/sys/vm/nr_hugepages ]; then
+    [ "$(cat /proc/sys/vm/nr_hugepages)" -ge 8 ] || echo 8 > /proc/sys/vm/nr_hugepages || true
+fi
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets -- -D warnings
+echo "== allocator-api (nightly std::alloc::Allocator, built with RUSTC_BOOTSTRAP=1)"
+RUSTC_BOOTSTRAP=1 cargo build -p rdma-pool-allocator-api
+echo "== cargo test (soft NIC)"
+cargo test --workspace
+echo "== cargo test --no-default-features (without the verbs backend)"
+cargo test --no-default-features --lib --tests
+
+echo "== Soft-RoCE (rxe) scenario suite in a QEMU guest"
+bins=$(cargo test --no-run --message-format=json --test scenarios 2>/dev/null |
+    python3 -c 'import sys, json
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "scenarios":
+        print(m["executable"])')
+[ -n "$bins" ] || { echo "could not find the scenarios test binary" >&2; exit 1; }
+bash tests/rxe/run.sh $bins
+echo "== all checks passed in $(( $(date +%s) - start )) s"
