@@ -471,6 +471,36 @@ fn rereg_translation_keeps_keys_or_takes_the_fallback() {
 }
 
 #[test]
+fn rereg_access_and_pd_keep_keys_or_take_the_fallback() {
+    let _g = serial();
+    let bed = bed();
+    let pd2 = bed.b.nic.alloc_pd().unwrap();
+    for (flags, pd, access) in [
+        (ReregFlags::CHANGE_ACCESS, None, RW | Access::MW_BIND),
+        (ReregFlags::CHANGE_PD, Some(&pd2), Access::empty()),
+    ] {
+        let mut a = buf(4096, 0);
+        let mut mr = bed.b.reg(&mut a, RW).unwrap();
+        let keys = (mr.lkey(), mr.rkey());
+        // SAFETY: no translation change.
+        let r = unsafe { mr.rereg(flags, pd, std::ptr::null_mut(), 0, access) };
+        if quirk(&bed, Quirk::ReregUnsupported) {
+            let e = r.unwrap_err();
+            assert_eq!(
+                (e.kind, e.errno()),
+                (ReregErrorKind::Cmd, Some(libc::EOPNOTSUPP)),
+                "{flags:?}"
+            );
+        } else {
+            r.unwrap_or_else(|e| panic!("{flags:?}: {e}"));
+            assert_eq!((mr.lkey(), mr.rkey()), keys, "{flags:?}");
+            assert_eq!(mr.access(), if access.is_empty() { RW } else { access });
+            assert_eq!(mr.pd(), pd.unwrap_or(&bed.b.pd));
+        }
+    }
+}
+
+#[test]
 fn rereg_input_errors_keep_the_region() {
     let _g = serial();
     let bed = bed();

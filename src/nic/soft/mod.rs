@@ -186,13 +186,15 @@ pub(crate) struct Device {
     counters: AtomicCounters,
     faults: Mutex<Vec<InjectedFault>>,
     faults_armed: AtomicUsize,
-    pds: Mutex<HashMap<u64, u32>>,
+    /// PDs: the slab key is the handle, the value counts the objects that use the PD.
+    pds: Mutex<slab::Slab<u32>>,
     next_handle: AtomicU64,
     cqs: Sharded<Arc<CqObj>>,
     qps: Sharded<Arc<QpObj>>,
     qpns: Mutex<HashMap<u32, Weak<QpObj>>>,
     next_qpn: AtomicU32,
-    umems: Mutex<HashMap<u64, (u32, u64)>>,
+    /// UMEMs: the slab key is the handle; (UMEM id, pinned bytes).
+    umems: Mutex<slab::Slab<(u32, u64)>>,
     mr_count: AtomicU32,
     mw_count: AtomicU32,
     pinned: AtomicU64,
@@ -277,13 +279,13 @@ impl SoftNic {
             counters: AtomicCounters::default(),
             faults: Mutex::new(Vec::new()),
             faults_armed: AtomicUsize::new(0),
-            pds: Mutex::new(HashMap::new()),
+            pds: Mutex::new(slab::Slab::new()),
             next_handle: AtomicU64::new(1),
             cqs: Sharded::default(),
             qps: Sharded::default(),
             qpns: Mutex::new(HashMap::new()),
             next_qpn: AtomicU32::new(0x11),
-            umems: Mutex::new(HashMap::new()),
+            umems: Mutex::new(slab::Slab::new()),
             mr_count: AtomicU32::new(0),
             mw_count: AtomicU32::new(0),
             pinned: AtomicU64::new(0),
@@ -475,11 +477,11 @@ impl Device {
     }
 
     fn pd_exists(&self, pd: u64) -> bool {
-        lock(&self.pds).contains_key(&pd)
+        lock(&self.pds).contains(pd as usize)
     }
 
     fn pd_ref(&self, pd: u64, delta: i32) {
-        if let Some(n) = lock(&self.pds).get_mut(&pd) {
+        if let Some(n) = lock(&self.pds).get_mut(pd as usize) {
             *n = n.saturating_add_signed(delta);
         }
     }
@@ -649,19 +651,17 @@ impl Backend for SoftNic {
 
     fn alloc_pd(&self) -> Result<u64> {
         self.dev.inject(Verb::AllocPd)?;
-        let h = self.dev.next_handle.fetch_add(1, Ordering::Relaxed);
-        lock(&self.dev.pds).insert(h, 0);
-        Ok(h)
+        Ok(lock(&self.dev.pds).insert(0) as u64)
     }
 
     fn dealloc_pd(&self, pd: u64) -> Result<()> {
         self.dev.inject(Verb::DeallocPd)?;
         let mut pds = lock(&self.dev.pds);
-        match pds.get(&pd) {
+        match pds.get(pd as usize) {
             None => Err(err(Verb::DeallocPd, libc::EINVAL)),
             Some(&n) if n > 0 => Err(err(Verb::DeallocPd, libc::EBUSY)),
             Some(_) => {
-                pds.remove(&pd);
+                pds.remove(pd as usize);
                 Ok(())
             }
         }
@@ -1092,16 +1092,15 @@ impl Backend for SoftNic {
         let ps = mem::page_size();
         let pinned = ((addr + len).div_ceil(ps) - addr / ps) as u64 * ps as u64;
         dev.pin(pinned).map_err(e)?;
-        let h = dev.next_handle.fetch_add(1, Ordering::Relaxed);
-        let id = h as u32;
-        lock(&dev.umems).insert(h, (id, pinned));
+        let id = dev.next_handle.fetch_add(1, Ordering::Relaxed) as u32;
+        let h = lock(&dev.umems).insert((id, pinned)) as u64;
         Ok((h, id))
     }
 
     fn umem_dereg(&self, umem: u64) -> Result<()> {
         self.dev.inject(Verb::UmemDereg)?;
         let (_, pinned) = lock(&self.dev.umems)
-            .remove(&umem)
+            .try_remove(umem as usize)
             .ok_or_else(|| err(Verb::UmemDereg, libc::EINVAL))?;
         self.dev.unpin(pinned);
         Ok(())
