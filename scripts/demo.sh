@@ -4,4 +4,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
-exec cargo run --release --example quickstart
+exec cargo run --example quickstart
