@@ -2,7 +2,7 @@
 # Install the Debian/Ubuntu packages rdma-pool needs to build (the verbs backend binds
 # libibverbs through rdma-sys, which runs bindgen). Idempotent: installs only what is missing.
 set -euo pipefail
-pkgs=(libibverbs-dev librdmacm-dev libclang-dev pkg-config clang)
+pkgs=(libibverbs-dev librdmacm-dev libclang-dev pkg-config)
 if [ "${1:-}" = "--vm" ]; then
     # The Soft-RoCE test bed (tests/rxe/run.sh) boots a QEMU guest.
     pkgs+=(qemu-system-x86 busybox-static cpio kmod)

@@ -25,12 +25,8 @@ echo "== cargo test --no-default-features (without the verbs backend)"
 cargo test --no-default-features --lib --tests
 
 echo "== Soft-RoCE (rxe) scenario suite in a QEMU guest"
-bins=$(cargo test --no-run --message-format=json --test scenarios 2>/dev/null |
-    python3 -c 'import sys, json
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "scenarios":
-        print(m["executable"])')
+# cargo prints "Executable tests/scenarios.rs (target/debug/deps/scenarios-HASH)".
+bins=$(cargo test --no-run --test scenarios 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p')
 [ -n "$bins" ] || { echo "could not find the scenarios test binary" >&2; exit 1; }
 bash tests/rxe/run.sh $bins
 echo "== all checks passed in $(( $(date +%s) - start )) s"

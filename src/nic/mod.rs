@@ -996,6 +996,46 @@ impl Cq {
 }
 
 /// A reliable-connected queue pair.
+///
+/// # Examples
+/// SEND into a posted receive, then a grant through a type 2 window and its revocation.
+/// ```
+/// use rdma_pool::nic::{Access, Buffer, MwType, Nic, QpCaps, WcStatus};
+/// use std::time::Duration;
+/// let (nic, peer) = (Nic::soft(), Nic::soft());
+/// let (pd, ppd) = (nic.alloc_pd()?, peer.alloc_pd()?);
+/// let (cq, pcq) = (nic.create_cq(16)?, peer.create_cq(16)?);
+/// let qp = pd.create_qp(&cq, &cq, QpCaps::default())?;
+/// let pqp = ppd.create_qp(&pcq, &pcq, QpCaps::default())?;
+/// qp.connect(&pqp.endpoint()?)?;
+/// pqp.connect(&qp.endpoint()?)?;
+/// let t = Duration::from_secs(5);
+///
+/// let (mut a, mut b) = (Buffer::new(4096)?, Buffer::new(4096)?);
+/// a.as_mut_slice()[..4].copy_from_slice(b"ping");
+/// // SAFETY: the buffers outlive their regions.
+/// let amr = unsafe { pd.reg_mr(a.as_mut_ptr(), 4096, Access::LOCAL_WRITE) }?;
+/// let rw = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::MW_BIND;
+/// // SAFETY: as above.
+/// let bmr = unsafe { ppd.reg_mr(b.as_mut_ptr(), 4096, rw) }?;
+/// pqp.post_recv(1, &[bmr.sge(0, 4096)?])?;
+/// qp.post_send(2, &[amr.sge(0, 4)?])?;
+/// assert_eq!(cq.wait_one(t)?.status, WcStatus::Success);
+/// assert_eq!(pcq.wait_one(t)?.byte_len, 4);
+///
+/// // Grant the first 64 bytes of `b` to this QP's peer only, then revoke.
+/// let mut mw = ppd.alloc_mw(MwType::Type2)?;
+/// let rkey = pqp.post_bind_mw(3, &mut mw, &bmr, 0, 64, Access::REMOTE_READ)?;
+/// assert_eq!(pcq.wait_one(t)?.status, WcStatus::Success);
+/// qp.post_read(4, &[amr.sge(0, 64)?], bmr.addr() as u64, rkey)?;
+/// assert_eq!(cq.wait_one(t)?.status, WcStatus::Success);
+/// assert_eq!(&a.as_slice()[..4], b"ping");
+/// pqp.post_local_inv(5, rkey)?;
+/// assert_eq!(pcq.wait_one(t)?.status, WcStatus::Success);
+/// qp.post_read(6, &[amr.sge(0, 64)?], bmr.addr() as u64, rkey)?;
+/// assert_eq!(cq.wait_one(t)?.status, WcStatus::RemAccessErr);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone)]
 pub struct Qp {
     inner: Arc<QpInner>,
