@@ -1015,3 +1015,318 @@ fn rejected_accesses_are_counted() {
     );
     assert_eq!(bed.b.nic.as_soft().unwrap().counters().rejected_accesses, 1);
 }
+
+// ---- Added by mutation testing: rules no earlier test caught when removed. ----
+
+/// A QP pair from `a` into a responder QP in `pd` (another PD of `b`'s device).
+fn connect_into_pd(a: &Side, b: &Side, pd: &Pd) -> (Qp, Qp) {
+    let qa = a.qp();
+    let qb = pd
+        .create_qp(
+            &b.cq,
+            &b.cq,
+            QpCaps {
+                max_send_sge: 4,
+                max_recv_sge: 4,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    qa.connect(&qb.endpoint().unwrap()).unwrap();
+    qb.connect(&qa.endpoint().unwrap()).unwrap();
+    (qa, qb)
+}
+
+#[test]
+fn window_key_must_belong_to_the_responders_pd() {
+    // Kills: keys.rs, window branch of check_and_access, `mw.pd != who.pd` check removed.
+    let bed = default_bed();
+    let mut mem = buf(4096, 0x5c);
+    let mr = bed.b.reg(&mut mem, RW | Access::MW_BIND).unwrap();
+    let mut mw = bed.b.pd.alloc_mw(MwType::Type1).unwrap();
+    let rkey = bed
+        .qb
+        .bind_mw(1, &mut mw, &mr, 0, 4096, Access::REMOTE_READ)
+        .unwrap();
+    assert_eq!(bed.b.wait().status, WcStatus::Success);
+    // A responder QP in another PD of the same device must not honour the window.
+    let pd2 = bed.b.nic.alloc_pd().unwrap();
+    let (qa2, _qb2) = connect_into_pd(&bed.a, &bed.b, &pd2);
+    let mut dst = buf(4096, 0);
+    let dst_mr = bed.a.reg(&mut dst, Access::LOCAL_WRITE).unwrap();
+    qa2.post_read(2, &[dst_mr.sge(0, 64).unwrap()], mr.addr() as u64, rkey)
+        .unwrap();
+    assert_eq!(bed.a.wait().status, WcStatus::RemAccessErr);
+    assert!(dst.as_slice().iter().all(|&x| x == 0));
+}
+
+#[test]
+fn bind_needs_window_region_and_qp_in_one_pd() {
+    // Kills: qp.rs bind, `w.pd != self.pd` removed; and `mr.pd != w.pd` removed.
+    let bed = default_bed();
+    let pd2 = bed.b.nic.alloc_pd().unwrap();
+    let mut mem = buf(4096, 0);
+    // SAFETY: `mem` outlives the region.
+    let mr2 = unsafe { pd2.reg_mr(mem.as_mut_ptr(), 4096, RW | Access::MW_BIND) }.unwrap();
+    // Window and region in pd2, bound through a QP of the bed's PD.
+    let mut mw2 = pd2.alloc_mw(MwType::Type1).unwrap();
+    bed.qb
+        .bind_mw(1, &mut mw2, &mr2, 0, 4096, Access::REMOTE_READ)
+        .unwrap();
+    assert_eq!(
+        bed.b.wait().status,
+        WcStatus::MwBindErr,
+        "window of another PD"
+    );
+    // Window in the QP's PD, region in pd2.
+    let (_qa, qb) = connect(&bed.a, &bed.b);
+    let mut mw1 = bed.b.pd.alloc_mw(MwType::Type1).unwrap();
+    qb.bind_mw(2, &mut mw1, &mr2, 0, 4096, Access::REMOTE_READ)
+        .unwrap();
+    assert_eq!(
+        bed.b.wait().status,
+        WcStatus::MwBindErr,
+        "region of another PD"
+    );
+}
+
+#[test]
+fn send_with_invalidate_needs_the_window_bound_through_the_receiving_qp() {
+    // Kills: qp.rs invalidate, `qpn.is_some_and(|q| b.qpn != Some(q))` removed.
+    let bed = default_bed();
+    let mut mem = buf(4096, 0x48);
+    let mr = bed.b.reg(&mut mem, RW | Access::MW_BIND).unwrap();
+    let mut mw = bed.b.pd.alloc_mw(MwType::Type2).unwrap();
+    let rkey = bed
+        .qb
+        .post_bind_mw(1, &mut mw, &mr, 0, 4096, Access::REMOTE_READ)
+        .unwrap();
+    assert_eq!(bed.b.wait().status, WcStatus::Success);
+    // SEND_WITH_INV arriving on another QP of the same PD.
+    let (qa2, qb2) = connect(&bed.a, &bed.b);
+    let mut rbuf = buf(4096, 0);
+    let rmr = bed.b.reg(&mut rbuf, Access::LOCAL_WRITE).unwrap();
+    qb2.post_recv(2, &[rmr.sge(0, 4096).unwrap()]).unwrap();
+    let mut sbuf = buf(4096, 1);
+    let smr = bed.a.reg(&mut sbuf, Access::LOCAL_WRITE).unwrap();
+    qa2.post_send_with_inv(3, &[smr.sge(0, 8).unwrap()], rkey)
+        .unwrap();
+    assert_ne!(bed.a.wait().status, WcStatus::Success);
+    let wc = bed.b.wait();
+    assert_eq!((wc.wr_id, wc.invalidated_rkey), (2, None));
+    assert_ne!(wc.status, WcStatus::Success);
+    // The window still works through the QP it is bound to.
+    let mut dst = buf(4096, 0);
+    let dst_mr = bed.a.reg(&mut dst, Access::LOCAL_WRITE).unwrap();
+    assert_eq!(
+        read(&bed, &dst_mr, 64, mr.addr() as u64, rkey),
+        WcStatus::Success
+    );
+    assert!(dst.as_slice()[..64].iter().all(|&x| x == 0x48));
+    drop(mw);
+}
+
+#[test]
+fn window_bounds_below_the_window_start() {
+    // Kills: keys.rs window branch, `addr < b.addr as u64` removed (the end check alone passes).
+    let bed = default_bed();
+    let mut mem = buf(3 * 4096, 0x31);
+    let mr = bed.b.reg(&mut mem, RW | Access::MW_BIND).unwrap();
+    let mut mw = bed.b.pd.alloc_mw(MwType::Type1).unwrap();
+    let rkey = bed
+        .qb
+        .bind_mw(1, &mut mw, &mr, 4096, 4096, Access::REMOTE_READ)
+        .unwrap();
+    assert_eq!(bed.b.wait().status, WcStatus::Success);
+    let mut dst = buf(4096, 0);
+    let dst_mr = bed.a.reg(&mut dst, Access::LOCAL_WRITE).unwrap();
+    // Inside the region, before the window.
+    assert_eq!(
+        read(&bed, &dst_mr, 64, mr.addr() as u64, rkey),
+        WcStatus::RemAccessErr
+    );
+    assert!(dst.as_slice().iter().all(|&x| x == 0));
+}
+
+#[test]
+fn bind_to_a_poisoned_region_fails() {
+    // Kills: qp.rs bind, `|| !mr.usable` removed.
+    let bed = soft_bed(SoftConfig {
+        rereg: ReregMode::Unsupported,
+        ..Default::default()
+    });
+    let mut mem = buf(4096, 0);
+    let mut mr = bed.b.reg(&mut mem, RW | Access::MW_BIND).unwrap();
+    // SAFETY: no translation change.
+    unsafe { mr.rereg(ReregFlags::CHANGE_ACCESS, None, std::ptr::null_mut(), 0, RW) }.unwrap_err();
+    assert!(mr.is_poisoned());
+    let mut mw = bed.b.pd.alloc_mw(MwType::Type1).unwrap();
+    bed.qb
+        .bind_mw(1, &mut mw, &mr, 0, 4096, Access::REMOTE_READ)
+        .unwrap();
+    assert_eq!(bed.b.wait().status, WcStatus::MwBindErr);
+}
+
+#[test]
+fn failed_odp_fault_maps_nothing() {
+    // Kills: keys.rs access_mr, the process-protection check of the fault removed (the DMA copy
+    // still fails, but the page is left mapped for the NIC).
+    let bed = default_bed();
+    let soft = bed.b.nic.as_soft().unwrap();
+    let mut dst = buf(4096, 0);
+    let mr = bed.b.reg(&mut dst, RW | Access::ON_DEMAND).unwrap();
+    let mut src = buf(4096, 1);
+    let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
+    // SAFETY: our mapping; made read-only for the process.
+    unsafe { libc::mprotect(dst.as_mut_ptr().cast(), 4096, libc::PROT_READ) };
+    assert_eq!(
+        write(&bed, &src_mr, 64, mr.addr() as u64, mr.rkey()),
+        WcStatus::RemAccessErr
+    );
+    assert_eq!(
+        soft.resident_pages(mr.lkey()),
+        Some(0),
+        "a failed fault maps nothing"
+    );
+    // SAFETY: restore.
+    unsafe {
+        libc::mprotect(
+            dst.as_mut_ptr().cast(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+        )
+    };
+    let (qa, _qb) = connect(&bed.a, &bed.b);
+    qa.post_write(
+        2,
+        &[src_mr.sge(0, 64).unwrap()],
+        mr.addr() as u64,
+        mr.rkey(),
+    )
+    .unwrap();
+    assert_eq!(bed.a.wait().status, WcStatus::Success);
+    assert_eq!(soft.counters().page_faults, 2, "the page faults again");
+    assert!(dst.as_slice()[..64].iter().all(|&x| x == 1));
+}
+
+#[test]
+fn advise_without_flush_still_checks_its_entries() {
+    // Kills: mod.rs advise_mr, the `mr.odp.is_none() || !mr.usable` EINVAL check removed (the
+    // postponed prefetch would drop the error).
+    let bed = default_bed();
+    let mut b = buf(4096, 0);
+    let pinned = bed.b.reg(&mut b, Access::LOCAL_WRITE).unwrap();
+    for flags in [AdviseFlags::empty(), AdviseFlags::FLUSH] {
+        let e = bed
+            .b
+            .pd
+            .advise_mr(Advice::Prefetch, flags, &[pinned.sge(0, 4096).unwrap()])
+            .unwrap_err();
+        assert_eq!(e.errno(), Some(libc::EINVAL), "{flags:?}: {e}");
+    }
+}
+
+#[test]
+fn advise_without_flush_is_best_effort() {
+    // Kills: mod.rs advise_mr, prefetch always synchronous (FLUSH ignored).
+    // ibv_advise_mr(3): only FLUSH makes the prefetch synchronous; errors of a postponed
+    // prefetch are not reported.
+    let bed = default_bed();
+    let mut c = buf(2 * 4096, 0);
+    let odp = bed
+        .b
+        .reg(&mut c, Access::LOCAL_WRITE | Access::ON_DEMAND)
+        .unwrap();
+    // SAFETY: our mapping; its second page becomes inaccessible.
+    unsafe { libc::mprotect(c.as_mut_ptr().add(4096).cast(), 4096, libc::PROT_NONE) };
+    let sge = [odp.sge(0, 2 * 4096).unwrap()];
+    let postponed = bed
+        .b
+        .pd
+        .advise_mr(Advice::Prefetch, AdviseFlags::empty(), &sge);
+    let flushed = bed
+        .b
+        .pd
+        .advise_mr(Advice::Prefetch, AdviseFlags::FLUSH, &sge);
+    // SAFETY: restore.
+    unsafe {
+        libc::mprotect(
+            c.as_mut_ptr().add(4096).cast(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+        )
+    };
+    postponed.expect("a postponed prefetch does not report page errors");
+    assert_eq!(flushed.unwrap_err().errno(), Some(libc::EFAULT));
+}
+
+#[test]
+fn max_mw_is_enforced_while_key_slots_are_free() {
+    // Kills: mod.rs alloc_mw, the `max_mw` count check removed (the existing limits test is
+    // saved by the full key table).
+    let nic = Nic::soft_with(SoftConfig {
+        max_mr: 8,
+        max_mw: 1,
+        ..Default::default()
+    });
+    let pd = nic.alloc_pd().unwrap();
+    let _w = pd.alloc_mw(MwType::Type1).unwrap();
+    assert_eq!(
+        pd.alloc_mw(MwType::Type2).unwrap_err().errno(),
+        Some(libc::ENOMEM)
+    );
+}
+
+#[test]
+fn access_flags_are_checked_before_the_device_is_asked() {
+    // Kills: mod.rs check_mr_access, either of its two checks removed (the soft device checks
+    // the same flags, so only the error's origin shows the difference).
+    let nic = Nic::soft();
+    let soft = nic.as_soft().unwrap();
+    let pd = nic.alloc_pd().unwrap();
+    let mut a = buf(4096, 0);
+    soft.fail_next(Verb::RegMr, 1, libc::EAGAIN);
+    for access in [
+        Access::REMOTE_WRITE,
+        Access::REMOTE_ATOMIC,
+        Access::LOCAL_WRITE | Access::ZERO_BASED,
+    ] {
+        // SAFETY: `a` outlives any region.
+        let e = unsafe { pd.reg_mr(a.as_mut_ptr(), 4096, access) }.unwrap_err();
+        assert!(
+            matches!(e, Error::InvalidArgument { .. }),
+            "{access:?}: {e}"
+        );
+    }
+    assert_eq!(
+        soft.counters().injected_faults,
+        0,
+        "the device was not asked"
+    );
+    soft.fail_next(Verb::RegMr, 0, 0);
+    // SAFETY: as above.
+    let mut mr = unsafe { pd.reg_mr(a.as_mut_ptr(), 4096, Access::LOCAL_WRITE) }.unwrap();
+    for access in [
+        Access::REMOTE_WRITE,
+        Access::LOCAL_WRITE | Access::ZERO_BASED,
+    ] {
+        // SAFETY: no translation change.
+        let e = unsafe {
+            mr.rereg(
+                ReregFlags::CHANGE_ACCESS,
+                None,
+                std::ptr::null_mut(),
+                0,
+                access,
+            )
+        }
+        .unwrap_err();
+        assert_eq!(
+            (e.kind, e.errno()),
+            (ReregErrorKind::Input, Some(libc::EINVAL)),
+            "{access:?}"
+        );
+        assert!(!mr.is_poisoned());
+    }
+    assert_eq!(soft.counters().reregs, 0);
+}

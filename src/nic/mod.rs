@@ -419,10 +419,12 @@ impl Pd {
     /// Give the kernel advice about ranges of ODP regions of this PD (`ibv_advise_mr`).
     ///
     /// # Errors
-    /// As `ibv_advise_mr(3)`: `EINVAL` for an empty list or bad flags, `EFAULT` out of bounds or
-    /// for an unknown lkey, `EPERM` for `PrefetchWrite` on a non-writable region, `EOPNOTSUPP`
-    /// (as `Unsupported`) for a non-ODP region or a device without the verb; `Limit` above
-    /// `max_sge` entries.
+    /// As `ibv_advise_mr(3)`: `EINVAL` for an empty list, bad flags, a window's key or a non-ODP
+    /// region; `EFAULT` out of the region's bounds, for pages outside the process address space
+    /// (with `FLUSH`) or for an lkey naming nothing; `ENOENT` for a stale lkey; `EPERM` for
+    /// `PrefetchWrite` on a non-writable region or a region of another PD; `Unsupported` on a
+    /// device without the verb; `Limit` above `max_sge` entries. Without `FLUSH` the prefetch
+    /// itself is postponed and best-effort: its page errors are not reported.
     ///
     /// # Examples
     /// ```
