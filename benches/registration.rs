@@ -149,6 +149,8 @@ fn odp_first_touch(c: &mut Criterion) {
                     )
                     .unwrap();
                     black_box(p.cq.wait_one(Duration::from_secs(5)).unwrap());
+                    // Returned, so tearing the pair down is not timed.
+                    (p, s)
                 },
                 criterion::BatchSize::PerIteration,
             )
