@@ -920,6 +920,15 @@ fn device_limits_are_reported() {
             !c.odp.implicit && c.odp.explicit && !c.rereg_mr && !c.devx,
             "rxe facts changed: {c:?}"
         );
+        assert!(
+            c.advise_mr,
+            "rxe on 7.3.4 with rdma-core 65 has advise_mr: {c:?}"
+        );
+        assert_eq!(
+            (c.max_mr, c.max_mw),
+            (524287, 524287),
+            "rxe facts changed: {c:?}"
+        );
         assert_eq!(
             c.path_mtu, 4096,
             "the test bed sets link MTU 9000 for path MTU 4096"

@@ -829,10 +829,30 @@ fn umem_page_size_bitmap_must_fit_the_buffer() {
     .unwrap();
     let v = unsafe { nic.umem_reg(a.as_mut_ptr(), a.len(), Access::LOCAL_WRITE, 1 << 12) }.unwrap();
     assert_ne!(u.id(), v.id());
-    if let Ok(mut h) = Buffer::huge(1 << 21) {
-        unsafe { nic.umem_reg(h.as_mut_ptr(), h.len(), Access::LOCAL_WRITE, 1 << 21) }
-            .expect("2 MiB pages fit hugetlb memory");
+    if let Ok(mut h) = Buffer::huge(2 << 21) {
+        let p = h.as_mut_ptr();
+        unsafe { nic.umem_reg(p, h.len(), Access::LOCAL_WRITE, 1 << 21) }
+            .expect("2 MiB pages fit aligned hugetlb memory");
+        let e = unsafe { nic.umem_reg(p.add(4096), 1 << 21, Access::LOCAL_WRITE, 1 << 21) }
+            .unwrap_err();
+        assert_eq!(
+            e.errno(),
+            Some(libc::EINVAL),
+            "2 MiB pages need a 2 MiB-aligned start"
+        );
+        unsafe {
+            nic.umem_reg(
+                p.add(4096),
+                1 << 21,
+                Access::LOCAL_WRITE,
+                (1 << 12) | (1 << 21),
+            )
+        }
+        .expect("4 KiB pages fit any start");
+    } else {
+        eprintln!("no huge pages reserved: the hugetlb part of the UMEM test is skipped");
     }
+
     let off = Nic::soft_with(SoftConfig {
         devx: false,
         ..Default::default()

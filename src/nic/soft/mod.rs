@@ -1083,9 +1083,14 @@ impl Backend for SoftNic {
             return Err(e(libc::EFAULT));
         }
         // The device maps the buffer with one page size from the bitmap: at least the base page,
-        // at most what backs the memory (a larger page would need physical contiguity).
+        // at most what backs the memory (a larger page would need physical contiguity), and a
+        // page larger than the base page only for a buffer aligned to it (queue objects address
+        // the UMEM in whole pages from its start).
         let backing = mem::backing_page_size(addr).unwrap_or(mem::page_size()) as u64;
-        let fits = (12..64).any(|bit| pgsz_bitmap & (1 << bit) != 0 && (1u64 << bit) <= backing);
+        let base = mem::page_size() as u64;
+        let fits = (12..64)
+            .map(|bit| 1u64 << bit)
+            .any(|p| pgsz_bitmap & p != 0 && p <= backing && (p == base || addr as u64 % p == 0));
         if !fits {
             return Err(e(libc::EINVAL));
         }
