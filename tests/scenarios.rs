@@ -935,3 +935,44 @@ fn device_limits_are_reported() {
         );
     }
 }
+
+#[test]
+fn a_window_grants_one_buffer_of_a_region_without_remote_rights() {
+    // The grant model of rdma-pool: the arena's region has no remote rights (its own rkey grants
+    // nothing); a type 2 window bound on the peer's QP grants exactly one buffer.
+    let _g = serial();
+    let bed = bed();
+    let mut arena = buf(4 * 4096, 0);
+    let mr = bed
+        .b
+        .reg(&mut arena, Access::LOCAL_WRITE | Access::MW_BIND)
+        .unwrap();
+    let mut mw = bed.b.pd.alloc_mw(MwType::Type2).unwrap();
+    let rw = Access::REMOTE_READ | Access::REMOTE_WRITE;
+    let rkey = bed
+        .qb
+        .post_bind_mw(1, &mut mw, &mr, 4096, 4096, rw)
+        .unwrap();
+    let wc = bed.b.wait();
+    assert_eq!(wc.status, WcStatus::Success);
+    assert!(mw.settle(wc.status));
+    let mut src = buf(4096, 0x2a);
+    let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
+    assert_eq!(
+        write(&bed, &src_mr, 4096, mr.addr() as u64 + 4096, rkey),
+        WcStatus::Success
+    );
+    assert!(arena.as_slice()[4096..8192].iter().all(|&x| x == 0x2a));
+    assert!(
+        arena.as_slice()[..4096]
+            .iter()
+            .chain(&arena.as_slice()[8192..])
+            .all(|&x| x == 0)
+    );
+    // The region's own rkey grants nothing.
+    assert_eq!(
+        write(&bed, &src_mr, 64, mr.addr() as u64, mr.rkey()),
+        WcStatus::RemAccessErr
+    );
+    drop(mw);
+}

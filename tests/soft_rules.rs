@@ -111,26 +111,6 @@ fn type1_window_is_usable_from_any_qp() {
 }
 
 #[test]
-fn a_window_cannot_grant_more_than_its_region() {
-    let bed = default_bed();
-    let mut mem = buf(4096, 0);
-    // The region allows remote reads only.
-    let mr = bed
-        .b
-        .reg(
-            &mut mem,
-            Access::LOCAL_WRITE | Access::REMOTE_READ | Access::MW_BIND,
-        )
-        .unwrap();
-    let mut mw = bed.b.pd.alloc_mw(MwType::Type1).unwrap();
-    bed.qb
-        .bind_mw(1, &mut mw, &mr, 0, 4096, Access::REMOTE_WRITE)
-        .unwrap();
-    assert_eq!(bed.b.wait().status, WcStatus::MwBindErr);
-    assert_eq!(bed.qb.state().unwrap(), QpState::Error);
-}
-
-#[test]
 fn writable_window_needs_local_write_on_the_region() {
     let bed = default_bed();
     let mut mem = buf(4096, 0);
@@ -1169,25 +1149,6 @@ fn window_bounds_below_the_window_start() {
 }
 
 #[test]
-fn bind_to_a_poisoned_region_fails() {
-    // Kills: qp.rs bind, `|| !mr.usable` removed.
-    let bed = soft_bed(SoftConfig {
-        rereg: ReregMode::Unsupported,
-        ..Default::default()
-    });
-    let mut mem = buf(4096, 0);
-    let mut mr = bed.b.reg(&mut mem, RW | Access::MW_BIND).unwrap();
-    // SAFETY: no translation change.
-    unsafe { mr.rereg(ReregFlags::CHANGE_ACCESS, None, std::ptr::null_mut(), 0, RW) }.unwrap_err();
-    assert!(mr.is_poisoned());
-    let mut mw = bed.b.pd.alloc_mw(MwType::Type1).unwrap();
-    bed.qb
-        .bind_mw(1, &mut mw, &mr, 0, 4096, Access::REMOTE_READ)
-        .unwrap();
-    assert_eq!(bed.b.wait().status, WcStatus::MwBindErr);
-}
-
-#[test]
 fn failed_odp_fault_maps_nothing() {
     // Kills: keys.rs access_mr, the process-protection check of the fault removed (the DMA copy
     // still fails, but the page is left mapped for the NIC).
@@ -1349,4 +1310,322 @@ fn access_flags_are_checked_before_the_device_is_asked() {
         assert!(!mr.is_poisoned());
     }
     assert_eq!(soft.counters().reregs, 0);
+}
+
+// ---- Added after review: cross-device handles, RC ordering, responder state, limits. ----
+
+#[test]
+fn handles_of_another_device_are_refused_not_confused() {
+    let bed = default_bed();
+    let mut mem = buf(4096, 0);
+    // A region of the *requester's* device, bound through the responder's QP.
+    let foreign = bed.a.reg(&mut mem, RW | Access::MW_BIND).unwrap();
+    let mut mw = bed.b.pd.alloc_mw(MwType::Type1).unwrap();
+    let e = bed
+        .qb
+        .bind_mw(1, &mut mw, &foreign, 0, 4096, Access::REMOTE_READ)
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+    let e = bed
+        .b
+        .pd
+        .create_qp(&bed.a.cq, &bed.b.cq, QpCaps::default())
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+}
+
+#[test]
+fn a_poisoned_region_cannot_be_bound() {
+    let bed = soft_bed(SoftConfig {
+        rereg: ReregMode::Unsupported,
+        ..Default::default()
+    });
+    let mut mem = buf(4096, 0);
+    let mut mr = bed.b.reg(&mut mem, RW | Access::MW_BIND).unwrap();
+    // SAFETY: no translation change.
+    unsafe { mr.rereg(ReregFlags::CHANGE_ACCESS, None, std::ptr::null_mut(), 0, RW) }.unwrap_err();
+    let mut mw = bed.b.pd.alloc_mw(MwType::Type1).unwrap();
+    let e = bed
+        .qb
+        .bind_mw(1, &mut mw, &mr, 0, 4096, Access::REMOTE_READ)
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+    assert_eq!(
+        bed.qb.state().unwrap(),
+        QpState::Ready,
+        "nothing was posted"
+    );
+}
+
+#[test]
+fn settled_windows_release_what_they_no_longer_bind() {
+    let bed = default_bed();
+    let soft = bed.b.nic.as_soft().unwrap();
+    let (mut ma, mut mb) = (buf(4096, 0), buf(4096, 0));
+    let mr_a = bed.b.reg(&mut ma, RW | Access::MW_BIND).unwrap();
+    let mr_b = bed.b.reg(&mut mb, RW | Access::MW_BIND).unwrap();
+    let mut mw = bed.b.pd.alloc_mw(MwType::Type1).unwrap();
+    bed.qb
+        .bind_mw(1, &mut mw, &mr_a, 0, 4096, Access::REMOTE_READ)
+        .unwrap();
+    assert!(mw.settle(bed.b.wait().status));
+    bed.qb
+        .bind_mw(2, &mut mw, &mr_b, 0, 4096, Access::REMOTE_READ)
+        .unwrap();
+    assert!(mw.settle(bed.b.wait().status));
+    drop(mr_a);
+    assert_eq!(
+        soft.counters().deregistrations,
+        1,
+        "the old region is released once settled"
+    );
+    // A type 2 window lets go of its region (and QP) once its invalidation is settled.
+    let mut mw2 = bed.b.pd.alloc_mw(MwType::Type2).unwrap();
+    let (mut mc, _) = (buf(4096, 0), ());
+    let mr_c = bed.b.reg(&mut mc, RW | Access::MW_BIND).unwrap();
+    bed.qb
+        .post_bind_mw(3, &mut mw2, &mr_c, 0, 64, Access::REMOTE_READ)
+        .unwrap();
+    assert!(mw2.settle(bed.b.wait().status));
+    bed.qb.post_invalidate(4, &mut mw2).unwrap();
+    assert!(mw2.settle(bed.b.wait().status));
+    drop(mr_c);
+    assert_eq!(soft.counters().deregistrations, 2);
+    assert!(!mw2.settle(WcStatus::Success), "nothing pending");
+    drop(mr_b);
+}
+
+#[test]
+fn messages_beyond_2gib_are_length_errors_without_allocating() {
+    let bed = default_bed();
+    let mut src = buf(4096, 0);
+    let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
+    let mut dst = buf(4096, 0);
+    let dst_mr = bed.b.reg(&mut dst, RW).unwrap();
+    let huge = Sge {
+        addr: src_mr.addr() as u64,
+        length: u32::MAX,
+        lkey: src_mr.lkey(),
+    };
+    bed.qa
+        .post_write(1, &[huge], dst_mr.addr() as u64, dst_mr.rkey())
+        .unwrap();
+    assert_eq!(bed.a.wait().status, WcStatus::LocLenErr);
+}
+
+#[test]
+fn a_bogus_huge_sge_is_a_protection_error_before_any_buffer_is_made() {
+    let bed = default_bed();
+    let mut dst = buf(4096, 0);
+    let dst_mr = bed.b.reg(&mut dst, RW).unwrap();
+    let bogus = Sge {
+        addr: 0x1000,
+        length: 1 << 30,
+        lkey: Lkey(0),
+    };
+    bed.qa
+        .post_write(1, &[bogus], dst_mr.addr() as u64, dst_mr.rkey())
+        .unwrap();
+    assert_eq!(bed.a.wait().status, WcStatus::LocProtErr);
+}
+
+#[test]
+fn zero_length_rdma_does_not_check_the_rkey() {
+    let bed = default_bed();
+    bed.qa.post_write(1, &[], 0, Rkey(0)).unwrap();
+    assert_eq!(bed.a.wait().status, WcStatus::Success, "C9-88");
+    bed.qa.post_read(2, &[], 0, Rkey(0)).unwrap();
+    assert_eq!(bed.a.wait().status, WcStatus::Success);
+}
+
+#[test]
+fn a_responder_that_is_not_ready_drops_requests() {
+    let (a, b) = (Side::new(Nic::soft()), Side::new(Nic::soft()));
+    let (qa, qb) = (a.qp(), b.qp());
+    qa.connect(&qb.endpoint().unwrap()).unwrap(); // the responder side never connects
+    let mut src = buf(4096, 1);
+    let src_mr = a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
+    let mut dst = buf(4096, 0);
+    let dst_mr = b.reg(&mut dst, RW).unwrap();
+    qa.post_write(
+        1,
+        &[src_mr.sge(0, 64).unwrap()],
+        dst_mr.addr() as u64,
+        dst_mr.rkey(),
+    )
+    .unwrap();
+    assert_eq!(a.wait().status, WcStatus::RetryExcErr);
+    assert!(
+        dst.as_slice().iter().all(|&x| x == 0),
+        "nothing lands at an unconnected QP"
+    );
+}
+
+#[test]
+fn connect_is_refused_after_the_error_state() {
+    let bed = default_bed();
+    bed.qa.post_write(1, &[], 0, Rkey(0)).unwrap();
+    bed.a.wait();
+    let mut src = buf(4096, 1);
+    let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
+    bed.qa
+        .post_write(2, &[src_mr.sge(0, 8).unwrap()], 0, Rkey(0))
+        .unwrap();
+    assert_eq!(bed.a.wait().status, WcStatus::RemAccessErr);
+    let e = bed.qa.connect(&bed.qb.endpoint().unwrap()).unwrap_err();
+    assert_eq!(e.errno(), Some(libc::EINVAL));
+    assert_eq!(bed.qa.state().unwrap(), QpState::Error);
+}
+
+#[test]
+fn requests_behind_a_waiting_send_keep_rc_order() {
+    let bed = default_bed();
+    let mut s = buf(4096, 7);
+    let smr = bed.a.reg(&mut s, Access::LOCAL_WRITE).unwrap();
+    let mut d = buf(4096, 0);
+    let dmr = bed.b.reg(&mut d, RW).unwrap();
+    bed.qa.post_send(1, &[smr.sge(0, 16).unwrap()]).unwrap();
+    bed.qa
+        .post_write(
+            2,
+            &[smr.sge(0, 64).unwrap()],
+            dmr.addr() as u64 + 1024,
+            dmr.rkey(),
+        )
+        .unwrap();
+    assert!(
+        bed.a.cq.poll_one().unwrap().is_none(),
+        "both wait for the receive"
+    );
+    assert!(
+        d.as_slice()[1024..1088].iter().all(|&x| x == 0),
+        "the WRITE waits behind the SEND"
+    );
+    bed.qb.post_recv(9, &[dmr.sge(0, 1024).unwrap()]).unwrap();
+    let ids: Vec<_> = (0..2)
+        .map(|_| bed.a.wait())
+        .map(|c| (c.wr_id, c.status))
+        .collect();
+    assert_eq!(ids, vec![(1, WcStatus::Success), (2, WcStatus::Success)]);
+    assert!(d.as_slice()[1024..1088].iter().all(|&x| x == 7));
+}
+
+#[test]
+fn a_failing_responder_fails_the_sends_waiting_there() {
+    let bed = default_bed();
+    let mut s = buf(4096, 7);
+    let smr = bed.a.reg(&mut s, Access::LOCAL_WRITE).unwrap();
+    bed.qa.post_send(1, &[smr.sge(0, 16).unwrap()]).unwrap();
+    bed.qa.post_send(2, &[smr.sge(0, 16).unwrap()]).unwrap();
+    // Put the responder in the error state with a bind that must fail.
+    let mut mem = buf(4096, 0);
+    let mr = bed.b.reg(&mut mem, RW).unwrap();
+    let mut mw = bed.b.pd.alloc_mw(MwType::Type1).unwrap();
+    bed.qb
+        .bind_mw(3, &mut mw, &mr, 0, 4096, Access::REMOTE_READ)
+        .unwrap();
+    assert_eq!(bed.b.wait().status, WcStatus::MwBindErr);
+    let got: Vec<_> = (0..2)
+        .map(|_| bed.a.wait())
+        .map(|c| (c.wr_id, c.status))
+        .collect();
+    assert_eq!(
+        got,
+        vec![(1, WcStatus::RetryExcErr), (2, WcStatus::WrFlushErr)]
+    );
+    assert_eq!(bed.qa.state().unwrap(), QpState::Error);
+}
+
+#[test]
+fn a_destroyed_requester_never_delivers_its_waiting_sends() {
+    let bed = default_bed();
+    let mut s = buf(4096, 7);
+    let smr = bed.a.reg(&mut s, Access::LOCAL_WRITE).unwrap();
+    let (qa2, qb2) = connect(&bed.a, &bed.b);
+    qa2.post_send(1, &[smr.sge(0, 16).unwrap()]).unwrap();
+    drop(qa2);
+    let mut r = buf(4096, 0);
+    let rmr = bed.b.reg(&mut r, Access::LOCAL_WRITE).unwrap();
+    qb2.post_recv(5, &[rmr.sge(0, 4096).unwrap()]).unwrap();
+    assert!(
+        bed.b.cq.poll_one().unwrap().is_none(),
+        "the receive stays posted"
+    );
+    assert!(r.as_slice().iter().all(|&x| x == 0));
+}
+
+#[test]
+fn the_send_queue_depth_is_enforced_behind_a_waiting_send() {
+    let (a, b) = (Side::new(Nic::soft()), Side::new(Nic::soft()));
+    let caps = QpCaps {
+        max_send_wr: 2,
+        ..Default::default()
+    };
+    let qa = a.pd.create_qp(&a.cq, &a.cq, caps).unwrap();
+    let qb = b.qp();
+    qa.connect(&qb.endpoint().unwrap()).unwrap();
+    qb.connect(&qa.endpoint().unwrap()).unwrap();
+    let mut s = buf(4096, 7);
+    let smr = a.reg(&mut s, Access::LOCAL_WRITE).unwrap();
+    qa.post_send(1, &[smr.sge(0, 8).unwrap()]).unwrap();
+    qa.post_send(2, &[smr.sge(0, 8).unwrap()]).unwrap();
+    let e = qa.post_send(3, &[smr.sge(0, 8).unwrap()]).unwrap_err();
+    assert_eq!(e.errno(), Some(libc::ENOMEM));
+}
+
+#[test]
+fn invalidating_any_range_never_panics() {
+    let nic = Nic::soft();
+    let soft = nic.as_soft().unwrap();
+    let pd = nic.alloc_pd().unwrap();
+    let mut b = buf(4096, 0);
+    let _mr = unsafe {
+        pd.reg_mr(
+            b.as_mut_ptr(),
+            4096,
+            Access::LOCAL_WRITE | Access::ON_DEMAND,
+        )
+    }
+    .unwrap();
+    soft.invalidate_odp_range(usize::MAX, 2);
+    soft.invalidate_odp_range(0, usize::MAX);
+    assert!(Buffer::huge(usize::MAX).is_err());
+}
+
+#[test]
+fn windows_grant_remote_rights_their_region_does_not_have() {
+    // IB C10-73/74: binding needs MW_BIND, writable windows need LOCAL_WRITE on the region; the
+    // region itself needs no remote rights: that is how one buffer is granted, and only it.
+    let bed = default_bed();
+    let mut mem = buf(2 * 4096, 0);
+    let mr = bed
+        .b
+        .reg(&mut mem, Access::LOCAL_WRITE | Access::MW_BIND)
+        .unwrap();
+    let mut mw = bed.b.pd.alloc_mw(MwType::Type1).unwrap();
+    let rkey = bed
+        .qb
+        .bind_mw(1, &mut mw, &mr, 4096, 4096, Access::REMOTE_WRITE)
+        .unwrap();
+    assert_eq!(bed.b.wait().status, WcStatus::Success);
+    let mut src = buf(4096, 3);
+    let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
+    assert_eq!(
+        write(&bed, &src_mr, 64, mr.addr() as u64 + 4096, rkey),
+        WcStatus::Success
+    );
+    assert!(mem.as_slice()[4096..4160].iter().all(|&x| x == 3));
+    let (qa2, _qb2) = connect(&bed.a, &bed.b);
+    qa2.post_write(
+        2,
+        &[src_mr.sge(0, 64).unwrap()],
+        mr.addr() as u64,
+        mr.rkey(),
+    )
+    .unwrap();
+    assert_eq!(
+        bed.a.wait().status,
+        WcStatus::RemAccessErr,
+        "the region's own rkey grants nothing"
+    );
 }

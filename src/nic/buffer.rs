@@ -85,7 +85,11 @@ impl Buffer {
     pub fn huge(len: usize) -> io::Result<Buffer> {
         let hp = huge_page_size()
             .ok_or_else(|| io::Error::new(io::ErrorKind::Unsupported, "no hugetlb support"))?;
-        let size = len.max(1).div_ceil(hp) * hp;
+        let size = len
+            .max(1)
+            .div_ceil(hp)
+            .checked_mul(hp)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "buffer too large"))?;
         let layout = Layout::from_size_align(size, hp)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         // SAFETY: the layout has a non-zero size; hugepage_rs returns null on failure.

@@ -36,7 +36,6 @@ use super::error::{Error, Result, Verb};
 use super::types::Access;
 use rdma_sys::{ibv_context, ibv_device};
 use std::ffi::{CStr, c_char, c_int, c_void};
-use std::io;
 use std::sync::OnceLock;
 
 /// The shared object that carries the mlx5 provider and its direct-verbs API.
@@ -236,7 +235,10 @@ pub(crate) unsafe fn open_devx(device: *mut ibv_device) -> Result<*mut ibv_conte
     // SAFETY: `device` is valid (caller); `attr` lives across the call.
     let ctx = unsafe { open(device, &mut attr) };
     if ctx.is_null() {
-        return Err(Error::from_io(Verb::OpenDevice, io::Error::last_os_error()));
+        return Err(Error::from_io(
+            Verb::OpenDevice,
+            super::verbs::last_os_error(),
+        ));
     }
     Ok(ctx)
 }
@@ -305,7 +307,7 @@ pub(crate) unsafe fn umem_reg(
         ));
     };
     if umem.is_null() {
-        return Err(Error::from_io(Verb::UmemReg, io::Error::last_os_error()));
+        return Err(Error::from_io(Verb::UmemReg, super::verbs::last_os_error()));
     }
     // SAFETY: non-null results point at the library's `struct mlx5dv_devx_umem`.
     let id = unsafe { (*umem).umem_id };
@@ -329,7 +331,10 @@ pub(crate) unsafe fn umem_dereg(handle: u64) -> Result<()> {
     match rc {
         0 => Ok(()),
         rc if rc > 0 => Err(Error::from_errno(Verb::UmemDereg, rc)),
-        _ => Err(Error::from_io(Verb::UmemDereg, io::Error::last_os_error())),
+        _ => Err(Error::from_io(
+            Verb::UmemDereg,
+            super::verbs::last_os_error(),
+        )),
     }
 }
 

@@ -162,6 +162,17 @@ impl Nic {
         Ok(nic)
     }
 
+    /// True when `other` is a handle to the same opened device.
+    ///
+    /// # Examples
+    /// ```
+    /// let (a, b) = (rdma_pool::nic::Nic::soft(), rdma_pool::nic::Nic::soft());
+    /// assert!(a.same_device(&a.clone()) && !a.same_device(&b));
+    /// ```
+    pub fn same_device(&self, other: &Nic) -> bool {
+        Arc::ptr_eq(&self.backend, &other.backend)
+    }
+
     /// Which backend this is.
     pub fn kind(&self) -> NicKind {
         self.backend.kind()
@@ -506,6 +517,14 @@ impl Pd {
     /// assert!(qp.qpn() > 0);
     /// ```
     pub fn create_qp(&self, send_cq: &Cq, recv_cq: &Cq, caps: QpCaps) -> Result<Qp> {
+        if !self.nic().same_device(&send_cq.inner.nic)
+            || !self.nic().same_device(&recv_cq.inner.nic)
+        {
+            return Err(Error::invalid(
+                Verb::CreateQp,
+                "completion queue of another device",
+            ));
+        }
         let dev = self.nic().caps();
         if caps.max_send_wr.max(caps.max_recv_wr) > dev.max_qp_wr {
             return Err(Error::Limit {
@@ -750,11 +769,7 @@ impl Mr {
             return input(libc::EINVAL);
         }
         let new_pd = match (flags.contains(ReregFlags::CHANGE_PD), pd) {
-            (true, Some(pd))
-                if Arc::ptr_eq(&pd.inner.nic.backend, &self.inner.pd.inner.nic.backend) =>
-            {
-                pd.clone()
-            }
+            (true, Some(pd)) if pd.nic().same_device(self.inner.pd.nic()) => pd.clone(),
             (true, _) => return input(libc::EINVAL),
             (false, _) => self.inner.pd.clone(),
         };
@@ -871,7 +886,8 @@ impl Mw {
         &self.pd
     }
 
-    /// Record a bind that was posted: the new key and what it binds.
+    /// Record a bind (or invalidation) that was posted: the new key and what it binds. The
+    /// previous state stays alive until [`Mw::settle`].
     fn bound(&mut self, rkey: Rkey, mr: Option<Arc<MrInner>>, qp: Option<Arc<QpInner>>) {
         let before = std::mem::replace(
             &mut self.cur,
@@ -884,9 +900,11 @@ impl Mw {
         self.before_bind = Some(before);
     }
 
-    /// Undo the last bind after its completion reported failure (`MW_BIND_ERR`, or a flush):
-    /// the window gets back the key it had before, as `ibv_bind_mw(3)` tells the caller to do.
-    /// Returns false when there is no bind to undo.
+    /// Tell the window how its last bind or invalidation completed (pass the completion's
+    /// status). On success, what the previous binding held alive (its region, its QP) is
+    /// released; on failure, the previous key and binding are restored, as `ibv_bind_mw(3)` tells
+    /// the caller to do. Until then both are kept, since the device may still use either.
+    /// Returns false when nothing was pending.
     ///
     /// # Examples
     /// ```
@@ -902,18 +920,25 @@ impl Mw {
     /// let mut mw = pd.alloc_mw(MwType::Type1).unwrap();
     /// let old = mw.rkey();
     /// q1.bind_mw(1, &mut mw, &mr, 0, 64, Access::REMOTE_READ).unwrap();
-    /// assert_ne!(cq.poll_one().unwrap().unwrap().status, WcStatus::Success);
-    /// assert!(mw.bind_failed());
+    /// let wc = cq.poll_one().unwrap().unwrap();
+    /// assert_ne!(wc.status, WcStatus::Success);
+    /// assert!(mw.settle(wc.status));
     /// assert_eq!(mw.rkey(), old);
     /// ```
-    pub fn bind_failed(&mut self) -> bool {
+    pub fn settle(&mut self, status: WcStatus) -> bool {
         match self.before_bind.take() {
-            Some(before) => {
+            Some(before) if status != WcStatus::Success => {
                 self.cur = before;
                 true
             }
+            Some(_) => true,
             None => false,
         }
+    }
+
+    /// Shorthand for [`Mw::settle`] with a failed status.
+    pub fn bind_failed(&mut self) -> bool {
+        self.settle(WcStatus::MwBindErr)
     }
 }
 
@@ -1166,6 +1191,17 @@ impl Qp {
         self.post(wr_id, &[], RawSendOp::LocalInv(rkey))
     }
 
+    /// Post a LOCAL_INV of the window `mw`, recording it in `mw`: once the completion is passed
+    /// to [`Mw::settle`], the window lets go of its region and QP.
+    ///
+    /// # Errors
+    /// The `ibv_post_send` failure (nothing recorded then).
+    pub fn post_invalidate(&self, wr_id: u64, mw: &mut Mw) -> Result<()> {
+        self.post_local_inv(wr_id, mw.cur.rkey)?;
+        mw.bound(mw.cur.rkey, None, None);
+        Ok(())
+    }
+
     /// Post a receive into `sges`.
     ///
     /// # Errors
@@ -1190,8 +1226,18 @@ impl Qp {
         len: usize,
         access: Access,
     ) -> Result<RawBind> {
-        if !Arc::ptr_eq(&mw.pd.inner.nic.backend, &self.inner.pd.inner.nic.backend) {
-            return Err(Error::invalid(Verb::BindMw, "window of another device"));
+        if !self.pd().nic().same_device(mw.pd.nic()) || !self.pd().nic().same_device(mr.pd().nic())
+        {
+            return Err(Error::invalid(
+                Verb::BindMw,
+                "window or region of another device",
+            ));
+        }
+        if mr.is_poisoned() {
+            return Err(Error::invalid(
+                Verb::BindMw,
+                "region is poisoned by a failed rereg",
+            ));
         }
         if offset.checked_add(len).is_none_or(|e| e > mr.len()) {
             return Err(Error::invalid(

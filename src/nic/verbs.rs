@@ -113,6 +113,12 @@ fn last_errno() -> i32 {
         .unwrap_or(libc::EIO)
 }
 
+/// `errno` as an `io::Error`, never "success" (a verb that failed without setting errno
+/// reports `EIO`).
+pub(crate) fn last_os_error() -> io::Error {
+    io::Error::from_raw_os_error(last_errno())
+}
+
 /// The errno behind a failed verb's return code: positive codes are errno values (the
 /// libibverbs convention), `-1` means "see errno", other negative codes are negated errnos.
 fn rc_errno(rc: c_int) -> i32 {
@@ -740,6 +746,9 @@ pub struct VerbsNic {
     /// lkeys of ODP regions, tracked on rxe only, where local ODP RDMA data is corrupted unless
     /// every packet starts on a page boundary (see the module docs).
     rxe_odp_lkeys: std::sync::RwLock<std::collections::HashSet<u32>>,
+    /// The smallest path MTU (bytes) a QP of this device was connected with (`u32::MAX` before
+    /// the first connect); the rxe ODP guard uses it.
+    rxe_conn_mtu: std::sync::atomic::AtomicU32,
 }
 
 // SAFETY: libibverbs and its providers are thread-safe: every verb may be called from any
@@ -823,6 +832,7 @@ impl VerbsNic {
             devx,
             odp_warned: AtomicBool::new(false),
             rxe_odp_lkeys: Default::default(),
+            rxe_conn_mtu: std::sync::atomic::AtomicU32::new(u32::MAX),
         };
         tracing::debug!(?nic, "verbs device opened");
         Ok(nic)
@@ -843,19 +853,30 @@ impl VerbsNic {
         if odp.is_empty() {
             return Ok(());
         }
+        // Every packet must start on a page boundary of the ODP memory: each ODP entry must be
+        // page-aligned and begin at a message offset that is a multiple of the path MTU, which
+        // must be the page size. The MTU is the smallest any QP of this device connected with.
         let page = RXE_ODP_SAFE_MTU as u64;
-        for sge in sges.iter().filter(|s| odp.contains(&s.lkey.0)) {
-            if sge.addr % page != 0 || self.caps.path_mtu < RXE_ODP_SAFE_MTU {
+        let mtu = self
+            .caps
+            .path_mtu
+            .min(self.rxe_conn_mtu.load(Ordering::Relaxed));
+        let mut offset = 0u64;
+        for sge in sges {
+            if odp.contains(&sge.lkey.0)
+                && (sge.addr % page != 0 || offset % page != 0 || mtu < RXE_ODP_SAFE_MTU)
+            {
                 return Err(Error::Unsupported {
                     verb,
                     detail: format!(
-                        "rxe moves wrong bytes for ODP data not starting on a page boundary \
-                         (address {:#x}, path MTU {}); use a pinned region or a page-aligned \
-                         buffer at path MTU 4096",
-                        sge.addr, self.caps.path_mtu
+                        "rxe moves wrong bytes for ODP data whose packets do not start on a page \
+                         boundary (address {:#x} at message offset {offset}, path MTU {mtu}); use \
+                         a pinned region, or page-aligned entries at path MTU 4096",
+                        sge.addr
                     ),
                 });
             }
+            offset += u64::from(sge.length);
         }
         Ok(())
     }
@@ -989,6 +1010,14 @@ impl Backend for VerbsNic {
         }
         let access = c_int::try_from(access.bits())
             .map_err(|_| Error::invalid(Verb::RegMr, "access flags out of range"))?;
+        // On rxe, registration and the guard's key set change together (a deregistration of a
+        // reused lkey must not remove the new region's entry).
+        let track = self.is_rxe() && access & (Access::ON_DEMAND.bits() as c_int) != 0;
+        let mut odp_keys = track.then(|| {
+            self.rxe_odp_lkeys
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+        });
         // SAFETY: `pd` is live; the range's validity is the public layer's contract (for
         // implicit ODP, NULL and SIZE_MAX are what the verb expects).
         let mr = unsafe { ffi::ibv_reg_mr(pd, addr as *mut c_void, len, access) };
@@ -997,11 +1026,8 @@ impl Backend for VerbsNic {
         }
         // SAFETY: `mr` was just registered.
         let raw = unsafe { raw_mr(mr) };
-        if self.is_rxe() && access & (Access::ON_DEMAND.bits() as c_int) != 0 {
-            self.rxe_odp_lkeys
-                .write()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(raw.lkey.0);
+        if let Some(keys) = odp_keys.as_mut() {
+            keys.insert(raw.lkey.0);
         }
         Ok(raw)
     }
@@ -1057,13 +1083,15 @@ impl Backend for VerbsNic {
         let mr = obj::<ffi::ibv_mr>(Verb::DeregMr, mr)?;
         // SAFETY: `mr` is live.
         let lkey = unsafe { (*mr).lkey };
-        // SAFETY: `mr` is live; on failure it stays registered and the public layer keeps it.
-        check(Verb::DeregMr, unsafe { ffi::ibv_dereg_mr(mr) })?;
-        if self.is_rxe() {
+        let mut odp_keys = self.is_rxe().then(|| {
             self.rxe_odp_lkeys
                 .write()
                 .unwrap_or_else(|e| e.into_inner())
-                .remove(&lkey);
+        });
+        // SAFETY: `mr` is live; on failure it stays registered and the public layer keeps it.
+        check(Verb::DeregMr, unsafe { ffi::ibv_dereg_mr(mr) })?;
+        if let Some(keys) = odp_keys.as_mut() {
+            keys.remove(&lkey);
         }
         Ok(())
     }
@@ -1239,6 +1267,8 @@ impl Backend for VerbsNic {
         let mut attr: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
         attr.qp_state = ffi::ibv_qp_state::IBV_QPS_RTR;
         attr.path_mtu = port.active_mtu;
+        self.rxe_conn_mtu
+            .fetch_min(mtu_bytes(port.active_mtu), Ordering::Relaxed);
         attr.dest_qp_num = remote.qpn;
         attr.rq_psn = psn_for(remote.psn);
         attr.max_dest_rd_atomic = 1;

@@ -52,7 +52,12 @@ impl Residency {
                 read,
                 write: w,
             } => {
-                let i = page - first_page;
+                let Some(i) = page
+                    .checked_sub(*first_page)
+                    .filter(|i| i / 64 < read.len())
+                else {
+                    return false;
+                };
                 let map = if write { w } else { read };
                 map[i / 64].load(Ordering::Acquire) & (1 << (i % 64)) != 0
             }
@@ -71,7 +76,13 @@ impl Residency {
                 read,
                 write: w,
             } => {
-                let i = page - first_page;
+                // A page outside the region is never made resident.
+                let Some(i) = page
+                    .checked_sub(*first_page)
+                    .filter(|i| i / 64 < read.len())
+                else {
+                    return false;
+                };
                 let bit = 1u64 << (i % 64);
                 let was = read[i / 64].fetch_or(bit, Ordering::AcqRel) & bit != 0;
                 let was_w = !write || w[i / 64].fetch_or(bit, Ordering::AcqRel) & bit != 0;
@@ -94,23 +105,32 @@ impl Residency {
         }
     }
 
-    /// Drop `page` from the device's translation (an MMU-notifier invalidation).
-    pub(super) fn remove(&self, page: usize) {
+    /// Drop pages `first..=last` from the device's translation (an MMU-notifier
+    /// invalidation). Pages outside the region are ignored.
+    pub(super) fn remove_range(&self, first: usize, last: usize) {
         match self {
             Residency::Explicit {
                 first_page,
                 read,
                 write,
             } => {
-                if page < *first_page || (page - first_page) / 64 >= read.len() {
+                let pages = read.len() * 64;
+                let lo = first.saturating_sub(*first_page);
+                let hi = last
+                    .saturating_sub(*first_page)
+                    .min(pages.saturating_sub(1));
+                if last < *first_page || lo >= pages {
                     return;
                 }
-                let i = page - first_page;
-                read[i / 64].fetch_and(!(1 << (i % 64)), Ordering::AcqRel);
-                write[i / 64].fetch_and(!(1 << (i % 64)), Ordering::AcqRel);
+                for i in lo..=hi {
+                    read[i / 64].fetch_and(!(1 << (i % 64)), Ordering::AcqRel);
+                    write[i / 64].fetch_and(!(1 << (i % 64)), Ordering::AcqRel);
+                }
             }
             Residency::Implicit(set) => {
-                set.lock().unwrap_or_else(|e| e.into_inner()).remove(&page);
+                set.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .retain(|&p, _| p < first || p > last);
             }
         }
     }
@@ -213,6 +233,8 @@ pub(super) enum KeyFault {
     PageFault,
     /// The DMA copy failed (memory unmapped under a pinned region).
     Dma,
+    /// The message exceeds the transport's maximum message size.
+    TooLong,
 }
 
 impl KeyTable {
@@ -442,20 +464,21 @@ fn access_mr(
     write: bool,
     dma: Dma<'_>,
 ) -> Result<(), KeyFault> {
-    if let Some(res) = &mr.odp {
-        if len > 0 {
-            let ps = mem::page_size();
-            for page in addr / ps..=(addr + len - 1) / ps {
-                if res.present(page, write) {
-                    continue;
-                }
+    if let Some(res) = &mr.odp.as_ref().filter(|_| len > 0) {
+        let ps = mem::page_size();
+        let pages = addr / ps..=(addr + len - 1) / ps;
+        let missing: Vec<usize> = pages.filter(|&p| !res.present(p, write)).collect();
+        if !missing.is_empty() {
+            // One look at the process's page tables for the whole access; page by page only
+            // when part of it is inaccessible.
+            let ok = |p: Option<mem::Prot>| p.is_some_and(|p| p.read && (p.write || !write));
+            let all_ok = ok(mem::range_prot(addr, len));
+            for page in missing {
                 sink.page_fault();
-                match mem::range_prot(page * ps, ps) {
-                    Some(p) if p.read && (p.write || !write) => {
-                        res.insert(page, write);
-                    }
-                    _ => return Err(KeyFault::PageFault),
+                if !all_ok && !ok(mem::range_prot(page * ps, ps)) {
+                    return Err(KeyFault::PageFault);
                 }
+                res.insert(page, write);
             }
         }
     }

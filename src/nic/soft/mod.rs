@@ -6,11 +6,15 @@
 //!
 //! - a key names a live region or window in the QP's PD; the range lies inside the region or
 //!   window; the rights allow the operation; `REMOTE_WRITE`/`REMOTE_ATOMIC` without
-//!   `LOCAL_WRITE` is `EINVAL`; binding needs `MW_BIND`; a window grants no more than its
-//!   region allows;
+//!   `LOCAL_WRITE` is `EINVAL`; binding needs `MW_BIND`; a window grants no writes its region
+//!   does not allow locally (`REMOTE_WRITE`/`REMOTE_ATOMIC` windows need `LOCAL_WRITE` on the
+//!   region, C10-74) — the region needs no remote rights of its own;
 //! - the low 8 bits of a key are its variant: an invalidated, deregistered or rebound key is
 //!   rejected with `REM_ACCESS_ERR`, the requester QP enters the error state and later work
 //!   requests complete with `WR_FLUSH_ERR`;
+//! - RC ordering: a QP's work requests execute in order, and those behind a SEND waiting for a
+//!   receive wait too; a responder that is not connected (or failed) drops requests
+//!   (`RETRY_EXC_ERR`); messages above 2 GiB are `LOC_LEN_ERR`; zero-length RDMA skips the rkey;
 //! - type 1 windows are bound by `bind_mw` on a QP of their PD and usable from any QP; type 2
 //!   windows are bound by a BIND_MW work request and usable only through that QP; type 2 windows
 //!   are invalidated by LOCAL_INV or SEND_WITH_INV, type 1 windows by a zero-length bind (the IB
@@ -392,11 +396,13 @@ impl SoftNic {
     /// notifier does when pages are reclaimed, migrated or unmapped.
     pub fn invalidate_odp_range(&self, addr: usize, len: usize) {
         let ps = mem::page_size();
+        let end = addr.saturating_add(len);
         for index in self.dev.keys.occupied() {
             let slot = self.dev.keys.read(index);
-            if let Some(KeyObj::Mr(MrObj { odp: Some(res), .. })) = slot.obj.as_ref() {
-                for page in addr / ps..(addr + len).div_ceil(ps) {
-                    res.remove(page);
+            if let Some(KeyObj::Mr(mr)) = slot.obj.as_ref() {
+                let (lo, hi) = (addr.max(mr.addr), end.min(mr.addr.saturating_add(mr.len)));
+                if let (Some(res), true) = (&mr.odp, lo < hi) {
+                    res.remove_range(lo / ps, (hi - 1) / ps);
                 }
             }
         }
@@ -610,12 +616,16 @@ impl Device {
         write: bool,
     ) -> std::result::Result<u64, i32> {
         let slot = self.keys.read(lkey >> 8);
-        let Some(KeyObj::Mr(mr)) = slot.obj.as_ref() else {
+        // Re-checked here: a postponed prefetch runs after the region may have gone or changed.
+        let Some(KeyObj::Mr(mr)) = slot.obj.as_ref().filter(|_| slot.variant == lkey as u8) else {
             return Err(libc::EFAULT);
         };
         let Some(res) = mr.odp.as_ref() else {
             return Err(libc::EINVAL);
         };
+        if !mr.contains(addr, len) {
+            return Err(libc::EFAULT);
+        }
         let ps = mem::page_size() as u64;
         let mut made = 0;
         if len == 0 {
@@ -848,7 +858,10 @@ impl Backend for SoftNic {
                 Advice::PrefetchNoFault => {
                     // Map only what the CPU already has; never fault.
                     let slot = dev.keys.read(sge.lkey.index());
-                    if let Some(KeyObj::Mr(MrObj { odp: Some(res), .. })) = slot.obj.as_ref() {
+                    let same = slot.variant == sge.lkey.variant();
+                    if let Some(KeyObj::Mr(MrObj { odp: Some(res), .. })) =
+                        slot.obj.as_ref().filter(|_| same)
+                    {
                         let ps = mem::page_size();
                         let (a, l) = (sge.addr as usize, sge.length as usize);
                         let mut made = 0;
@@ -957,8 +970,10 @@ impl Backend for SoftNic {
         let mut cqs = self.dev.cqs.shard(cq);
         match cqs.get(&cq) {
             None => Err(err(Verb::DestroyCq, libc::EINVAL)),
-            // QPs still hold it.
-            Some(c) if Arc::strong_count(c) > 1 => Err(err(Verb::DestroyCq, libc::EBUSY)),
+            // QPs still post to it.
+            Some(c) if c.users.load(Ordering::Acquire) > 0 => {
+                Err(err(Verb::DestroyCq, libc::EBUSY))
+            }
             Some(_) => {
                 cqs.remove(&cq);
                 Ok(())
@@ -993,7 +1008,7 @@ impl Backend for SoftNic {
         };
         let qpn = dev.next_qpn.fetch_add(1, Ordering::Relaxed) & 0xff_ffff;
         let h = dev.next_handle.fetch_add(1, Ordering::Relaxed);
-        let qp = Arc::new(QpObj::new(dev.id, pd, qpn, scq, rcq, *caps));
+        let qp = Arc::new(QpObj::new(Arc::downgrade(dev), pd, qpn, scq, rcq, *caps));
         lock(&dev.qpns).insert(qpn, Arc::downgrade(&qp));
         dev.qps.shard(h).insert(h, qp);
         dev.pd_ref(pd, 1);
@@ -1023,7 +1038,10 @@ impl Backend for SoftNic {
             .get(&remote.qpn)
             .and_then(Weak::upgrade)
             .ok_or_else(|| err(Verb::ModifyQp, libc::EINVAL))?;
-        q.connect(Arc::downgrade(&peer_dev), Arc::downgrade(&peer));
+        if !q.connect(Arc::downgrade(&peer_dev), Arc::downgrade(&peer)) {
+            // ibv_modify_qp to RTR is valid from INIT only.
+            return Err(err(Verb::ModifyQp, libc::EINVAL));
+        }
         Ok(())
     }
 
@@ -1047,9 +1065,6 @@ impl Backend for SoftNic {
     fn post_send(&self, qp: u64, wr: &RawSendWr<'_>) -> Result<()> {
         self.dev.inject(Verb::PostSend)?;
         let q = self.qp(qp, Verb::PostSend)?;
-        if wr.sges.len() > self.dev.caps.max_sge as usize {
-            return Err(err(Verb::PostSend, libc::EINVAL));
-        }
         q.post_send(&self.dev, wr)
     }
 

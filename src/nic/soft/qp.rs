@@ -1,14 +1,21 @@
 //! Soft queue pairs and completion queues: the data path.
 //!
-//! Contract: a work request is executed when it is posted (the soft NIC has no wire), in order
-//! per QP; its completion is queued on the send CQ when it is done. A SEND waits on the
-//! responder until a receive is posted there (as with infinite RNR retry), and completes then.
-//! Every key is checked by [`keys::check_and_access`] with the PD and QP number of the QP that
-//! uses it: lkeys by the requester, rkeys by the responder.
+//! Contract: each QP has one send engine (`busy`): work requests execute one at a time, in post
+//! order, when posted (the soft NIC has no wire), and complete on the send CQ when done. A SEND
+//! that finds no receive at the responder is *parked* there (as with infinite RNR retry); later
+//! work requests of its QP queue behind it (`pending`, RC ordering) and run once it completes,
+//! which happens when the responder posts a receive. Every key is checked by
+//! [`keys::check_and_access`] with the PD and QP number of the QP that uses it: lkeys by the
+//! requester, rkeys by the responder; bytes are buffered only after the key that covers them
+//! was checked.
 //!
-//! Invariants: once `state == Error`, every later request completes with `WrFlushErr`;
-//! `|cq| <= depth` (an overflowing completion is dropped and counted, and the QP enters the
-//! error state, as a CQ overrun does on hardware).
+//! Invariants: once `state == Error`, every posted and every later request completes with
+//! `WrFlushErr` and parked SENDs are never delivered; `|parked| + |pending| <= max_send_wr`;
+//! receives complete in the order they were posted (`rx` serialises landing); `|cq| <= depth`
+//! (an overflowing completion is dropped and counted, and the QP enters the error state, as a
+//! CQ overrun does on hardware).
+//!
+//! Lock order: `rx` → `st` → key slots. No QP lock is held while another QP's lock is taken.
 
 use super::keys::{self, KeyFault, KeyObj, KeyTable, MwBinding, Requester};
 use super::{Device, bump, err, lock, mem};
@@ -17,12 +24,17 @@ use crate::nic::error::{Result, Verb};
 use crate::nic::types::*;
 use crossbeam::queue::ArrayQueue;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
+
+/// The largest RC message (`max_msg_sz` of RC transports: 2^31 bytes).
+const MAX_MSG: u64 = 1 << 31;
 
 pub(super) struct CqObj {
     queue: ArrayQueue<Completion>,
     pub(super) overruns: AtomicU64,
+    /// QPs that post to this CQ (a CQ in use cannot be destroyed).
+    pub(super) users: AtomicU32,
 }
 
 impl CqObj {
@@ -30,6 +42,7 @@ impl CqObj {
         CqObj {
             queue: ArrayQueue::new(depth.max(1) as usize),
             overruns: AtomicU64::new(0),
+            users: AtomicU32::new(0),
         }
     }
 
@@ -67,8 +80,14 @@ struct Inbound {
     payload: Vec<u8>,
     invalidate: Option<Rkey>,
     sender: Weak<QpObj>,
-    sender_wr_id: u64,
+}
+
+/// A work request queued behind a parked SEND.
+struct OwnedWr {
+    wr_id: u64,
     signaled: bool,
+    sges: Vec<Sge>,
+    op: RawSendOp,
 }
 
 struct QpSt {
@@ -77,16 +96,24 @@ struct QpSt {
     peer: Weak<QpObj>,
     recvs: VecDeque<Recv>,
     inbound: VecDeque<Inbound>,
+    /// This QP's SENDs parked at the responder, oldest first: (wr_id, signaled).
+    parked: VecDeque<(u64, bool)>,
+    /// Work requests posted behind a parked SEND.
+    pending: VecDeque<OwnedWr>,
+    /// The send engine is executing a request.
+    busy: bool,
 }
 
 pub(super) struct QpObj {
-    dev_id: u32,
+    dev: Weak<Device>,
     pub(super) pd: u64,
     pub(super) qpn: u32,
-    send_cq: Arc<CqObj>,
-    recv_cq: Arc<CqObj>,
+    pub(super) send_cq: Arc<CqObj>,
+    pub(super) recv_cq: Arc<CqObj>,
     caps: QpCaps,
     st: Mutex<QpSt>,
+    /// Serialises landing messages into receives, so receives complete in posting order.
+    rx: Mutex<()>,
 }
 
 /// Map a responder-side key fault to the requester's completion status.
@@ -98,21 +125,41 @@ fn remote_status(_f: KeyFault) -> WcStatus {
 fn local_status(f: KeyFault) -> WcStatus {
     match f {
         KeyFault::PageFault | KeyFault::Dma => WcStatus::LocAccessErr,
+        KeyFault::TooLong => WcStatus::LocLenErr,
         _ => WcStatus::LocProtErr,
     }
 }
 
+fn opcode(op: &RawSendOp) -> WcOpcode {
+    match op {
+        RawSendOp::Send | RawSendOp::SendWithInv(_) => WcOpcode::Send,
+        RawSendOp::Write { .. } => WcOpcode::RdmaWrite,
+        RawSendOp::Read { .. } => WcOpcode::RdmaRead,
+        RawSendOp::BindMw { .. } => WcOpcode::BindMw,
+        RawSendOp::LocalInv(_) => WcOpcode::LocalInv,
+    }
+}
+
+/// What executing a request led to.
+enum Outcome {
+    Done(WcStatus),
+    /// A SEND waiting at the responder for a receive.
+    Parked,
+}
+
 impl QpObj {
     pub(super) fn new(
-        dev_id: u32,
+        dev: Weak<Device>,
         pd: u64,
         qpn: u32,
         send_cq: Arc<CqObj>,
         recv_cq: Arc<CqObj>,
         caps: QpCaps,
     ) -> QpObj {
+        send_cq.users.fetch_add(1, Ordering::AcqRel);
+        recv_cq.users.fetch_add(1, Ordering::AcqRel);
         QpObj {
-            dev_id,
+            dev,
             pd,
             qpn,
             send_cq,
@@ -124,50 +171,79 @@ impl QpObj {
                 peer: Weak::new(),
                 recvs: VecDeque::new(),
                 inbound: VecDeque::new(),
+                parked: VecDeque::new(),
+                pending: VecDeque::new(),
+                busy: false,
             }),
+            rx: Mutex::new(()),
         }
     }
 
-    pub(super) fn connect(&self, peer_dev: Weak<Device>, peer: Weak<QpObj>) {
+    /// Connect (INIT → RTS). Only a QP that was never connected can be: an errored QP would
+    /// need a reset first, which rdma-pool never does (it creates a new QP).
+    pub(super) fn connect(&self, peer_dev: Weak<Device>, peer: Weak<QpObj>) -> bool {
         let mut st = lock(&self.st);
+        if st.state != QpState::Init {
+            return false;
+        }
         st.peer_dev = peer_dev;
         st.peer = peer;
         st.state = QpState::Ready;
+        true
     }
 
     pub(super) fn state(&self) -> QpState {
         lock(&self.st).state
     }
 
+    /// Enter the error state: flush pending receives, queued and parked requests, and fail the
+    /// SENDs parked here by peers (their requesters see `RetryExcErr`).
     fn set_error(&self) {
-        let mut st = lock(&self.st);
-        st.state = QpState::Error;
-        // Pending receives are flushed.
-        while let Some(r) = st.recvs.pop_front() {
-            self.recv_cq.push(Completion {
-                wr_id: r.wr_id,
-                status: WcStatus::WrFlushErr,
-                opcode: WcOpcode::Recv,
-                qp_num: self.qpn,
-                ..Default::default()
-            });
+        let (recvs, pending, parked, inbound) = {
+            let mut st = lock(&self.st);
+            st.state = QpState::Error;
+            (
+                std::mem::take(&mut st.recvs),
+                std::mem::take(&mut st.pending),
+                std::mem::take(&mut st.parked),
+                std::mem::take(&mut st.inbound),
+            )
+        };
+        for r in recvs {
+            self.recv_cq
+                .push(self.wc(r.wr_id, WcOpcode::Recv, WcStatus::WrFlushErr));
+        }
+        for (wr_id, _) in parked {
+            self.send_cq
+                .push(self.wc(wr_id, WcOpcode::Send, WcStatus::WrFlushErr));
+        }
+        for w in pending {
+            self.send_cq
+                .push(self.wc(w.wr_id, opcode(&w.op), WcStatus::WrFlushErr));
+        }
+        for msg in inbound {
+            if let Some(sender) = msg.sender.upgrade() {
+                sender.parked_done(WcStatus::RetryExcErr);
+            }
+        }
+    }
+
+    fn wc(&self, wr_id: u64, opcode: WcOpcode, status: WcStatus) -> Completion {
+        Completion {
+            wr_id,
+            status,
+            opcode,
+            qp_num: self.qpn,
+            ..Default::default()
         }
     }
 
     fn complete(&self, wr_id: u64, signaled: bool, opcode: WcOpcode, status: WcStatus) {
-        if status != WcStatus::Success && status != WcStatus::WrFlushErr {
-            self.set_error();
-        }
-        // Errors are always reported, successes only when signaled.
-        if (signaled || status != WcStatus::Success)
-            && !self.send_cq.push(Completion {
-                wr_id,
-                status,
-                opcode,
-                qp_num: self.qpn,
-                ..Default::default()
-            })
-        {
+        // Errors are always reported, successes only when signaled; the failing request's own
+        // completion comes before the flushes its error causes.
+        let reported = !(signaled || status != WcStatus::Success)
+            || self.send_cq.push(self.wc(wr_id, opcode, status));
+        if !reported || (status != WcStatus::Success && status != WcStatus::WrFlushErr) {
             self.set_error();
         }
     }
@@ -180,13 +256,13 @@ impl QpObj {
         }
     }
 
-    /// Gather the bytes named by local `sges`.
+    /// Gather the bytes named by local `sges`, each checked before it is buffered.
     fn gather(&self, dev: &Device, sges: &[Sge]) -> std::result::Result<Vec<u8>, KeyFault> {
-        let total: usize = sges.iter().map(|s| s.length as usize).sum();
-        let mut buf = vec![0u8; total];
-        let mut off = 0;
+        if sges.iter().map(|s| s.length as u64).sum::<u64>() > MAX_MSG {
+            return Err(KeyFault::TooLong);
+        }
+        let mut buf = Vec::new();
         for s in sges {
-            let dst = buf[off..].as_mut_ptr() as usize;
             let len = s.length as usize;
             keys::check_and_access(
                 &dev.keys,
@@ -194,11 +270,14 @@ impl QpObj {
                 s.lkey.0,
                 self.who(false),
                 s.addr,
-                s.length as u64,
+                len as u64,
                 false,
-                &mut |a| mem::dma_copy(dst, a, len),
+                &mut |a| {
+                    let start = buf.len();
+                    buf.resize(start + len, 0);
+                    mem::dma_copy(buf[start..].as_mut_ptr() as usize, a, len)
+                },
             )?;
-            off += len;
         }
         Ok(buf)
     }
@@ -232,49 +311,129 @@ impl QpObj {
         Ok(())
     }
 
+    /// The connected responder, if it is still there and ready.
     fn peer(&self) -> Option<(Arc<Device>, Arc<QpObj>)> {
-        let st = lock(&self.st);
-        Some((st.peer_dev.upgrade()?, st.peer.upgrade()?))
+        let (dev, peer) = {
+            let st = lock(&self.st);
+            (st.peer_dev.upgrade()?, st.peer.upgrade()?)
+        };
+        (peer.state() == QpState::Ready).then_some((dev, peer))
     }
 
+    /// `ibv_post_send`: execute now, or queue behind the request in flight or a parked SEND.
     pub(super) fn post_send(self: &Arc<Self>, dev: &Device, wr: &RawSendWr<'_>) -> Result<()> {
-        let opcode = match wr.op {
-            RawSendOp::Send | RawSendOp::SendWithInv(_) => WcOpcode::Send,
-            RawSendOp::Write { .. } => WcOpcode::RdmaWrite,
-            RawSendOp::Read { .. } => WcOpcode::RdmaRead,
-            RawSendOp::BindMw { .. } => WcOpcode::BindMw,
-            RawSendOp::LocalInv(_) => WcOpcode::LocalInv,
-        };
         if wr.sges.len() > self.caps.max_send_sge as usize {
             return Err(err(Verb::PostSend, libc::EINVAL));
         }
-        match self.state() {
-            // Posting to a QP that was never connected is refused at post time.
-            QpState::Init => return Err(err(Verb::PostSend, libc::EINVAL)),
-            QpState::Error => {
-                self.complete(wr.wr_id, true, opcode, WcStatus::WrFlushErr);
+        {
+            let mut st = lock(&self.st);
+            match st.state {
+                // Posting to a QP that was never connected is refused at post time.
+                QpState::Init => return Err(err(Verb::PostSend, libc::EINVAL)),
+                QpState::Error => {
+                    drop(st);
+                    self.complete(wr.wr_id, true, opcode(&wr.op), WcStatus::WrFlushErr);
+                    return Ok(());
+                }
+                QpState::Ready => {}
+            }
+            if st.busy || !st.parked.is_empty() || !st.pending.is_empty() {
+                if st.parked.len() + st.pending.len() >= self.caps.max_send_wr as usize {
+                    return Err(err(Verb::PostSend, libc::ENOMEM));
+                }
+                st.pending.push_back(OwnedWr {
+                    wr_id: wr.wr_id,
+                    signaled: wr.signaled,
+                    sges: wr.sges.to_vec(),
+                    op: wr.op,
+                });
                 return Ok(());
             }
-            QpState::Ready => {}
+            st.busy = true;
         }
-        let status = self.execute(dev, wr);
-        if let Some(status) = status {
-            self.complete(wr.wr_id, wr.signaled, opcode, status);
-        }
+        self.run(dev, wr.wr_id, wr.signaled, wr.sges, wr.op);
+        self.drain(dev);
         Ok(())
     }
 
-    /// Run one request; `None` when its completion is deferred (a parked SEND).
-    fn execute(self: &Arc<Self>, dev: &Device, wr: &RawSendWr<'_>) -> Option<WcStatus> {
-        match wr.op {
+    /// Execute one request (the engine is ours: `busy`) and complete it unless it parked.
+    fn run(
+        self: &Arc<Self>,
+        dev: &Device,
+        wr_id: u64,
+        signaled: bool,
+        sges: &[Sge],
+        op: RawSendOp,
+    ) {
+        if let Outcome::Done(status) = self.execute(dev, wr_id, signaled, sges, op) {
+            self.complete(wr_id, signaled, opcode(&op), status);
+        }
+    }
+
+    /// Run queued requests until none is left or a SEND parks; then release the engine.
+    fn drain(self: &Arc<Self>, dev: &Device) {
+        loop {
+            let next = {
+                let mut st = lock(&self.st);
+                if st.state == QpState::Error || !st.parked.is_empty() {
+                    st.busy = false;
+                    return;
+                }
+                match st.pending.pop_front() {
+                    Some(w) => w,
+                    None => {
+                        st.busy = false;
+                        return;
+                    }
+                }
+            };
+            self.run(dev, next.wr_id, next.signaled, &next.sges, next.op);
+        }
+    }
+
+    /// The oldest parked SEND of this QP was delivered (or failed) at the responder.
+    fn parked_done(self: &Arc<Self>, status: WcStatus) {
+        let (entry, resume) = {
+            let mut st = lock(&self.st);
+            let entry = st.parked.pop_front();
+            let resume = st.parked.is_empty() && !st.busy && !st.pending.is_empty();
+            if resume {
+                st.busy = true;
+            }
+            (entry, resume)
+        };
+        if let Some((wr_id, signaled)) = entry {
+            self.complete(wr_id, signaled, WcOpcode::Send, status);
+        }
+        if resume {
+            match self.dev.upgrade() {
+                Some(dev) => self.drain(&dev),
+                None => lock(&self.st).busy = false,
+            }
+        }
+    }
+
+    fn execute(
+        self: &Arc<Self>,
+        dev: &Device,
+        wr_id: u64,
+        signaled: bool,
+        sges: &[Sge],
+        op: RawSendOp,
+    ) -> Outcome {
+        let status = match op {
             RawSendOp::Write { remote_addr, rkey } => {
-                let data = match self.gather(dev, wr.sges) {
+                let data = match self.gather(dev, sges) {
                     Ok(d) => d,
-                    Err(f) => return Some(local_status(f)),
+                    Err(f) => return Outcome::Done(local_status(f)),
                 };
                 let Some((pdev, peer)) = self.peer() else {
-                    return Some(WcStatus::RetryExcErr);
+                    return Outcome::Done(WcStatus::RetryExcErr);
                 };
+                if data.is_empty() {
+                    // C9-88: a zero-length RDMA request's rkey is not checked.
+                    return Outcome::Done(WcStatus::Success);
+                }
                 let src = data.as_ptr() as usize;
                 let r = keys::check_and_access(
                     &pdev.keys,
@@ -286,109 +445,119 @@ impl QpObj {
                     true,
                     &mut |a| mem::dma_copy(a, src, data.len()),
                 );
-                Some(match r {
+                match r {
                     Ok(()) => {
                         bump(&dev.counters.bytes_moved, data.len() as u64);
                         WcStatus::Success
                     }
                     Err(f) => remote_status(f),
-                })
+                }
             }
             RawSendOp::Read { remote_addr, rkey } => {
-                let total: usize = wr.sges.iter().map(|s| s.length as usize).sum();
+                let total: u64 = sges.iter().map(|s| s.length as u64).sum();
+                if total > MAX_MSG {
+                    return Outcome::Done(WcStatus::LocLenErr);
+                }
                 let Some((pdev, peer)) = self.peer() else {
-                    return Some(WcStatus::RetryExcErr);
+                    return Outcome::Done(WcStatus::RetryExcErr);
                 };
-                let mut data = vec![0u8; total];
-                let dst = data.as_mut_ptr() as usize;
+                if total == 0 {
+                    return Outcome::Done(WcStatus::Success);
+                }
+                let mut data = Vec::new();
                 let r = keys::check_and_access(
                     &pdev.keys,
                     &*pdev,
                     rkey.0,
                     peer.who(true),
                     remote_addr,
-                    total as u64,
+                    total,
                     false,
-                    &mut |a| mem::dma_copy(dst, a, total),
+                    &mut |a| {
+                        data.resize(total as usize, 0);
+                        mem::dma_copy(data.as_mut_ptr() as usize, a, total as usize)
+                    },
                 );
                 if let Err(f) = r {
-                    return Some(remote_status(f));
+                    return Outcome::Done(remote_status(f));
                 }
-                Some(match self.scatter(dev, wr.sges, &data) {
+                match self.scatter(dev, sges, &data) {
                     Ok(()) => {
-                        bump(&dev.counters.bytes_moved, total as u64);
+                        bump(&dev.counters.bytes_moved, total);
                         WcStatus::Success
                     }
                     Err(f) => local_status(f),
-                })
+                }
             }
             RawSendOp::Send | RawSendOp::SendWithInv(_) => {
-                let payload = match self.gather(dev, wr.sges) {
+                let payload = match self.gather(dev, sges) {
                     Ok(d) => d,
-                    Err(f) => return Some(local_status(f)),
+                    Err(f) => return Outcome::Done(local_status(f)),
                 };
                 let Some((pdev, peer)) = self.peer() else {
-                    return Some(WcStatus::RetryExcErr);
+                    return Outcome::Done(WcStatus::RetryExcErr);
                 };
-                let invalidate = match wr.op {
+                let invalidate = match op {
                     RawSendOp::SendWithInv(k) => Some(k),
                     _ => None,
                 };
+                // Record it as parked before the responder can see it, so its completion by
+                // the responder's next receive always finds it.
+                lock(&self.st).parked.push_back((wr_id, signaled));
                 let msg = Inbound {
                     payload,
                     invalidate,
                     sender: Arc::downgrade(self),
-                    sender_wr_id: wr.wr_id,
-                    signaled: wr.signaled,
                 };
-                peer.deliver(&pdev, msg)
+                match peer.deliver(&pdev, msg) {
+                    Some(status) => {
+                        lock(&self.st).parked.pop_back();
+                        status
+                    }
+                    None => return Outcome::Parked,
+                }
             }
             RawSendOp::BindMw {
                 mw,
                 mw_rkey,
                 new_rkey,
                 bind,
-            } => Some(
-                match self.bind(dev, mw, mw_rkey, new_rkey, &bind, MwType::Type2) {
-                    Ok(()) => WcStatus::Success,
-                    Err(_) => WcStatus::MwBindErr,
-                },
-            ),
-            RawSendOp::LocalInv(rkey) => Some(match invalidate(dev, rkey, self.pd, None) {
+            } => match self.bind(dev, mw, mw_rkey, new_rkey, &bind, MwType::Type2) {
+                Ok(()) => WcStatus::Success,
+                Err(_) => WcStatus::MwBindErr,
+            },
+            RawSendOp::LocalInv(rkey) => match invalidate(dev, rkey, self.pd, None) {
                 Ok(()) => WcStatus::Success,
                 Err(()) => WcStatus::LocQpOpErr,
-            }),
-        }
+            },
+        };
+        Outcome::Done(status)
     }
 
     /// Responder side of a SEND: into the next receive, or parked until one is posted.
     /// Returns the sender's status when it completed now.
     fn deliver(&self, dev: &Device, msg: Inbound) -> Option<WcStatus> {
-        let mut st = lock(&self.st);
-        if st.state != QpState::Ready {
-            return Some(WcStatus::RemOpErr);
-        }
-        match st.recvs.pop_front() {
-            Some(recv) => {
-                drop(st);
-                Some(self.land(dev, recv, &msg))
+        let _rx = lock(&self.rx);
+        let recv = {
+            let mut st = lock(&self.st);
+            if st.state != QpState::Ready {
+                return Some(WcStatus::RetryExcErr);
             }
-            None => {
-                st.inbound.push_back(msg);
-                None
+            match st.recvs.pop_front() {
+                Some(r) => r,
+                None => {
+                    st.inbound.push_back(msg);
+                    return None;
+                }
             }
-        }
+        };
+        Some(self.land(dev, recv, &msg))
     }
 
     /// Land `msg` in `recv`; completes the receive; returns the sender's status.
     fn land(&self, dev: &Device, recv: Recv, msg: &Inbound) -> WcStatus {
         let cap: usize = recv.sges.iter().map(|s| s.length as usize).sum();
-        let mut wc = Completion {
-            wr_id: recv.wr_id,
-            opcode: WcOpcode::Recv,
-            qp_num: self.qpn,
-            ..Default::default()
-        };
+        let mut wc = self.wc(recv.wr_id, WcOpcode::Recv, WcStatus::Success);
         let sender_status = if msg.payload.len() > cap {
             wc.status = WcStatus::LocLenErr;
             WcStatus::RemInvReqErr
@@ -423,34 +592,56 @@ impl QpObj {
         if sges.len() > self.caps.max_recv_sge as usize {
             return Err(err(Verb::PostRecv, libc::EINVAL));
         }
-        let mut st = lock(&self.st);
-        if st.state == QpState::Error {
-            drop(st);
-            self.recv_cq.push(Completion {
-                wr_id,
-                status: WcStatus::WrFlushErr,
-                opcode: WcOpcode::Recv,
-                qp_num: self.qpn,
-                ..Default::default()
-            });
-            return Ok(());
-        }
-        if st.recvs.len() >= self.caps.max_recv_wr as usize {
-            return Err(err(Verb::PostRecv, libc::ENOMEM));
-        }
-        let recv = Recv {
-            wr_id,
-            sges: sges.to_vec(),
-        };
-        match st.inbound.pop_front() {
-            Some(msg) => {
-                drop(st);
-                let status = self.land(dev, recv, &msg);
-                if let Some(sender) = msg.sender.upgrade() {
-                    sender.complete(msg.sender_wr_id, msg.signaled, WcOpcode::Send, status);
+        let landed = {
+            let _rx = lock(&self.rx);
+            let msg = loop {
+                let msg = {
+                    let mut st = lock(&self.st);
+                    if st.state == QpState::Error {
+                        drop(st);
+                        self.recv_cq
+                            .push(self.wc(wr_id, WcOpcode::Recv, WcStatus::WrFlushErr));
+                        return Ok(());
+                    }
+                    match st.inbound.pop_front() {
+                        Some(m) => m,
+                        None if st.recvs.len() >= self.caps.max_recv_wr as usize => {
+                            return Err(err(Verb::PostRecv, libc::ENOMEM));
+                        }
+                        None => {
+                            st.recvs.push_back(Recv {
+                                wr_id,
+                                sges: sges.to_vec(),
+                            });
+                            return Ok(());
+                        }
+                    }
+                };
+                // A SEND of a requester that failed meanwhile was flushed there: drop it. (Its
+                // state is read without our lock held: no two QP locks are ever nested. `rx`
+                // keeps deliveries out meanwhile.)
+                if msg
+                    .sender
+                    .upgrade()
+                    .is_some_and(|s| s.state() != QpState::Error)
+                {
+                    break msg;
                 }
-            }
-            None => st.recvs.push_back(recv),
+            };
+            let status = self.land(
+                dev,
+                Recv {
+                    wr_id,
+                    sges: sges.to_vec(),
+                },
+                &msg,
+            );
+            (msg.sender, status)
+        };
+        // Outside our locks: completing the SEND may run the sender's queued requests, which
+        // may deliver to us again.
+        if let Some(sender) = landed.0.upgrade() {
+            sender.parked_done(landed.1);
         }
         Ok(())
     }
@@ -518,14 +709,12 @@ impl QpObj {
             if mslot.variant != bind.mr_lkey.variant() || mr.pd != w.pd || !mr.usable {
                 return Err(());
             }
+            // C10-73: the region must allow binding.
             if !mr.access.contains(Access::MW_BIND) {
                 return Err(());
             }
-            // A window grants no more than its region allows.
-            let remote = bind.access & Access::REMOTE;
-            if !mr.access.contains(remote) {
-                return Err(());
-            }
+            // C10-74: a window cannot grant writes the region does not allow locally. (The
+            // region needs no remote rights of its own: granting them is what windows are for.)
             if bind
                 .access
                 .intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC)
@@ -555,6 +744,13 @@ impl QpObj {
     }
 }
 
+impl Drop for QpObj {
+    fn drop(&mut self) {
+        self.send_cq.users.fetch_sub(1, Ordering::AcqRel);
+        self.recv_cq.users.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// Drop a binding's hold on its region.
 pub(super) fn release_binding(table: &KeyTable, b: MwBinding) {
     let slot = table.read(b.mr_key >> 8);
@@ -578,7 +774,9 @@ fn invalidate(dev: &Device, rkey: Rkey, pd: u64, qpn: Option<u32>) -> std::resul
     if w.ty != MwType::Type2 {
         return Err(());
     }
-    let Some(b) = w.binding else { return Err(()) };
+    let Some(b) = w.binding else {
+        return Err(());
+    };
     if w.pd != pd || qpn.is_some_and(|q| b.qpn != Some(q)) {
         return Err(());
     }
@@ -590,9 +788,6 @@ fn invalidate(dev: &Device, rkey: Rkey, pd: u64, qpn: Option<u32>) -> std::resul
 
 impl std::fmt::Debug for QpObj {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("QpObj")
-            .field("dev", &self.dev_id)
-            .field("qpn", &self.qpn)
-            .finish()
+        f.debug_struct("QpObj").field("qpn", &self.qpn).finish()
     }
 }
