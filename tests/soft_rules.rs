@@ -1629,3 +1629,84 @@ fn windows_grant_remote_rights_their_region_does_not_have() {
         "the region's own rkey grants nothing"
     );
 }
+
+#[test]
+fn sends_both_ways_from_many_threads_neither_deadlock_nor_reorder() {
+    // Two QPs sending to each other while both post receives from other threads: every lock
+    // path of the send engine and the receive side at once. A watchdog turns a deadlock into a
+    // failure instead of a hang.
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        const N: u64 = 300;
+        let side = |nic: Nic| {
+            let pd = nic.alloc_pd().unwrap();
+            let cq = nic.create_cq(4 * N as u32).unwrap();
+            Side { nic, pd, cq }
+        };
+        let (a, b) = (side(Nic::soft()), side(Nic::soft()));
+        let caps = QpCaps {
+            max_send_wr: 2 * N as u32,
+            max_recv_wr: 2 * N as u32,
+            ..Default::default()
+        };
+        let qa = a.pd.create_qp(&a.cq, &a.cq, caps).unwrap();
+        let qb = b.pd.create_qp(&b.cq, &b.cq, caps).unwrap();
+        qa.connect(&qb.endpoint().unwrap()).unwrap();
+        qb.connect(&qa.endpoint().unwrap()).unwrap();
+        let bed = Bed { a, b, qa, qb };
+        let mut sa = buf(4096, 1);
+        let mut sb = buf(4096, 2);
+        let mut ra = buf(N as usize * 8, 0);
+        let mut rb = buf(N as usize * 8, 0);
+        let (sa_mr, sb_mr) = (
+            bed.a.reg(&mut sa, Access::LOCAL_WRITE).unwrap(),
+            bed.b.reg(&mut sb, Access::LOCAL_WRITE).unwrap(),
+        );
+        let (ra_mr, rb_mr) = (
+            bed.a.reg(&mut ra, Access::LOCAL_WRITE).unwrap(),
+            bed.b.reg(&mut rb, Access::LOCAL_WRITE).unwrap(),
+        );
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                (0..N).for_each(|i| bed.qa.post_send(i, &[sa_mr.sge(0, 8).unwrap()]).unwrap())
+            });
+            s.spawn(|| {
+                (0..N).for_each(|i| bed.qb.post_send(i, &[sb_mr.sge(0, 8).unwrap()]).unwrap())
+            });
+            s.spawn(|| {
+                (0..N).for_each(|i| {
+                    bed.qb
+                        .post_recv(1000 + i, &[rb_mr.sge(i as usize * 8, 8).unwrap()])
+                        .unwrap()
+                })
+            });
+            s.spawn(|| {
+                (0..N).for_each(|i| {
+                    bed.qa
+                        .post_recv(1000 + i, &[ra_mr.sge(i as usize * 8, 8).unwrap()])
+                        .unwrap()
+                })
+            });
+        });
+        // Each CQ holds N send and N receive completions, each kind in posting order.
+        for (side, fill, rbuf) in [(&bed.a, 2u8, &ra), (&bed.b, 1u8, &rb)] {
+            let (mut sends, mut recvs) = (Vec::new(), Vec::new());
+            for _ in 0..2 * N {
+                let wc = side.wait();
+                assert_eq!(wc.status, WcStatus::Success);
+                if wc.opcode == WcOpcode::Recv {
+                    recvs.push(wc.wr_id)
+                } else {
+                    sends.push(wc.wr_id)
+                }
+            }
+            assert_eq!(sends, (0..N).collect::<Vec<_>>());
+            assert_eq!(recvs, (1000..1000 + N).collect::<Vec<_>>());
+            assert!(rbuf.as_slice().iter().all(|&x| x == fill));
+        }
+        done_tx.send(()).unwrap();
+    });
+    done_rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("no deadlock, and every check passed");
+}
