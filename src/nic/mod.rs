@@ -886,6 +886,19 @@ impl Mw {
         &self.pd
     }
 
+    /// `self`, if it is a window of type `ty` (type 1 binds with `ibv_bind_mw`, type 2 with a
+    /// BIND_MW work request).
+    fn of_type(&self, ty: MwType) -> Result<&Mw> {
+        if self.ty != ty {
+            let why = match ty {
+                MwType::Type1 => "ibv_bind_mw binds type 1 windows only",
+                MwType::Type2 => "BIND_MW work requests bind type 2 windows only",
+            };
+            return Err(Error::invalid(Verb::BindMw, why));
+        }
+        Ok(self)
+    }
+
     /// Record a bind (or invalidation) that was posted: the new key and what it binds. The
     /// previous state stays alive until [`Mw::settle`].
     fn bound(&mut self, rkey: Rkey, mr: Option<Arc<MrInner>>, qp: Option<Arc<QpInner>>) {
@@ -1277,13 +1290,7 @@ impl Qp {
         len: usize,
         access: Access,
     ) -> Result<Rkey> {
-        if mw.ty != MwType::Type1 {
-            return Err(Error::invalid(
-                Verb::BindMw,
-                "ibv_bind_mw binds type 1 windows only",
-            ));
-        }
-        let bind = self.bind_args(wr_id, mw, mr, offset, len, access)?;
+        let bind = self.bind_args(wr_id, mw.of_type(MwType::Type1)?, mr, offset, len, access)?;
         let rkey = self
             .backend()
             .bind_mw(self.inner.handle, mw.handle, mw.cur.rkey, &bind)?;
@@ -1306,13 +1313,7 @@ impl Qp {
         len: usize,
         access: Access,
     ) -> Result<Rkey> {
-        if mw.ty != MwType::Type2 {
-            return Err(Error::invalid(
-                Verb::BindMw,
-                "BIND_MW work requests bind type 2 windows only",
-            ));
-        }
-        let bind = self.bind_args(wr_id, mw, mr, offset, len, access)?;
+        let bind = self.bind_args(wr_id, mw.of_type(MwType::Type2)?, mr, offset, len, access)?;
         let new_rkey = mw.cur.rkey.next_variant();
         self.post(
             wr_id,

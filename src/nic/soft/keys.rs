@@ -52,14 +52,11 @@ impl Residency {
                 read,
                 write: w,
             } => {
-                let Some(i) = page
-                    .checked_sub(*first_page)
-                    .filter(|i| i / 64 < read.len())
-                else {
+                let Some((word, bit)) = bit_of(page, *first_page, read.len()) else {
                     return false;
                 };
                 let map = if write { w } else { read };
-                map[i / 64].load(Ordering::Acquire) & (1 << (i % 64)) != 0
+                map[word].load(Ordering::Acquire) & bit != 0
             }
             Residency::Implicit(set) => {
                 let set = set.lock().unwrap_or_else(|e| e.into_inner());
@@ -77,15 +74,11 @@ impl Residency {
                 write: w,
             } => {
                 // A page outside the region is never made resident.
-                let Some(i) = page
-                    .checked_sub(*first_page)
-                    .filter(|i| i / 64 < read.len())
-                else {
+                let Some((word, bit)) = bit_of(page, *first_page, read.len()) else {
                     return false;
                 };
-                let bit = 1u64 << (i % 64);
-                let was = read[i / 64].fetch_or(bit, Ordering::AcqRel) & bit != 0;
-                let was_w = !write || w[i / 64].fetch_or(bit, Ordering::AcqRel) & bit != 0;
+                let was = read[word].fetch_or(bit, Ordering::AcqRel) & bit != 0;
+                let was_w = !write || w[word].fetch_or(bit, Ordering::AcqRel) & bit != 0;
                 !(was && was_w)
             }
             Residency::Implicit(set) => {
@@ -145,6 +138,13 @@ impl Residency {
             Residency::Implicit(set) => set.lock().unwrap_or_else(|e| e.into_inner()).len(),
         }
     }
+}
+
+/// The bitmap word and bit of `page` in a region whose first page is `first` and whose bitmap
+/// has `words` words; `None` outside the region.
+fn bit_of(page: usize, first: usize, words: usize) -> Option<(usize, u64)> {
+    let i = page.checked_sub(first).filter(|i| i / 64 < words)?;
+    Some((i / 64, 1 << (i % 64)))
 }
 
 /// A registered region.

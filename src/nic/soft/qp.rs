@@ -24,7 +24,7 @@ use crate::nic::error::{Result, Verb};
 use crate::nic::types::*;
 use crossbeam::queue::ArrayQueue;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 /// The largest RC message (`max_msg_sz` of RC transports: 2^31 bytes).
@@ -32,7 +32,6 @@ const MAX_MSG: u64 = 1 << 31;
 
 pub(super) struct CqObj {
     queue: ArrayQueue<Completion>,
-    pub(super) overruns: AtomicU64,
     /// QPs that post to this CQ (a CQ in use cannot be destroyed).
     pub(super) users: AtomicU32,
 }
@@ -41,14 +40,12 @@ impl CqObj {
     pub(super) fn new(depth: u32) -> CqObj {
         CqObj {
             queue: ArrayQueue::new(depth.max(1) as usize),
-            overruns: AtomicU64::new(0),
             users: AtomicU32::new(0),
         }
     }
 
     fn push(&self, wc: Completion) -> bool {
         if self.queue.push(wc).is_err() {
-            self.overruns.fetch_add(1, Ordering::Relaxed);
             tracing::warn!("soft NIC CQ overrun: a completion was dropped");
             return false;
         }
