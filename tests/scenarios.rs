@@ -976,3 +976,220 @@ fn a_window_grants_one_buffer_of_a_region_without_remote_rights() {
     );
     drop(mw);
 }
+
+// --- Rule: a remote access error fails the responder too ------------------------------------
+
+#[test]
+fn a_remote_access_error_fails_the_responder_and_flushes_its_receives() {
+    let _g = serial();
+    let bed = bed();
+    let mut src = buf(4096, 1);
+    let mut dst = buf(4096, 0);
+    let mut rbuf = buf(4096, 0);
+    let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
+    let dst_mr = bed
+        .b
+        .reg(&mut dst, Access::LOCAL_WRITE | Access::REMOTE_READ)
+        .unwrap();
+    let r_mr = bed.b.reg(&mut rbuf, Access::LOCAL_WRITE).unwrap();
+    bed.qb.post_recv(9, &[r_mr.sge(0, 4096).unwrap()]).unwrap();
+    // The region grants READ only: a WRITE is a remote access error (IB class C).
+    assert_eq!(
+        write(&bed, &src_mr, 64, dst_mr.addr() as u64, dst_mr.rkey()),
+        WcStatus::RemAccessErr
+    );
+    let wc = bed.b.wait();
+    assert_eq!((wc.wr_id, wc.status), (9, WcStatus::WrFlushErr));
+    assert_eq!(bed.qb.state().unwrap(), QpState::Error);
+    assert_eq!(bed.qa.state().unwrap(), QpState::Error);
+}
+
+// --- Rule: ibv_bind_mw is a work request on the send queue -----------------------------------
+
+#[test]
+fn a_type1_bind_completes_in_send_queue_order() {
+    let _g = serial();
+    let bed = bed();
+    let mut src = buf(4096, 7);
+    let src_mr = bed
+        .a
+        .reg(&mut src, Access::LOCAL_WRITE | Access::MW_BIND)
+        .unwrap();
+    let mut rbuf = buf(4096, 0);
+    let r_mr = bed.b.reg(&mut rbuf, Access::LOCAL_WRITE).unwrap();
+    // A SEND that waits at the responder for a receive, then a bind behind it.
+    bed.qa.post_send(1, &[src_mr.sge(0, 8).unwrap()]).unwrap();
+    let mut mw = bed.a.pd.alloc_mw(MwType::Type1).unwrap();
+    bed.qa
+        .bind_mw(2, &mut mw, &src_mr, 0, 4096, Access::REMOTE_READ)
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert!(
+        bed.a.cq.poll_one().unwrap().is_none(),
+        "the bind waits behind the SEND"
+    );
+    bed.qb.post_recv(3, &[r_mr.sge(0, 4096).unwrap()]).unwrap();
+    let first = bed.a.wait();
+    let second = bed.a.wait();
+    assert_eq!(
+        [(first.wr_id, first.status), (second.wr_id, second.status)],
+        [(1, WcStatus::Success), (2, WcStatus::Success)]
+    );
+    assert_eq!(second.opcode, WcOpcode::BindMw);
+    assert_eq!(bed.b.wait().status, WcStatus::Success);
+}
+
+#[test]
+fn a_type1_bind_behind_a_failed_request_is_flushed() {
+    let _g = serial();
+    let bed = bed();
+    let mut src = buf(4096, 7);
+    let src_mr = bed
+        .a
+        .reg(&mut src, Access::LOCAL_WRITE | Access::MW_BIND)
+        .unwrap();
+    let mut mw = bed.a.pd.alloc_mw(MwType::Type1).unwrap();
+    let old = mw.rkey();
+    bed.qa
+        .post_write(1, &[src_mr.sge(0, 64).unwrap()], 0x1000, Rkey(0x4242))
+        .unwrap();
+    bed.qa
+        .bind_mw(2, &mut mw, &src_mr, 0, 4096, Access::REMOTE_READ)
+        .unwrap();
+    assert_eq!(bed.a.wait().status, WcStatus::RemAccessErr);
+    let wc = bed.a.wait();
+    assert_eq!((wc.wr_id, wc.status), (2, WcStatus::WrFlushErr));
+    assert!(mw.settle(wc.status));
+    assert_eq!(mw.rkey(), old);
+}
+
+#[test]
+fn bind_mw_refuses_bad_input_at_the_call() {
+    let _g = serial();
+    let bed = bed();
+    let mut mem = buf(4096, 0);
+    let mr = bed.b.reg(&mut mem, RW | Access::MW_BIND).unwrap();
+    let mut mw = bed.b.pd.alloc_mw(MwType::Type1).unwrap();
+    let e = bed
+        .qb
+        .bind_mw(
+            1,
+            &mut mw,
+            &mr,
+            0,
+            4096,
+            Access::REMOTE_READ | Access::ZERO_BASED,
+        )
+        .unwrap_err();
+    assert_eq!(
+        e.errno(),
+        Some(libc::EINVAL),
+        "type 1 windows are never zero-based"
+    );
+    let pd2 = bed.b.nic.alloc_pd().unwrap();
+    let mut other = buf(4096, 0);
+    // SAFETY: `other` outlives the region.
+    let mr2 = unsafe { pd2.reg_mr(other.as_mut_ptr(), 4096, RW | Access::MW_BIND) }.unwrap();
+    let e = bed
+        .qb
+        .bind_mw(2, &mut mw, &mr2, 0, 4096, Access::REMOTE_READ)
+        .unwrap_err();
+    assert_eq!(e.errno(), Some(libc::EPERM), "a region of another PD");
+    // Nothing was posted: no completion, the QP is still usable.
+    assert!(bed.b.cq.poll_one().unwrap().is_none());
+    assert_eq!(bed.qb.state().unwrap(), QpState::Ready);
+    let rkey = bed
+        .qb
+        .bind_mw(3, &mut mw, &mr, 0, 4096, Access::REMOTE_READ)
+        .unwrap();
+    let wc = bed.b.wait();
+    assert_eq!((wc.wr_id, wc.status), (3, WcStatus::Success));
+    assert_eq!(mw.rkey(), rkey);
+}
+
+// --- Rule: zero-length scatter/gather entries are skipped ------------------------------------
+
+#[test]
+fn a_zero_length_sge_is_skipped_without_checking_its_lkey() {
+    let _g = serial();
+    let bed = bed();
+    let mut src = buf(4096, 0x3c);
+    let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
+    let mut dst = buf(4096, 0);
+    let dst_mr = bed.b.reg(&mut dst, RW).unwrap();
+    let empty = Sge {
+        addr: 0x10,
+        length: 0,
+        lkey: Lkey(0xdead_be00),
+    };
+    bed.qa
+        .post_write(
+            1,
+            &[src_mr.sge(0, 64).unwrap(), empty],
+            dst_mr.addr() as u64,
+            dst_mr.rkey(),
+        )
+        .unwrap();
+    assert_eq!(bed.a.wait().status, WcStatus::Success);
+    assert!(dst.as_slice()[..64].iter().all(|&x| x == 0x3c));
+}
+
+// --- Rule: a receive needs LOCAL_WRITE on its region ------------------------------------------
+
+#[test]
+fn a_receive_into_a_region_without_local_write_fails_both_ends() {
+    let _g = serial();
+    let bed = bed();
+    let mut src = buf(4096, 0x11);
+    let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
+    let mut rbuf = buf(4096, 0);
+    let r_mr = bed.b.reg(&mut rbuf, Access::empty()).unwrap();
+    bed.qb.post_recv(5, &[r_mr.sge(0, 4096).unwrap()]).unwrap();
+    bed.qa.post_send(6, &[src_mr.sge(0, 64).unwrap()]).unwrap();
+    let recv = bed.b.wait();
+    let want = if quirk(&bed, Quirk::RecvProtectionIsQpOpErr) {
+        WcStatus::LocQpOpErr
+    } else {
+        WcStatus::LocProtErr
+    };
+    assert_eq!((recv.wr_id, recv.status), (5, want));
+    let send = bed.a.wait();
+    assert_eq!((send.wr_id, send.status), (6, WcStatus::RemOpErr));
+    assert!(rbuf.as_slice().iter().all(|&x| x == 0), "nothing landed");
+}
+
+// --- Rule: advise_mr's list is bounded by the kernel's attribute size, not max_sge ----------
+
+#[test]
+fn advise_mr_takes_more_entries_than_max_sge() {
+    let _g = serial();
+    let bed = bed();
+    if !bed.b.nic.caps().advise_mr {
+        return;
+    }
+    let n = bed.b.nic.caps().max_sge as usize + 1;
+    let mut b = buf(n * 4096, 1);
+    let mr = bed
+        .b
+        .reg(&mut b, Access::LOCAL_WRITE | Access::ON_DEMAND)
+        .unwrap();
+    let sges: Vec<Sge> = (0..n).map(|i| mr.sge(i * 4096, 4096).unwrap()).collect();
+    bed.b
+        .pd
+        .advise_mr(Advice::PrefetchWrite, AdviseFlags::FLUSH, &sges)
+        .unwrap();
+    if let Some(soft) = bed.b.nic.as_soft() {
+        assert_eq!(soft.resident_pages(mr.lkey()), Some(n));
+    }
+    let too_many = vec![sges[0]; MAX_ADVISE_SGES + 1];
+    let e = bed
+        .b
+        .pd
+        .advise_mr(Advice::Prefetch, AdviseFlags::FLUSH, &too_many)
+        .unwrap_err();
+    assert!(matches!(e, Error::Limit { .. }), "{e}");
+    bed.b
+        .pd
+        .advise_mr(Advice::Prefetch, AdviseFlags::FLUSH, &too_many[1..])
+        .unwrap();
+}

@@ -434,7 +434,8 @@ impl Pd {
     /// region; `EFAULT` out of the region's bounds, for pages outside the process address space
     /// (with `FLUSH`) or for an lkey naming nothing; `ENOENT` for a stale lkey; `EPERM` for
     /// `PrefetchWrite` on a non-writable region or a region of another PD; `Unsupported` on a
-    /// device without the verb; `Limit` above `max_sge` entries. Without `FLUSH` the prefetch
+    /// device without the verb; `Limit` above [`MAX_ADVISE_SGES`] entries (the kernel's bound;
+    /// `max_sge` does not apply). Without `FLUSH` the prefetch
     /// itself is postponed and best-effort: its page errors are not reported.
     ///
     /// # Examples
@@ -453,12 +454,11 @@ impl Pd {
         if sges.is_empty() {
             return Err(Error::from_errno(Verb::AdviseMr, libc::EINVAL));
         }
-        let max = self.nic().caps().max_sge;
-        if sges.len() > max as usize {
+        if sges.len() > MAX_ADVISE_SGES {
             return Err(Error::Limit {
                 verb: Verb::AdviseMr,
-                limit: "max_sge",
-                max: max as u64,
+                limit: "advise_mr list length",
+                max: MAX_ADVISE_SGES as u64,
             });
         }
         self.backend()

@@ -43,6 +43,17 @@ pub enum Quirk {
     /// rxe invalidates the window on SEND_WITH_INV but the receive completion does not carry
     /// `IBV_WC_WITH_INV` and the invalidated rkey.
     SendWithInvNotReported,
+    /// rxe, like hardware, keeps moving the pages a pinned region pinned after the process
+    /// dropped, unmapped, remapped or reprotected them; the soft NIC cannot keep those pages,
+    /// so it refuses the access (error completion, `stale_pinned_accesses`).
+    PinnedPagesOutliveTheMapping,
+    /// A SEND landing in a receive whose region lacks `LOCAL_WRITE`: rxe completes the receive
+    /// with `LOC_QP_OP_ERR` (a malformed WQE), the soft NIC with `LOC_PROT_ERR`; the sender
+    /// gets `REM_OP_ERR` on both.
+    RecvProtectionIsQpOpErr,
+    /// rxe answers `EINVAL` above `max_mr`/`max_mw` (its object pools), the soft NIC `ENOMEM`;
+    /// both surface as [`crate::nic::Error::Limit`].
+    LimitIsEinval,
 }
 
 /// One row of the difference table.
@@ -64,7 +75,7 @@ pub const RXE: &[Difference] = &[
         quirk: Quirk::MwBoundsNotEnforced,
         soft: "access outside a window's range through its rkey: REM_ACCESS_ERR",
         rxe: "succeeds when inside the window's region (rxe_lookup_mw checks rights, not range)",
-        reason: "IB spec C10-? and mlx5 enforce window bounds; a grant must cover one buffer only",
+        reason: "a window grants its own range only (IB spec 10.6.7) and mlx5 enforces it; a grant must cover one buffer",
     },
     Difference {
         quirk: Quirk::ReregUnsupported,
@@ -125,6 +136,24 @@ pub const RXE: &[Difference] = &[
         soft: "a local failure completes with its own status (LOC_PROT_ERR, MW_BIND_ERR, LOC_QP_OP_ERR)",
         rxe: "the failing request itself completes with WR_FLUSH_ERR",
         reason: "hardware reports the cause (IB spec 10.8.3); callers must not rely on the exact status on rxe",
+    },
+    Difference {
+        quirk: Quirk::PinnedPagesOutliveTheMapping,
+        soft: "an access to a pinned region whose pages were dropped, unmapped, remapped or made inaccessible fails (LOC_ACCESS_ERR / REM_ACCESS_ERR), counted",
+        rxe: "moves the pages pinned at registration: old bytes are read, writes land in pages the process no longer sees",
+        reason: "user space cannot keep the old pages alive; failing loudly is the only alternative to moving bytes the hardware would not (soft/pin.rs)",
+    },
+    Difference {
+        quirk: Quirk::RecvProtectionIsQpOpErr,
+        soft: "receive into a region without LOCAL_WRITE: LOC_PROT_ERR on the receiver, REM_OP_ERR on the sender",
+        rxe: "LOC_QP_OP_ERR on the receiver (copy_data fails: malformed WQE), REM_OP_ERR on the sender",
+        reason: "the IB spec and mlx5 report a local protection error for an lkey without the right",
+    },
+    Difference {
+        quirk: Quirk::LimitIsEinval,
+        soft: "above max_mr / max_mw: Error::Limit (errno ENOMEM)",
+        rxe: "EINVAL from its object pool, mapped to Error::Limit by the verbs backend when the count is at the limit",
+        reason: "ENOMEM says what is wrong; the pool treats both as \"limit reached\"",
     },
     Difference {
         quirk: Quirk::SendWithInvNotReported,

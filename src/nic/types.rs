@@ -124,6 +124,11 @@ bitflags! {
     }
 }
 
+/// The most entries one `ibv_advise_mr` call takes: the kernel bounds the list only by its
+/// uverbs attribute, whose length is a `u16`, so 65535 bytes of 16-byte `ib_uverbs_sge`s. It is
+/// not `max_sge` (a work-request limit). Longer lists are split by the caller.
+pub const MAX_ADVISE_SGES: usize = u16::MAX as usize / 16;
+
 bitflags! {
     /// `ibv_advise_mr` flags.
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]

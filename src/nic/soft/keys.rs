@@ -11,6 +11,7 @@
 //! `mr.num_mw == |{ mw : mw.bound.mr_index == mr's index }|`.
 
 use super::mem;
+use super::pin::PinnedPages;
 use crate::nic::types::{Access, MwType};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -161,6 +162,8 @@ pub(super) struct MrObj {
     pub(super) usable: bool,
     /// Bytes charged to the memlock account (0 for ODP).
     pub(super) pinned: u64,
+    /// The pages a pinned region holds (`None` for ODP).
+    pub(super) pins: Option<PinnedPages>,
 }
 
 impl MrObj {
@@ -231,8 +234,12 @@ pub(super) enum KeyFault {
     Poisoned,
     /// An ODP page could not be faulted in (the process cannot access it).
     PageFault,
-    /// The DMA copy failed (memory unmapped under a pinned region).
+    /// The DMA copy failed (an ODP page went away between fault-in and copy).
     Dma,
+    /// A pinned region's pages are no longer the ones the process sees (dropped, unmapped,
+    /// remapped or made inaccessible after registration): hardware would move the old pages,
+    /// the soft NIC refuses (see `pin.rs`).
+    PinnedPagesGone,
     /// The message exceeds the transport's maximum message size.
     TooLong,
 }
@@ -351,7 +358,7 @@ pub(super) type Dma<'a> = &'a mut dyn FnMut(usize) -> std::io::Result<()>;
 /// The NIC-side hooks needed while checking (fault accounting).
 pub(super) trait FaultSink {
     fn page_fault(&self);
-    fn rejected(&self);
+    fn rejected(&self, why: KeyFault);
 }
 
 /// Check `key` for an access of `len` bytes at `addr` by `who`, needing `write`; then run `dma`
@@ -368,8 +375,8 @@ pub(super) fn check_and_access(
     dma: Dma<'_>,
 ) -> Result<(), KeyFault> {
     let r = check_and_access_inner(table, sink, key, who, addr, len, write, dma);
-    if r.is_err() {
-        sink.rejected();
+    if let Err(why) = r {
+        sink.rejected(why);
     }
     r
 }
@@ -481,6 +488,14 @@ fn access_mr(
                 res.insert(page, write);
             }
         }
+    }
+    if let Some(pins) = &mr.pins {
+        // Registration proved the range mapped with the rights the region needs: a page that
+        // changed, or a DMA that faults, means the pinned pages are not what the process sees.
+        if !pins.held(addr, len) {
+            return Err(KeyFault::PinnedPagesGone);
+        }
+        return dma(addr).map_err(|_| KeyFault::PinnedPagesGone);
     }
     dma(addr).map_err(|_| KeyFault::Dma)
 }

@@ -35,6 +35,7 @@
 
 mod keys;
 pub(crate) mod mem;
+mod pin;
 mod qp;
 
 use super::backend::{Backend, RawBind, RawMr, RawSendWr};
@@ -149,6 +150,10 @@ pub struct Counters {
     pub bytes_moved: u64,
     /// Calls failed by fault injection.
     pub injected_faults: u64,
+    /// Accesses refused because a pinned region's pages are no longer the ones the process
+    /// sees (dropped, unmapped, remapped or reprotected after registration; hardware would
+    /// move the old pages).
+    pub stale_pinned_accesses: u64,
 }
 
 #[derive(Default)]
@@ -163,6 +168,7 @@ struct AtomicCounters {
     invalidations: AtomicU64,
     bytes_moved: AtomicU64,
     injected_faults: AtomicU64,
+    stale_pinned_accesses: AtomicU64,
 }
 
 fn bump(c: &AtomicU64, n: u64) {
@@ -219,8 +225,11 @@ impl keys::FaultSink for Device {
             std::thread::sleep(self.config.fault_cost);
         }
     }
-    fn rejected(&self) {
+    fn rejected(&self, why: keys::KeyFault) {
         bump(&self.counters.rejected_accesses, 1);
+        if why == keys::KeyFault::PinnedPagesGone {
+            bump(&self.counters.stale_pinned_accesses, 1);
+        }
     }
 }
 
@@ -327,6 +336,7 @@ impl SoftNic {
             invalidations: l(&c.invalidations),
             bytes_moved: l(&c.bytes_moved),
             injected_faults: l(&c.injected_faults),
+            stale_pinned_accesses: l(&c.stale_pinned_accesses),
         }
     }
 
@@ -426,6 +436,21 @@ impl SoftNic {
     /// Bytes this device has pinned (charged to the memlock budget).
     pub fn pinned_bytes(&self) -> u64 {
         self.dev.pinned.load(Ordering::Relaxed)
+    }
+
+    /// True when this process can read page frame numbers (`CAP_SYS_ADMIN`), so that the
+    /// soft NIC sees *every* replacement of a pinned region's pages; without them a page that
+    /// was dropped and already faulted in again by the CPU goes unnoticed (see
+    /// [`Counters::stale_pinned_accesses`]).
+    ///
+    /// # Examples
+    /// ```
+    /// let nic = rdma_pool::nic::Nic::soft();
+    /// let full = nic.as_soft().unwrap().sees_page_frames();
+    /// println!("pinned-page replacement detection: {}", if full { "complete" } else { "partial" });
+    /// ```
+    pub fn sees_page_frames(&self) -> bool {
+        pin::frames_visible()
     }
 }
 
@@ -557,7 +582,7 @@ impl Device {
         if len != usize::MAX && addr.checked_add(len).is_none() {
             return Err(libc::EINVAL);
         }
-        let mut pinned = 0;
+        let (mut pinned, mut pins) = (0, None);
         if !odp {
             // Pinning faults every page in: it must be mapped, and writable if the NIC may write.
             let prot = mem::range_prot(addr, len).ok_or(libc::EFAULT)?;
@@ -569,6 +594,13 @@ impl Device {
             let ps = mem::page_size();
             pinned = ((addr + len).div_ceil(ps) - addr / ps) as u64 * ps as u64;
             self.pin(pinned)?;
+            match pin::PinnedPages::pin(addr, len, prot.write) {
+                Ok(p) => pins = Some(p),
+                Err(errno) => {
+                    self.unpin(pinned);
+                    return Err(errno);
+                }
+            }
         }
         Ok(MrObj {
             pd,
@@ -579,6 +611,7 @@ impl Device {
             num_mw: AtomicU32::new(0),
             usable: true,
             pinned,
+            pins,
         })
     }
 
@@ -685,7 +718,11 @@ impl Backend for SoftNic {
         }
         if dev.mr_count.fetch_add(1, Ordering::AcqRel) >= dev.config.max_mr {
             dev.mr_count.fetch_sub(1, Ordering::AcqRel);
-            return Err(err(Verb::RegMr, libc::ENOMEM));
+            return Err(Error::Limit {
+                verb: Verb::RegMr,
+                limit: "max_mr",
+                max: dev.config.max_mr as u64,
+            });
         }
         let obj = match dev.make_mr(pd, addr, len, access) {
             Ok(o) => o,
@@ -915,7 +952,11 @@ impl Backend for SoftNic {
         }
         if dev.mw_count.fetch_add(1, Ordering::AcqRel) >= dev.config.max_mw {
             dev.mw_count.fetch_sub(1, Ordering::AcqRel);
-            return Err(err(Verb::AllocMw, libc::ENOMEM));
+            return Err(Error::Limit {
+                verb: Verb::AllocMw,
+                limit: "max_mw",
+                max: dev.config.max_mw as u64,
+            });
         }
         let Some(key) = dev.keys.insert(KeyObj::Mw(MwObj {
             pd,
@@ -1090,7 +1131,12 @@ impl Backend for SoftNic {
                 detail: "DEVX is disabled on this soft device".into(),
             });
         }
-        if !access.is_valid_for_mr() || access.intersects(!(Access::LOCAL_WRITE | Access::REMOTE)) {
+        // devx.c accepts exactly these flags (uverbs_get_flags32), then ib_check_mr_access.
+        let allowed = Access::LOCAL_WRITE
+            | Access::REMOTE_WRITE
+            | Access::REMOTE_READ
+            | Access::RELAXED_ORDERING;
+        if !access.is_valid_for_mr() || access.intersects(!allowed) {
             return Err(e(libc::EINVAL));
         }
         let prot = mem::range_prot(addr, len).ok_or_else(|| e(libc::EFAULT))?;

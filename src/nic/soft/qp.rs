@@ -79,12 +79,51 @@ struct Inbound {
     sender: Weak<QpObj>,
 }
 
+/// What the send engine executes: a posted work request, or a type 1 bind (`ibv_bind_mw`
+/// posts one on the send queue, so it runs in order behind earlier requests and is flushed
+/// when they fail).
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    Wr(RawSendOp),
+    BindType1 {
+        mw: u64,
+        mw_rkey: Rkey,
+        new_rkey: Rkey,
+        bind: RawBind,
+    },
+}
+
 /// A work request queued behind a parked SEND.
 struct OwnedWr {
     wr_id: u64,
     signaled: bool,
     sges: Vec<Sge>,
-    op: RawSendOp,
+    op: Op,
+}
+
+/// Why a bind or an invalidation failed (it completes with `MW_BIND_ERR` / `LOC_QP_OP_ERR`;
+/// the reason is logged at debug level).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WindowFault {
+    /// The window's key is not its current one, or names no window.
+    StaleWindowKey,
+    /// The window's type does not match the verb (type 1: `ibv_bind_mw`; type 2: BIND_MW).
+    WrongType,
+    /// Window, region and QP are not in one PD.
+    WrongPd,
+    /// A type 2 window is bound only from the free state, and never to nothing.
+    NotFree,
+    /// The region is gone, re-registered, or poisoned by a failed re-registration.
+    NoRegion,
+    /// The region lacks `MW_BIND` (C10-73).
+    NoMwBind,
+    /// A writable window over a region without `LOCAL_WRITE` (C10-74).
+    WritesBeyondRegion,
+    /// The window's range leaves the region.
+    OutOfRegion,
+    /// Only a bound type 2 window can be invalidated (o10-37.2.26), and SEND_WITH_INV only
+    /// through the QP it is bound to.
+    NotInvalidatable,
 }
 
 struct QpSt {
@@ -113,27 +152,36 @@ pub(super) struct QpObj {
     rx: Mutex<()>,
 }
 
-/// Map a responder-side key fault to the requester's completion status.
-fn remote_status(_f: KeyFault) -> WcStatus {
-    WcStatus::RemAccessErr
-}
-
 /// Map a requester-side (lkey) fault to its completion status.
 fn local_status(f: KeyFault) -> WcStatus {
     match f {
-        KeyFault::PageFault | KeyFault::Dma => WcStatus::LocAccessErr,
+        KeyFault::PageFault | KeyFault::Dma | KeyFault::PinnedPagesGone => WcStatus::LocAccessErr,
         KeyFault::TooLong => WcStatus::LocLenErr,
         _ => WcStatus::LocProtErr,
     }
 }
 
-fn opcode(op: &RawSendOp) -> WcOpcode {
+fn opcode(op: &Op) -> WcOpcode {
     match op {
-        RawSendOp::Send | RawSendOp::SendWithInv(_) => WcOpcode::Send,
-        RawSendOp::Write { .. } => WcOpcode::RdmaWrite,
-        RawSendOp::Read { .. } => WcOpcode::RdmaRead,
-        RawSendOp::BindMw { .. } => WcOpcode::BindMw,
-        RawSendOp::LocalInv(_) => WcOpcode::LocalInv,
+        Op::Wr(RawSendOp::Send | RawSendOp::SendWithInv(_)) => WcOpcode::Send,
+        Op::Wr(RawSendOp::Write { .. }) => WcOpcode::RdmaWrite,
+        Op::Wr(RawSendOp::Read { .. }) => WcOpcode::RdmaRead,
+        Op::Wr(RawSendOp::BindMw { .. }) | Op::BindType1 { .. } => WcOpcode::BindMw,
+        Op::Wr(RawSendOp::LocalInv(_)) => WcOpcode::LocalInv,
+    }
+}
+
+/// The longest window a bind accepts: mlx5 describes windows with KLMs of at most 2 GiB and
+/// refuses longer ones with `EOPNOTSUPP` at post time (providers/mlx5 `set_bind_wr`).
+const MAX_WINDOW: usize = 1 << 31;
+
+fn bind_status(r: std::result::Result<(), WindowFault>, status: WcStatus) -> WcStatus {
+    match r {
+        Ok(()) => WcStatus::Success,
+        Err(fault) => {
+            tracing::debug!(?fault, "soft NIC: window operation failed");
+            status
+        }
     }
 }
 
@@ -259,7 +307,8 @@ impl QpObj {
             return Err(KeyFault::TooLong);
         }
         let mut buf = Vec::new();
-        for s in sges {
+        // A zero-length entry is skipped, its lkey unchecked (rxe and mlx5 do the same).
+        for s in sges.iter().filter(|s| s.length > 0) {
             let len = s.length as usize;
             keys::check_and_access(
                 &dev.keys,
@@ -287,7 +336,7 @@ impl QpObj {
         data: &[u8],
     ) -> std::result::Result<(), KeyFault> {
         let mut off = 0;
-        for s in sges {
+        for s in sges.iter().filter(|s| s.length > 0) {
             if off >= data.len() {
                 break;
             }
@@ -322,6 +371,24 @@ impl QpObj {
         if wr.sges.len() > self.caps.max_send_sge as usize {
             return Err(err(Verb::PostSend, libc::EINVAL));
         }
+        if let RawSendOp::BindMw { bind, .. } = wr.op
+            && bind.len > MAX_WINDOW
+        {
+            return Err(err(Verb::PostSend, libc::EOPNOTSUPP));
+        }
+        self.post_op(dev, wr.wr_id, wr.signaled, wr.sges, Op::Wr(wr.op))
+    }
+
+    /// Put `op` on the send queue: execute now, or queue behind the request in flight or a
+    /// parked SEND (RC order).
+    fn post_op(
+        self: &Arc<Self>,
+        dev: &Device,
+        wr_id: u64,
+        signaled: bool,
+        sges: &[Sge],
+        op: Op,
+    ) -> Result<()> {
         {
             let mut st = lock(&self.st);
             match st.state {
@@ -329,7 +396,7 @@ impl QpObj {
                 QpState::Init => return Err(err(Verb::PostSend, libc::EINVAL)),
                 QpState::Error => {
                     drop(st);
-                    self.complete(wr.wr_id, true, opcode(&wr.op), WcStatus::WrFlushErr);
+                    self.complete(wr_id, true, opcode(&op), WcStatus::WrFlushErr);
                     return Ok(());
                 }
                 QpState::Ready => {}
@@ -339,29 +406,22 @@ impl QpObj {
                     return Err(err(Verb::PostSend, libc::ENOMEM));
                 }
                 st.pending.push_back(OwnedWr {
-                    wr_id: wr.wr_id,
-                    signaled: wr.signaled,
-                    sges: wr.sges.to_vec(),
-                    op: wr.op,
+                    wr_id,
+                    signaled,
+                    sges: sges.to_vec(),
+                    op,
                 });
                 return Ok(());
             }
             st.busy = true;
         }
-        self.run(dev, wr.wr_id, wr.signaled, wr.sges, wr.op);
+        self.run(dev, wr_id, signaled, sges, op);
         self.drain(dev);
         Ok(())
     }
 
     /// Execute one request (the engine is ours: `busy`) and complete it unless it parked.
-    fn run(
-        self: &Arc<Self>,
-        dev: &Device,
-        wr_id: u64,
-        signaled: bool,
-        sges: &[Sge],
-        op: RawSendOp,
-    ) {
+    fn run(self: &Arc<Self>, dev: &Device, wr_id: u64, signaled: bool, sges: &[Sge], op: Op) {
         if let Outcome::Done(status) = self.execute(dev, wr_id, signaled, sges, op) {
             self.complete(wr_id, signaled, opcode(&op), status);
         }
@@ -416,8 +476,20 @@ impl QpObj {
         wr_id: u64,
         signaled: bool,
         sges: &[Sge],
-        op: RawSendOp,
+        op: Op,
     ) -> Outcome {
+        let op = match op {
+            Op::Wr(op) => op,
+            Op::BindType1 {
+                mw,
+                mw_rkey,
+                new_rkey,
+                bind,
+            } => {
+                let r = self.bind(dev, mw, mw_rkey, new_rkey, &bind, MwType::Type1);
+                return Outcome::Done(bind_status(r, WcStatus::MwBindErr));
+            }
+        };
         let status = match op {
             RawSendOp::Write { remote_addr, rkey } => {
                 let data = match self.gather(dev, sges) {
@@ -447,7 +519,7 @@ impl QpObj {
                         bump(&dev.counters.bytes_moved, data.len() as u64);
                         WcStatus::Success
                     }
-                    Err(f) => remote_status(f),
+                    Err(_) => peer.remote_access_error(),
                 }
             }
             RawSendOp::Read { remote_addr, rkey } => {
@@ -475,8 +547,8 @@ impl QpObj {
                         mem::dma_copy(data.as_mut_ptr() as usize, a, total as usize)
                     },
                 );
-                if let Err(f) = r {
-                    return Outcome::Done(remote_status(f));
+                if r.is_err() {
+                    return Outcome::Done(peer.remote_access_error());
                 }
                 match self.scatter(dev, sges, &data) {
                     Ok(()) => {
@@ -519,16 +591,23 @@ impl QpObj {
                 mw_rkey,
                 new_rkey,
                 bind,
-            } => match self.bind(dev, mw, mw_rkey, new_rkey, &bind, MwType::Type2) {
-                Ok(()) => WcStatus::Success,
-                Err(_) => WcStatus::MwBindErr,
-            },
-            RawSendOp::LocalInv(rkey) => match invalidate(dev, rkey, self.pd, None) {
-                Ok(()) => WcStatus::Success,
-                Err(()) => WcStatus::LocQpOpErr,
-            },
+            } => {
+                let r = self.bind(dev, mw, mw_rkey, new_rkey, &bind, MwType::Type2);
+                bind_status(r, WcStatus::MwBindErr)
+            }
+            RawSendOp::LocalInv(rkey) => {
+                bind_status(invalidate(dev, rkey, self.pd, None), WcStatus::LocQpOpErr)
+            }
         };
         Outcome::Done(status)
+    }
+
+    /// The responder side of a remote access error (bad key, bounds, rights): an IB class C
+    /// error moves the responder to the error state too, flushing its receives (rxe
+    /// `rxe_resp.c`); the requester gets `REM_ACCESS_ERR`.
+    fn remote_access_error(&self) -> WcStatus {
+        self.set_error();
+        WcStatus::RemAccessErr
     }
 
     /// Responder side of a SEND: into the next receive, or parked until one is posted.
@@ -567,7 +646,8 @@ impl QpObj {
                     wc.invalidated_rkey = Some(rkey);
                     WcStatus::Success
                 }
-                Err(()) => {
+                Err(fault) => {
+                    tracing::debug!(?fault, "soft NIC: SEND_WITH_INV refused");
                     wc.status = WcStatus::RemInvReqErr;
                     WcStatus::RemInvReqErr
                 }
@@ -643,28 +723,48 @@ impl QpObj {
         Ok(())
     }
 
+    /// `ibv_bind_mw` (type 1). The providers refuse bad input before posting, with the QP
+    /// untouched: `ZERO_BASED` → `EINVAL` (type 1 windows are never zero-based), a region of
+    /// another PD than the QP's or the window's → `EPERM` (rxe compares the QP's PD, mlx5 the
+    /// window's), a window above 2 GiB → `EOPNOTSUPP` (mlx5). Everything else is checked when
+    /// the bind executes, in send-queue order ([`Op::BindType1`]).
     pub(super) fn bind_type1(
-        &self,
+        self: &Arc<Self>,
         dev: &Device,
         mw: u64,
         mw_rkey: Rkey,
         new_rkey: Rkey,
         bind: &RawBind,
     ) -> Result<()> {
-        match self.state() {
-            QpState::Init => return Err(err(Verb::BindMw, libc::EINVAL)),
-            QpState::Error => {
-                self.complete(bind.wr_id, true, WcOpcode::BindMw, WcStatus::WrFlushErr);
-                return Ok(());
-            }
-            QpState::Ready => {}
+        if bind.access.contains(Access::ZERO_BASED) {
+            return Err(err(Verb::BindMw, libc::EINVAL));
         }
-        let status = match self.bind(dev, mw, mw_rkey, new_rkey, bind, MwType::Type1) {
-            Ok(()) => WcStatus::Success,
-            Err(_) => WcStatus::MwBindErr,
+        if bind.len > MAX_WINDOW {
+            return Err(err(Verb::BindMw, libc::EOPNOTSUPP));
+        }
+        if bind.len > 0 {
+            let mr_pd = match dev.keys.read(bind.mr as u32).obj.as_ref() {
+                Some(KeyObj::Mr(mr)) => Some(mr.pd),
+                _ => None,
+            };
+            let mw_pd = match dev.keys.read(mw as u32).obj.as_ref() {
+                Some(KeyObj::Mw(w)) => Some(w.pd),
+                _ => None,
+            };
+            if let Some(pd) = mr_pd
+                && (pd != self.pd || mw_pd.is_some_and(|w| w != pd))
+            {
+                return Err(err(Verb::BindMw, libc::EPERM));
+            }
+        }
+        let op = Op::BindType1 {
+            mw,
+            mw_rkey,
+            new_rkey,
+            bind: *bind,
         };
-        self.complete(bind.wr_id, bind.signaled, WcOpcode::BindMw, status);
-        Ok(())
+        self.post_op(dev, bind.wr_id, bind.signaled, &[], op)
+            .map_err(|e| err(Verb::BindMw, e.errno().unwrap_or(libc::EINVAL)))
     }
 
     /// The checks of rxe_check_bind_mw (IB spec C10-72..75, o10-36.2.2, o10-37.2.30/40), then
@@ -677,38 +777,39 @@ impl QpObj {
         new_rkey: Rkey,
         bind: &RawBind,
         via: MwType,
-    ) -> std::result::Result<(), ()> {
+    ) -> std::result::Result<(), WindowFault> {
         let table = &dev.keys;
         let mut wslot = table.write(mw as u32);
         if wslot.variant != mw_rkey.variant() || new_rkey.index() != mw_rkey.index() {
-            return Err(());
+            return Err(WindowFault::StaleWindowKey);
         }
         let Some(KeyObj::Mw(w)) = wslot.obj.as_mut() else {
-            return Err(());
+            return Err(WindowFault::StaleWindowKey);
         };
-        if w.ty != via || w.pd != self.pd {
-            return Err(());
+        if w.ty != via {
+            return Err(WindowFault::WrongType);
+        }
+        if w.pd != self.pd {
+            return Err(WindowFault::WrongPd);
         }
         if w.ty == MwType::Type2 && (w.binding.is_some() || bind.len == 0) {
-            // A type 2 window is bound only from the free state, and never to nothing.
-            return Err(());
-        }
-        if w.ty == MwType::Type1 && bind.access.contains(Access::ZERO_BASED) {
-            return Err(());
+            return Err(WindowFault::NotFree);
         }
         let new_binding = if bind.len == 0 {
             None
         } else {
             let mslot = table.read(bind.mr as u32);
             let Some(KeyObj::Mr(mr)) = mslot.obj.as_ref() else {
-                return Err(());
+                return Err(WindowFault::NoRegion);
             };
-            if mslot.variant != bind.mr_lkey.variant() || mr.pd != w.pd || !mr.usable {
-                return Err(());
+            if mslot.variant != bind.mr_lkey.variant() || !mr.usable {
+                return Err(WindowFault::NoRegion);
             }
-            // C10-73: the region must allow binding.
+            if mr.pd != w.pd {
+                return Err(WindowFault::WrongPd);
+            }
             if !mr.access.contains(Access::MW_BIND) {
-                return Err(());
+                return Err(WindowFault::NoMwBind);
             }
             // C10-74: a window cannot grant writes the region does not allow locally. (The
             // region needs no remote rights of its own: granting them is what windows are for.)
@@ -717,10 +818,10 @@ impl QpObj {
                 .intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC)
                 && !mr.access.contains(Access::LOCAL_WRITE)
             {
-                return Err(());
+                return Err(WindowFault::WritesBeyondRegion);
             }
             if !mr.contains(bind.addr as u64, bind.len as u64) {
-                return Err(());
+                return Err(WindowFault::OutOfRegion);
             }
             mr.num_mw.fetch_add(1, Ordering::AcqRel);
             Some(MwBinding {
@@ -759,28 +860,32 @@ pub(super) fn release_binding(table: &KeyTable, b: MwBinding) {
 /// LOCAL_INV / SEND_WITH_INV: only a valid type 2 window of the QP's PD can be invalidated
 /// (rxe_check_invalidate_mw; o10-37.2.26 forbids type 1); SEND_WITH_INV (`qpn` given) further
 /// needs the window bound through the receiving QP.
-fn invalidate(dev: &Device, rkey: Rkey, pd: u64, qpn: Option<u32>) -> std::result::Result<(), ()> {
+fn invalidate(
+    dev: &Device,
+    rkey: Rkey,
+    pd: u64,
+    qpn: Option<u32>,
+) -> std::result::Result<(), WindowFault> {
     let table = &dev.keys;
     let mut slot = table.write(rkey.index());
     if slot.variant != rkey.variant() {
-        return Err(());
+        return Err(WindowFault::StaleWindowKey);
     }
     let Some(KeyObj::Mw(w)) = slot.obj.as_mut() else {
-        return Err(());
+        return Err(WindowFault::StaleWindowKey);
     };
-    if w.ty != MwType::Type2 {
-        return Err(());
+    if w.pd != pd {
+        return Err(WindowFault::WrongPd);
     }
-    let Some(b) = w.binding else {
-        return Err(());
-    };
-    if w.pd != pd || qpn.is_some_and(|q| b.qpn != Some(q)) {
-        return Err(());
+    match w.binding {
+        Some(b) if w.ty == MwType::Type2 && qpn.is_none_or(|q| b.qpn == Some(q)) => {
+            w.binding = None;
+            release_binding(table, b);
+            bump(&dev.counters.invalidations, 1);
+            Ok(())
+        }
+        _ => Err(WindowFault::NotInvalidatable),
     }
-    w.binding = None;
-    release_binding(table, b);
-    bump(&dev.counters.invalidations, 1);
-    Ok(())
 }
 
 impl std::fmt::Debug for QpObj {
