@@ -1010,32 +1010,58 @@ fn a_remote_access_error_fails_the_responder_and_flushes_its_receives() {
 fn a_type1_bind_completes_in_send_queue_order() {
     let _g = serial();
     let bed = bed();
-    let mut src = buf(4096, 7);
+    let mut src = buf(1 << 20, 7);
     let src_mr = bed
         .a
         .reg(&mut src, Access::LOCAL_WRITE | Access::MW_BIND)
         .unwrap();
-    let mut rbuf = buf(4096, 0);
-    let r_mr = bed.b.reg(&mut rbuf, Access::LOCAL_WRITE).unwrap();
-    // A SEND that waits at the responder for a receive, then a bind behind it.
-    bed.qa.post_send(1, &[src_mr.sge(0, 8).unwrap()]).unwrap();
+    let mut dst = buf(1 << 20, 0);
+    let dst_mr = bed.b.reg(&mut dst, RW).unwrap();
+    // A long WRITE, then a bind: the bind completes after it.
     let mut mw = bed.a.pd.alloc_mw(MwType::Type1).unwrap();
+    bed.qa
+        .post_write(
+            1,
+            &[src_mr.sge(0, 1 << 20).unwrap()],
+            dst_mr.addr() as u64,
+            dst_mr.rkey(),
+        )
+        .unwrap();
     bed.qa
         .bind_mw(2, &mut mw, &src_mr, 0, 4096, Access::REMOTE_READ)
         .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(200));
-    assert!(
-        bed.a.cq.poll_one().unwrap().is_none(),
-        "the bind waits behind the SEND"
-    );
-    bed.qb.post_recv(3, &[r_mr.sge(0, 4096).unwrap()]).unwrap();
-    let first = bed.a.wait();
-    let second = bed.a.wait();
+    let (first, second) = (bed.a.wait(), bed.a.wait());
     assert_eq!(
         [(first.wr_id, first.status), (second.wr_id, second.status)],
         [(1, WcStatus::Success), (2, WcStatus::Success)]
     );
     assert_eq!(second.opcode, WcOpcode::BindMw);
+    // A SEND that waits at the responder for a receive, then a bind behind it.
+    let mut rbuf = buf(4096, 0);
+    let r_mr = bed.b.reg(&mut rbuf, Access::LOCAL_WRITE).unwrap();
+    bed.qa.post_send(3, &[src_mr.sge(0, 8).unwrap()]).unwrap();
+    let mut mw2 = bed.a.pd.alloc_mw(MwType::Type1).unwrap();
+    bed.qa
+        .bind_mw(4, &mut mw2, &src_mr, 0, 4096, Access::REMOTE_READ)
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    if quirk(&bed, Quirk::BindBehindRnrRetryFails) {
+        let (send, bind) = (bed.a.wait(), bed.a.wait());
+        assert_eq!(
+            [(send.wr_id, send.status), (bind.wr_id, bind.status)],
+            [(3, WcStatus::WrFlushErr), (4, WcStatus::WrFlushErr)]
+        );
+        assert_eq!(bed.qa.state().unwrap(), QpState::Error);
+        return;
+    }
+    let early = bed.a.cq.poll_one().unwrap();
+    assert!(early.is_none(), "the bind waits behind the SEND: {early:?}");
+    bed.qb.post_recv(5, &[r_mr.sge(0, 4096).unwrap()]).unwrap();
+    let (send, bind) = (bed.a.wait(), bed.a.wait());
+    assert_eq!(
+        [(send.wr_id, send.status), (bind.wr_id, bind.status)],
+        [(3, WcStatus::Success), (4, WcStatus::Success)]
+    );
     assert_eq!(bed.b.wait().status, WcStatus::Success);
 }
 

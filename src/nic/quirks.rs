@@ -54,6 +54,14 @@ pub enum Quirk {
     /// rxe answers `EINVAL` above `max_mr`/`max_mw` (its object pools), the soft NIC `ENOMEM`;
     /// both surface as [`crate::nic::Error::Limit`].
     LimitIsEinval,
+    /// A type 1 bind posted behind a SEND that is in RNR retry (no receive posted yet) fails
+    /// the QP on rxe: the SEND and the bind complete with `WR_FLUSH_ERR` (the retry rewinds
+    /// the send queue and runs the bind again with its old key). Hardware completes both in
+    /// order once a receive is posted, as the soft NIC does.
+    BindBehindRnrRetryFails,
+    /// rxe binds windows of any length; mlx5 refuses windows above 2 GiB (`EOPNOTSUPP`: its
+    /// KLM descriptors cover 2 GiB), as the soft NIC does.
+    LongWindowsAccepted,
 }
 
 /// One row of the difference table.
@@ -154,6 +162,18 @@ pub const RXE: &[Difference] = &[
         soft: "above max_mr / max_mw: Error::Limit (errno ENOMEM)",
         rxe: "EINVAL from its object pool, mapped to Error::Limit by the verbs backend when the count is at the limit",
         reason: "ENOMEM says what is wrong; the pool treats both as \"limit reached\"",
+    },
+    Difference {
+        quirk: Quirk::BindBehindRnrRetryFails,
+        soft: "a type 1 bind behind a SEND waiting for a receive completes after it, in order",
+        rxe: "the SEND and the bind complete with WR_FLUSH_ERR and the QP fails",
+        reason: "IB RNR retry retransmits the SEND only; the pool never binds behind an unacknowledged SEND on rxe",
+    },
+    Difference {
+        quirk: Quirk::LongWindowsAccepted,
+        soft: "a bind above 2 GiB: EOPNOTSUPP at the call / post (as mlx5's set_bind_wr)",
+        rxe: "accepted",
+        reason: "mlx5 describes windows with 2 GiB KLMs; a grant never spans more than one buffer anyway",
     },
     Difference {
         quirk: Quirk::SendWithInvNotReported,
