@@ -17,6 +17,7 @@ mod backend;
 mod buffer;
 mod error;
 #[cfg(feature = "verbs")]
+#[path = "verbs/mlx5dv.rs"]
 pub mod mlx5dv;
 pub mod quirks;
 pub mod soft;
