@@ -472,12 +472,21 @@ struct FakeDevice {
     verbs_device_tail: [usize; 16],
 }
 
+thread_local! {
+    /// What `fake_query_device_ex` returns (it fills the attributes only for 0).
+    static QUERY_RC: RefCell<c_int> = const { RefCell::new(0) };
+}
+
 extern "C" fn fake_query_device_ex(
     _ctx: *mut ffi::ibv_context,
     _input: *const ffi::ibv_query_device_ex_input,
     attr: *mut ffi::ibv_device_attr_ex,
     _size: usize,
 ) -> c_int {
+    let rc = QUERY_RC.with(|r| *r.borrow());
+    if rc != 0 {
+        return rc;
+    }
     // SAFETY: query_device_ex passes a writable, zeroed ibv_device_attr_ex.
     let a = unsafe { &mut *attr };
     a.orig_attr.vendor_id = RXE_VENDOR_ID;
@@ -564,16 +573,8 @@ fn attaching_to_null_or_a_failing_context_is_an_error() {
         "{e:?}"
     );
 
-    extern "C" fn failing_query(
-        _: *mut ffi::ibv_context,
-        _: *const ffi::ibv_query_device_ex_input,
-        _: *mut ffi::ibv_device_attr_ex,
-        _: usize,
-    ) -> c_int {
-        libc::EIO
-    }
     let mut f = fake_open_context(b"mock0");
-    f.v.query_device_ex = Some(failing_query);
+    QUERY_RC.with(|r| *r.borrow_mut() = libc::EIO);
     // SAFETY: the fake context outlives the call.
     let e = unsafe { crate::nic::Nic::from_raw_context(ctx_of(&mut f.v).cast()) }.unwrap_err();
     assert!(
