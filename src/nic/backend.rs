@@ -6,20 +6,16 @@
 //! public RAII types own; a handle is passed back only while its owner is alive, and exactly once
 //! to its destroy verb. Argument checks that lose nothing (`ERR_INPUT`-class) happen above this
 //! trait, in `nic/mod.rs`, so both backends see only well-formed requests.
+//!
+//! `rereg_mr` receives every requested attribute; which of them take effect is decided by
+//! [`ReregFlags::resolve`] (in `types.rs`), the one rule the public layer and the backends share.
 
 use super::error::{ReregError, Result};
 use super::types::*;
 use std::any::Any;
 
-/// A registered region as the backend reports it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct RawMr {
-    pub(crate) handle: u64,
-    pub(crate) lkey: Lkey,
-    pub(crate) rkey: Rkey,
-    pub(crate) addr: usize,
-    pub(crate) len: usize,
-}
+/// Re-exported from `types.rs`, where it lives so that `error.rs` need not import this module.
+pub(crate) use super::types::RawMr;
 
 /// A bind request: which region, which range, which rights.
 #[derive(Debug, Clone, Copy)]

@@ -1,7 +1,18 @@
 //! Errors of the NIC boundary: one variant per verb, each carrying the `io::Error` the verb
 //! reported; `EOPNOTSUPP`/`ENOTSUP`/`ENOSYS` are promoted to [`Error::Unsupported`] so callers can
 //! take a fallback path without matching errno values.
+//!
+//! Contract:
+//! - an argument check that runs no verb at all (say, [`Mr::sge`](crate::nic::Mr::sge)) reports
+//!   [`Error::InvalidArgument`] with `verb: None`; one made on behalf of a verb names it;
+//! - fixed error texts are `&'static str` (or a borrowed `Cow`), so building an error on a setup
+//!   path allocates only where the text carries run-time values;
+//! - the crate-private errno helpers at the bottom (`last_errno`, `rc_errno`, `check_rc`, …) are
+//!   the one place that turns a C return code or `errno` into an [`Error`], for the verbs
+//!   backend and its `mlx5dv` binding alike.
 
+use std::borrow::Cow;
+use std::ffi::c_int;
 use std::io;
 
 /// The verbs named by errors and by the soft NIC's fault injection.
@@ -158,7 +169,7 @@ pub struct ReregError {
     #[source]
     pub source: io::Error,
     /// With `DoForkOld`: the region as re-registered (the new attributes are in force).
-    pub(crate) replaced: Option<crate::nic::backend::RawMr>,
+    pub(crate) replaced: Option<crate::nic::types::RawMr>,
 }
 
 impl ReregError {
@@ -197,8 +208,8 @@ pub enum Error {
     Unsupported {
         /// The verb.
         verb: Verb,
-        /// What exactly is missing.
-        detail: String,
+        /// What exactly is missing (borrowed when the text is fixed).
+        detail: Cow<'static, str>,
     },
     /// A verb failed; `source` is the errno it reported.
     #[error("{verb} failed: {source}")]
@@ -213,12 +224,13 @@ pub enum Error {
     #[error(transparent)]
     Rereg(#[from] ReregError),
     /// An argument was rejected before reaching the NIC; nothing changed.
-    #[error("invalid argument to {verb}: {detail}")]
+    #[error("invalid argument{}: {detail}", ToVerb(*verb))]
     InvalidArgument {
-        /// The verb.
-        verb: Verb,
+        /// The verb the argument was meant for; `None` for a pure argument check that runs no
+        /// verb (such as [`Mr::sge`](crate::nic::Mr::sge)).
+        verb: Option<Verb>,
         /// What was wrong.
-        detail: String,
+        detail: &'static str,
     },
     /// A device limit would be exceeded.
     #[error("{verb}: device limit {limit} = {max} would be exceeded")]
@@ -244,10 +256,10 @@ impl Error {
     /// A verb failure from an `io::Error`, promoting "not supported" errnos to `Unsupported`.
     pub fn from_io(verb: Verb, source: io::Error) -> Error {
         match source.raw_os_error() {
-            Some(libc::EOPNOTSUPP | libc::ENOSYS) => Error::Unsupported {
-                verb,
-                detail: source.to_string(),
-            },
+            Some(libc::EOPNOTSUPP) => {
+                Error::unsupported(verb, "Operation not supported (EOPNOTSUPP)")
+            }
+            Some(libc::ENOSYS) => Error::unsupported(verb, "Function not implemented (ENOSYS)"),
             _ => Error::Verb { verb, source },
         }
     }
@@ -269,13 +281,136 @@ impl Error {
         matches!(self, Error::Unsupported { .. })
     }
 
-    pub(crate) fn invalid(verb: Verb, detail: impl Into<String>) -> Error {
+    /// An argument rejected on behalf of `verb`, before it ran.
+    pub(crate) fn invalid(verb: Verb, detail: &'static str) -> Error {
         Error::InvalidArgument {
+            verb: Some(verb),
+            detail,
+        }
+    }
+
+    /// An argument rejected by a check that runs no verb.
+    pub(crate) fn invalid_arg(detail: &'static str) -> Error {
+        Error::InvalidArgument { verb: None, detail }
+    }
+
+    /// `verb` is not implemented by the device or provider; `detail` says what is missing.
+    pub(crate) fn unsupported(verb: Verb, detail: impl Into<Cow<'static, str>>) -> Error {
+        Error::Unsupported {
             verb,
             detail: detail.into(),
+        }
+    }
+
+    /// The error of a verb that failed (returned NULL or -1) and set `errno`.
+    #[cfg_attr(not(feature = "verbs"), allow(dead_code))] // used by the verbs backend only
+    pub(crate) fn last(verb: Verb) -> Error {
+        Error::from_errno(verb, last_errno())
+    }
+}
+
+/// `" to <verb>"`, or nothing: how [`Error::InvalidArgument`] names its verb.
+struct ToVerb(Option<Verb>);
+
+impl std::fmt::Display for ToVerb {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(verb) => write!(f, " to {verb}"),
+            None => Ok(()),
         }
     }
 }
 
 /// Result of the NIC boundary.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+// ---------------------------------------------------------------------------------------------
+// errno plumbing, shared by the verbs backend and its mlx5dv binding
+
+/// `errno` right now, never 0 (`EIO` when the verb failed without setting it).
+#[cfg_attr(not(feature = "verbs"), allow(dead_code))] // used by the verbs backend only
+pub(crate) fn last_errno() -> i32 {
+    io::Error::last_os_error()
+        .raw_os_error()
+        .filter(|&e| e != 0)
+        .unwrap_or(libc::EIO)
+}
+
+/// `errno` as an `io::Error`, never "success" (a verb that failed without setting errno
+/// reports `EIO`).
+#[cfg_attr(not(feature = "verbs"), allow(dead_code))] // used by the verbs backend only
+pub(crate) fn last_os_error() -> io::Error {
+    io::Error::from_raw_os_error(last_errno())
+}
+
+/// The errno behind a failed verb's return code: positive codes are errno values (the
+/// libibverbs convention), `-1` means "see errno", other negative codes are negated errnos.
+#[cfg_attr(not(feature = "verbs"), allow(dead_code))] // used by the verbs backend only
+pub(crate) fn rc_errno(rc: c_int) -> i32 {
+    match rc {
+        rc if rc > 0 => rc,
+        -1 => last_errno(),
+        rc => rc.checked_neg().unwrap_or(libc::EIO),
+    }
+}
+
+/// `Ok` for a zero return code, else `verb`'s error for the errno behind `rc` (see
+/// [`rc_errno`]).
+#[cfg_attr(not(feature = "verbs"), allow(dead_code))] // used by the verbs backend only
+pub(crate) fn check_rc(verb: Verb, rc: c_int) -> Result<()> {
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(Error::from_errno(verb, rc_errno(rc)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn return_codes_to_errno() {
+        assert_eq!(rc_errno(libc::EINVAL), libc::EINVAL);
+        assert_eq!(rc_errno(-libc::ENOMEM), libc::ENOMEM);
+        assert!(check_rc(Verb::DeregMr, 0).is_ok());
+        assert!(
+            check_rc(Verb::AdviseMr, libc::EOPNOTSUPP)
+                .unwrap_err()
+                .is_unsupported()
+        );
+        assert_eq!(
+            check_rc(Verb::DeregMr, libc::EBUSY).unwrap_err().errno(),
+            Some(libc::EBUSY)
+        );
+    }
+
+    #[test]
+    fn invalid_arguments_name_their_verb_only_when_there_is_one() {
+        let e = Error::invalid(Verb::BindMw, "window range outside the region");
+        assert_eq!(
+            e.to_string(),
+            "invalid argument to ibv_bind_mw: window range outside the region"
+        );
+        let e = Error::invalid_arg("range outside the region");
+        assert_eq!(e.to_string(), "invalid argument: range outside the region");
+        assert_eq!(e.errno(), Some(libc::EINVAL));
+    }
+
+    #[test]
+    fn unsupported_errnos_are_promoted_with_fixed_text() {
+        let e = Error::from_errno(Verb::AdviseMr, libc::EOPNOTSUPP);
+        assert!(
+            matches!(
+                &e,
+                Error::Unsupported {
+                    detail: Cow::Borrowed(_),
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(Error::from_errno(Verb::RegMr, libc::ENOSYS).is_unsupported());
+        assert!(!Error::from_errno(Verb::RegMr, libc::ENOMEM).is_unsupported());
+    }
+}

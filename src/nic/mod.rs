@@ -12,25 +12,116 @@
 //!
 //! Invariant: `mr.lkey()/rkey()/addr()/len()` always equal what the backend last reported for
 //! that region.
+//!
+//! Public surface: the handles, the plain data of `types.rs`, the errors, [`quirks`], the soft
+//! NIC's configuration, counters and fault injection ([`soft`]), and of the verbs backend only
+//! [`VerbsNic`] (through [`Nic::as_verbs`]), [`device_names`], [`mlx5_load_error`] and the raw
+//! attach points ([`Nic::from_raw_context`], [`Nic::raw_context`], [`Pd::from_raw`]). The
+//! backend trait and rdma-sys types stay inside the crate.
+//!
+//! # Allocation
+//! A future arena registers memory from inside `GlobalAlloc`, so it must know which calls may
+//! allocate (and so re-enter it) and guard them with a re-entrancy flag. The calls it makes
+//! there, and what they allocate:
+//! - [`Pd::reg_mr`]: the `Arc` of the new [`Mr`] on every backend. Verbs: on rxe only, an ODP
+//!   region's lkey goes into the ODP guard's `HashSet` (which grows now and then); the kernel
+//!   verb itself allocates only in the kernel and in the provider (`malloc` of the `ibv_mr`).
+//!   Soft NIC: an ODP region's residency bitmaps (a bit per page).
+//! - [`Mr::rereg`]: nothing in this layer. Verbs: nothing (the provider may). Soft NIC: new residency
+//!   bitmaps when the region is ODP.
+//! - [`Mr::dereg`] and dropping a [`Mr`]: frees only (the provider frees the `ibv_mr`; the soft
+//!   NIC returns the key to a free list whose capacity is reserved up front).
+//! - [`Pd::advise_mr`]: verbs converts up to 16 scatter/gather entries on the stack and
+//!   allocates a list for more; the soft NIC grows an implicit ODP region's page map and lists
+//!   the pages it faults in.
+//! - Failures on any backend build an [`Error`]: fixed texts are `&'static str` and allocate
+//!   nothing, but [`Error::DeviceNotFound`], the rxe ODP guard's `Unsupported` detail and an
+//!   `io::Error` with a custom message do; a failure in `Drop` is logged with `tracing`, whose
+//!   subscriber may allocate.
+//!
+//! Setup calls (opening a NIC, PDs, CQs, QPs) allocate freely and are not made from inside the
+//! allocator; [`Nic::open_default`] reads `RDMA_POOL_NIC` once per process.
 
 mod backend;
 mod buffer;
 mod error;
-#[cfg(feature = "verbs")]
-pub mod mlx5dv;
 pub mod quirks;
 pub mod soft;
 mod types;
 #[cfg(feature = "verbs")]
-pub mod verbs;
+mod verbs;
 
 pub use buffer::{Buffer, huge_page_size};
 pub use error::{Error, ReregError, ReregErrorKind, Result, Verb};
 pub use types::*;
+#[cfg(feature = "verbs")]
+pub use verbs::VerbsNic;
 
 use backend::{Backend, RawBind, RawMr, RawSendOp, RawSendWr};
-use std::sync::Arc;
+use std::ffi::c_void;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
+
+/// Implement `Debug` for a handle as a struct named after it with the listed fields.
+macro_rules! debug_fields {
+    ($ty:ident, |$s:ident| { $($name:literal: $value:expr),* $(,)? }) => {
+        impl std::fmt::Debug for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                let $s = self;
+                f.debug_struct(stringify!($ty))$(.field($name, &$value))*.finish()
+            }
+        }
+    };
+}
+
+/// Finish a handle's destroy verb in `Drop`: never panics; a failure is logged with `tracing`
+/// and the object is leaked (the device still holds it).
+fn leak_on_error(object: &'static str, handle: u64, result: Result<()>) {
+    if let Err(e) = result {
+        tracing::error!(error = %e, object, handle, "destroy failed in drop; the object is leaked");
+    }
+}
+
+/// The names of the RDMA devices present (empty when there are none, no RDMA subsystem, or the
+/// crate was built without the `verbs` feature).
+///
+/// # Examples
+/// ```
+/// for name in rdma_pool::nic::device_names() {
+///     println!("RDMA device {name}");
+/// }
+/// ```
+pub fn device_names() -> Vec<String> {
+    #[cfg(feature = "verbs")]
+    {
+        verbs::device_names()
+    }
+    #[cfg(not(feature = "verbs"))]
+    {
+        Vec::new()
+    }
+}
+
+/// Why `libmlx5.so.1` (mlx5 DEVX, needed for [`Nic::umem_reg`] on verbs devices) is unusable in
+/// this process, or `None` when it loaded with the symbols rdma-pool needs.
+///
+/// # Examples
+/// ```
+/// match rdma_pool::nic::mlx5_load_error() {
+///     None => println!("libmlx5 is available"),
+///     Some(why) => println!("no DEVX: {why}"),
+/// }
+/// ```
+pub fn mlx5_load_error() -> Option<&'static str> {
+    #[cfg(feature = "verbs")]
+    {
+        verbs::mlx5dv::load_error()
+    }
+    #[cfg(not(feature = "verbs"))]
+    {
+        Some("rdma-pool was built without the `verbs` feature")
+    }
+}
 
 /// An opened RDMA device: the soft NIC or a verbs device. Cheap to clone.
 ///
@@ -46,14 +137,7 @@ pub struct Nic {
     backend: Arc<dyn Backend>,
 }
 
-impl std::fmt::Debug for Nic {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Nic")
-            .field("name", &self.caps().name)
-            .field("kind", &self.kind())
-            .finish()
-    }
-}
+debug_fields!(Nic, |s| { "name": s.caps().name, "kind": s.kind() });
 
 impl Nic {
     /// A new software NIC with the default configuration.
@@ -134,7 +218,8 @@ impl Nic {
 
     /// The embedded default: a verbs device when one is present, else the soft NIC. The
     /// environment variable `RDMA_POOL_NIC` overrides: `soft`, `verbs` (first device, an error
-    /// if none) or a device name. Logs which NIC it picked.
+    /// if none) or a device name. The variable is read on the first call only; later calls
+    /// reuse that value. Logs which NIC it picked.
     ///
     /// # Errors
     /// Only when `RDMA_POOL_NIC` names a verbs device that cannot be opened.
@@ -145,7 +230,8 @@ impl Nic {
     /// println!("using {:?} {}", nic.kind(), nic.caps().name);
     /// ```
     pub fn open_default() -> Result<Nic> {
-        let choice = std::env::var("RDMA_POOL_NIC").unwrap_or_default();
+        static CHOICE: OnceLock<String> = OnceLock::new();
+        let choice = CHOICE.get_or_init(|| std::env::var("RDMA_POOL_NIC").unwrap_or_default());
         let nic = match choice.as_str() {
             "soft" => Nic::soft(),
             "verbs" => Nic::open_first()?,
@@ -195,9 +281,71 @@ impl Nic {
     }
 
     /// The verbs device behind this handle, if it is one.
+    ///
+    /// # Examples
+    /// ```
+    /// assert!(rdma_pool::nic::Nic::soft().as_verbs().is_none());
+    /// ```
     #[cfg(feature = "verbs")]
-    pub fn as_verbs(&self) -> Option<&verbs::VerbsNic> {
-        self.backend.as_any().downcast_ref::<verbs::VerbsNic>()
+    pub fn as_verbs(&self) -> Option<&VerbsNic> {
+        self.backend.as_any().downcast_ref::<VerbsNic>()
+    }
+
+    /// A NIC on a `struct ibv_context *` the caller opened (for instance with
+    /// `mlx5dv_open_device` and DEVX), so that the pool's regions and UMEMs live on the caller's
+    /// context. Non-owning: dropping the NIC does not close the context. On an mlx5 device the
+    /// context is assumed to have DEVX; if it has not, [`Nic::umem_reg`] fails with the verb's
+    /// errno.
+    ///
+    /// # Errors
+    /// [`Error::NoDevice`] without the `verbs` feature; `InvalidArgument` for a null `ctx`;
+    /// the failing `ibv_query_device_ex` / `ibv_query_port`.
+    ///
+    /// # Safety
+    /// `ctx` is null or an open `struct ibv_context *` that stays open until the returned `Nic`,
+    /// every clone of it and every handle made from it (PDs, regions, windows, CQs, QPs, UMEMs)
+    /// are dropped.
+    ///
+    /// # Examples
+    /// ```
+    /// use rdma_pool::nic::{Error, Nic};
+    /// // SAFETY: null is refused before anything is read.
+    /// let e = unsafe { Nic::from_raw_context(std::ptr::null_mut()) }.unwrap_err();
+    /// assert!(matches!(e, Error::InvalidArgument { verb: None, .. } | Error::NoDevice));
+    /// ```
+    pub unsafe fn from_raw_context(ctx: *mut c_void) -> Result<Nic> {
+        #[cfg(feature = "verbs")]
+        {
+            // SAFETY: forwarded from the caller.
+            let nic = unsafe { VerbsNic::attach(ctx) }?;
+            Ok(Nic {
+                backend: Arc::new(nic),
+            })
+        }
+        #[cfg(not(feature = "verbs"))]
+        {
+            let _ = ctx;
+            Err(Error::NoDevice)
+        }
+    }
+
+    /// The `struct ibv_context *` of a verbs NIC (opened or attached), for creating DEVX objects
+    /// on the same context as the pool's UMEMs; `None` on the soft NIC. It is valid while this
+    /// NIC (or a handle made from it) lives.
+    ///
+    /// # Examples
+    /// ```
+    /// assert!(rdma_pool::nic::Nic::soft().raw_context().is_none());
+    /// ```
+    pub fn raw_context(&self) -> Option<*mut c_void> {
+        #[cfg(feature = "verbs")]
+        {
+            self.as_verbs().map(VerbsNic::raw_context)
+        }
+        #[cfg(not(feature = "verbs"))]
+        {
+            None
+        }
     }
 
     /// Allocate a protection domain.
@@ -216,6 +364,7 @@ impl Nic {
             inner: Arc::new(PdInner {
                 nic: self.clone(),
                 handle,
+                owned: true,
             }),
         })
     }
@@ -302,23 +451,19 @@ pub struct Pd {
 struct PdInner {
     nic: Nic,
     handle: u64,
+    /// False for a PD adopted with [`Pd::from_raw`]: its owner deallocates it.
+    owned: bool,
 }
 
 impl Drop for PdInner {
     fn drop(&mut self) {
-        if let Err(e) = self.nic.backend.dealloc_pd(self.handle) {
-            tracing::error!(error = %e, "ibv_dealloc_pd failed in drop; the PD is leaked");
+        if self.owned {
+            leak_on_error("PD", self.handle, self.nic.backend.dealloc_pd(self.handle));
         }
     }
 }
 
-impl std::fmt::Debug for Pd {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Pd")
-            .field("handle", &self.inner.handle)
-            .finish()
-    }
-}
+debug_fields!(Pd, |s| { "handle": s.inner.handle });
 
 impl PartialEq for Pd {
     fn eq(&self, other: &Pd) -> bool {
@@ -327,6 +472,51 @@ impl PartialEq for Pd {
 }
 
 impl Pd {
+    /// A PD for a `struct ibv_pd *` the caller allocated on `nic`'s context (see
+    /// [`Nic::from_raw_context`]). Non-owning: dropping it does not deallocate the PD.
+    ///
+    /// # Errors
+    /// [`Error::NoDevice`] without the `verbs` feature; `InvalidArgument` for a null `pd`, a
+    /// soft NIC, or a PD of another context.
+    ///
+    /// # Safety
+    /// `pd` is null or a live `struct ibv_pd *` that stays allocated until the returned `Pd` and
+    /// every handle made from it are dropped.
+    ///
+    /// # Examples
+    /// ```
+    /// use rdma_pool::nic::{Error, Nic, Pd};
+    /// let nic = Nic::soft();
+    /// // SAFETY: null is refused before anything is read.
+    /// let e = unsafe { Pd::from_raw(&nic, std::ptr::null_mut()) }.unwrap_err();
+    /// assert!(matches!(e, Error::InvalidArgument { verb: None, .. } | Error::NoDevice));
+    /// ```
+    pub unsafe fn from_raw(nic: &Nic, pd: *mut c_void) -> Result<Pd> {
+        #[cfg(feature = "verbs")]
+        {
+            if pd.is_null() {
+                return Err(Error::invalid_arg("null ibv_pd"));
+            }
+            let verbs = nic
+                .as_verbs()
+                .ok_or_else(|| Error::invalid_arg("Pd::from_raw needs a verbs NIC"))?;
+            // SAFETY: forwarded from the caller.
+            let handle = unsafe { verbs.adopt_pd(pd) }?;
+            Ok(Pd {
+                inner: Arc::new(PdInner {
+                    nic: nic.clone(),
+                    handle,
+                    owned: false,
+                }),
+            })
+        }
+        #[cfg(not(feature = "verbs"))]
+        {
+            let _ = (nic, pd);
+            Err(Error::NoDevice)
+        }
+    }
+
     /// The NIC this PD belongs to.
     pub fn nic(&self) -> &Nic {
         &self.inner.nic
@@ -392,10 +582,10 @@ impl Pd {
     /// ```
     pub unsafe fn reg_mr_implicit_odp(&self, access: Access) -> Result<Mr> {
         if !self.nic().caps().odp.implicit {
-            return Err(Error::Unsupported {
-                verb: Verb::RegMr,
-                detail: "implicit ODP is not supported by this device".into(),
-            });
+            return Err(Error::unsupported(
+                Verb::RegMr,
+                "implicit ODP is not supported by this device",
+            ));
         }
         // SAFETY: forwarded from the caller.
         unsafe {
@@ -407,10 +597,10 @@ impl Pd {
         check_mr_access(Verb::RegMr, access)?;
         let caps = self.nic().caps();
         if access.contains(Access::ON_DEMAND) && !caps.odp.explicit {
-            return Err(Error::Unsupported {
-                verb: Verb::RegMr,
-                detail: "on-demand paging is not supported by this device".into(),
-            });
+            return Err(Error::unsupported(
+                Verb::RegMr,
+                "on-demand paging is not supported by this device",
+            ));
         }
         if len != usize::MAX && len as u64 > caps.max_mr_size {
             return Err(Error::Limit {
@@ -479,15 +669,12 @@ impl Pd {
     /// ```
     pub fn alloc_mw(&self, ty: MwType) -> Result<Mw> {
         let caps = self.nic().caps();
-        let supported = match ty {
-            MwType::Type1 => caps.mw_type1,
-            MwType::Type2 => caps.mw_type2,
+        let (supported, missing) = match ty {
+            MwType::Type1 => (caps.mw_type1, "type 1 memory windows are not supported"),
+            MwType::Type2 => (caps.mw_type2, "type 2 memory windows are not supported"),
         };
         if !supported {
-            return Err(Error::Unsupported {
-                verb: Verb::AllocMw,
-                detail: format!("memory windows of {ty:?} are not supported by this device"),
-            });
+            return Err(Error::unsupported(Verb::AllocMw, missing));
         }
         let (handle, rkey) = self.backend().alloc_mw(self.inner.handle, ty)?;
         Ok(Mw {
@@ -612,24 +799,18 @@ impl MrInner {
 
 impl Drop for MrInner {
     fn drop(&mut self) {
-        if let Err(e) = self.dereg() {
-            tracing::error!(error = %e, lkey = %self.raw.lkey, "ibv_dereg_mr failed in drop; the MR is leaked");
-        }
+        leak_on_error("MR", self.raw.handle, self.dereg());
     }
 }
 
-impl std::fmt::Debug for Mr {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Mr")
-            .field("addr", &format_args!("{:#x}", self.inner.raw.addr))
-            .field("len", &self.inner.raw.len)
-            .field("lkey", &self.inner.raw.lkey)
-            .field("rkey", &self.inner.raw.rkey)
-            .field("access", &self.inner.access)
-            .field("poisoned", &self.inner.poisoned)
-            .finish()
-    }
-}
+debug_fields!(Mr, |s| {
+    "addr": format_args!("{:#x}", s.inner.raw.addr),
+    "len": s.inner.raw.len,
+    "lkey": s.inner.raw.lkey,
+    "rkey": s.inner.raw.rkey,
+    "access": s.inner.access,
+    "poisoned": s.inner.poisoned,
+});
 
 /// A failed [`Mr::dereg`]: the region, still registered, and why.
 #[derive(Debug, thiserror::Error)]
@@ -687,8 +868,8 @@ impl Mr {
     /// A scatter/gather entry for `[addr() + offset, addr() + offset + len)`.
     ///
     /// # Errors
-    /// `InvalidArgument` when the range leaves the region, `len` exceeds `u32::MAX`, or the
-    /// region is poisoned.
+    /// `InvalidArgument` (with no verb: nothing is posted here) when the range leaves the
+    /// region, `len` exceeds `u32::MAX`, or the region is poisoned.
     ///
     /// # Examples
     /// ```
@@ -699,18 +880,18 @@ impl Mr {
     /// # let mr = unsafe { pd.reg_mr(buf.as_mut_ptr(), 64, Access::LOCAL_WRITE) }.unwrap();
     /// let sge = mr.sge(8, 16).unwrap();
     /// assert_eq!(sge.addr, mr.addr() as u64 + 8);
-    /// assert!(mr.sge(60, 16).is_err());
+    /// assert!(matches!(
+    ///     mr.sge(60, 16),
+    ///     Err(rdma_pool::nic::Error::InvalidArgument { verb: None, .. })
+    /// ));
     /// ```
     pub fn sge(&self, offset: usize, len: usize) -> Result<Sge> {
         if self.inner.poisoned {
-            return Err(Error::invalid(
-                Verb::PostSend,
-                "region is poisoned by a failed rereg",
-            ));
+            return Err(Error::invalid_arg("region is poisoned by a failed rereg"));
         }
         let end = offset.checked_add(len);
         if end.is_none_or(|e| e > self.len()) || len > u32::MAX as usize {
-            return Err(Error::invalid(Verb::PostSend, "range outside the region"));
+            return Err(Error::invalid_arg("range outside the region"));
         }
         Ok(Sge {
             addr: (self.addr() + offset) as u64,
@@ -768,26 +949,33 @@ impl Mr {
         {
             return input(libc::EINVAL);
         }
-        let new_pd = match (flags.contains(ReregFlags::CHANGE_PD), pd) {
-            (true, Some(pd)) if pd.nic().same_device(self.inner.pd.nic()) => pd.clone(),
-            (true, _) => return input(libc::EINVAL),
-            (false, _) => self.inner.pd.clone(),
-        };
+        if flags.contains(ReregFlags::CHANGE_PD)
+            && !pd.is_some_and(|pd| pd.nic().same_device(self.inner.pd.nic()))
+        {
+            return input(libc::EINVAL);
+        }
+        let cur = &self.inner;
+        let new = flags.resolve(
+            MrAttrs {
+                pd: &cur.pd,
+                addr: cur.raw.addr,
+                len: cur.raw.len,
+                access: cur.access,
+            },
+            MrAttrs {
+                pd: pd.unwrap_or(&cur.pd),
+                addr: addr as usize,
+                len,
+                access,
+            },
+        );
+        let (new_pd, new_addr, new_len, new_access) =
+            (new.pd.clone(), new.addr, new.len, new.access);
         let Some(inner) = Arc::get_mut(&mut self.inner) else {
             // Windows bound to the region hold it; the pool never re-registers under them.
             return input(libc::EBUSY);
         };
         let backend = &*new_pd.inner.nic.backend;
-        let (new_addr, new_len) = if flags.contains(ReregFlags::CHANGE_TRANSLATION) {
-            (addr as usize, len)
-        } else {
-            (inner.raw.addr, inner.raw.len)
-        };
-        let new_access = if flags.contains(ReregFlags::CHANGE_ACCESS) {
-            access
-        } else {
-            inner.access
-        };
         match backend.rereg_mr(
             inner.raw.handle,
             flags,
@@ -859,14 +1047,7 @@ struct MwState {
     _qp: Option<Arc<QpInner>>,
 }
 
-impl std::fmt::Debug for Mw {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Mw")
-            .field("type", &self.ty)
-            .field("rkey", &self.cur.rkey)
-            .finish()
-    }
-}
+debug_fields!(Mw, |s| { "type": s.ty, "rkey": s.cur.rkey });
 
 impl Mw {
     /// The window's type.
@@ -957,9 +1138,7 @@ impl Mw {
 
 impl Drop for Mw {
     fn drop(&mut self) {
-        if let Err(e) = self.pd.backend().dealloc_mw(self.handle) {
-            tracing::error!(error = %e, "ibv_dealloc_mw failed in drop; the window is leaked");
-        }
+        leak_on_error("MW", self.handle, self.pd.backend().dealloc_mw(self.handle));
         // The bound QP and MR (fields) are released after the window: type 2 windows must be
         // deallocated before their QP is destroyed (rxe stalls otherwise).
     }
@@ -978,19 +1157,11 @@ struct CqInner {
 
 impl Drop for CqInner {
     fn drop(&mut self) {
-        if let Err(e) = self.nic.backend.destroy_cq(self.handle) {
-            tracing::error!(error = %e, "ibv_destroy_cq failed in drop; the CQ is leaked");
-        }
+        leak_on_error("CQ", self.handle, self.nic.backend.destroy_cq(self.handle));
     }
 }
 
-impl std::fmt::Debug for Cq {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Cq")
-            .field("handle", &self.inner.handle)
-            .finish()
-    }
-}
+debug_fields!(Cq, |s| { "handle": s.inner.handle });
 
 impl Cq {
     /// Poll up to `out.len()` completions; returns how many were written.
@@ -1092,17 +1263,11 @@ struct QpInner {
 
 impl Drop for QpInner {
     fn drop(&mut self) {
-        if let Err(e) = self.pd.backend().destroy_qp(self.handle) {
-            tracing::error!(error = %e, "ibv_destroy_qp failed in drop; the QP is leaked");
-        }
+        leak_on_error("QP", self.handle, self.pd.backend().destroy_qp(self.handle));
     }
 }
 
-impl std::fmt::Debug for Qp {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Qp").field("qpn", &self.inner.qpn).finish()
-    }
-}
+debug_fields!(Qp, |s| { "qpn": s.inner.qpn });
 
 impl Qp {
     /// The QP number.
@@ -1339,14 +1504,7 @@ pub struct Umem {
     len: usize,
 }
 
-impl std::fmt::Debug for Umem {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Umem")
-            .field("id", &self.id)
-            .field("len", &self.len)
-            .finish()
-    }
-}
+debug_fields!(Umem, |s| { "id": s.id, "len": s.len });
 
 impl Umem {
     /// The UMEM id the device assigned.
@@ -1373,8 +1531,10 @@ impl Umem {
 
 impl Drop for Umem {
     fn drop(&mut self) {
-        if let Err(e) = self.nic.backend.umem_dereg(self.handle) {
-            tracing::error!(error = %e, "mlx5dv_devx_umem_dereg failed in drop; the UMEM is leaked");
-        }
+        leak_on_error(
+            "UMEM",
+            self.handle,
+            self.nic.backend.umem_dereg(self.handle),
+        );
     }
 }

@@ -7,6 +7,10 @@
 //!
 //! Invariant: `key.variant() == key.0 & 0xff` and `key.index() == key.0 >> 8` for every key;
 //! a new binding or registration of the same index changes the variant.
+//!
+//! Crate-private here: [`RawMr`], a region as a backend reports it (held by `ReregError`, so it
+//! lives with the plain data rather than with the backend trait), and [`MrAttrs`] with
+//! [`ReregFlags::resolve`], the one place that says which attributes a re-registration changes.
 
 use bitflags::bitflags;
 
@@ -121,6 +125,54 @@ bitflags! {
         const CHANGE_PD = 1 << 1;
         /// `IBV_REREG_MR_CHANGE_ACCESS`: new access flags.
         const CHANGE_ACCESS = 1 << 2;
+    }
+}
+
+/// A registered region as the backend reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RawMr {
+    pub(crate) handle: u64,
+    pub(crate) lkey: Lkey,
+    pub(crate) rkey: Rkey,
+    pub(crate) addr: usize,
+    pub(crate) len: usize,
+}
+
+/// The attributes of a region that `ibv_rereg_mr` can change. `P` names the protection domain:
+/// a backend handle (`u64`) in the backends, a `Pd` in the public layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct MrAttrs<P = u64> {
+    pub(crate) pd: P,
+    pub(crate) addr: usize,
+    pub(crate) len: usize,
+    pub(crate) access: Access,
+}
+
+impl ReregFlags {
+    /// What a region re-registered with these flags gets: `requested`'s PD with
+    /// `CHANGE_PD`, its address and length with `CHANGE_TRANSLATION`, its access with
+    /// `CHANGE_ACCESS`, and `old`'s value for every attribute whose flag is clear. Unknown
+    /// flag bits are ignored (the public layer refuses them).
+    ///
+    /// With `old = MrAttrs::default()` (null PD, address, length and access) the result is what
+    /// the C verb is passed: each argument only with its flag, as libibverbs requires.
+    pub(crate) fn resolve<P>(self, old: MrAttrs<P>, requested: MrAttrs<P>) -> MrAttrs<P> {
+        let translation = self.contains(ReregFlags::CHANGE_TRANSLATION);
+        let pick = |change: bool, new, old| if change { new } else { old };
+        MrAttrs {
+            pd: if self.contains(ReregFlags::CHANGE_PD) {
+                requested.pd
+            } else {
+                old.pd
+            },
+            addr: pick(translation, requested.addr, old.addr),
+            len: pick(translation, requested.len, old.len),
+            access: if self.contains(ReregFlags::CHANGE_ACCESS) {
+                requested.access
+            } else {
+                old.access
+            },
+        }
     }
 }
 
@@ -384,4 +436,46 @@ pub struct Endpoint {
     pub lid: u16,
     /// Initial packet sequence number.
     pub psn: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rereg_takes_each_requested_attribute_only_with_its_flag() {
+        let old = MrAttrs {
+            pd: 1u64,
+            addr: 0x1000,
+            len: 4096,
+            access: Access::LOCAL_WRITE,
+        };
+        let new = MrAttrs {
+            pd: 2u64,
+            addr: 0x8000,
+            len: 8192,
+            access: Access::LOCAL_WRITE | Access::REMOTE_READ,
+        };
+        let f = ReregFlags::CHANGE_TRANSLATION;
+        assert_eq!(
+            f.resolve(old, new),
+            MrAttrs {
+                addr: 0x8000,
+                len: 8192,
+                ..old
+            }
+        );
+        let f = ReregFlags::CHANGE_PD;
+        assert_eq!(f.resolve(old, new), MrAttrs { pd: 2, ..old });
+        let f = ReregFlags::CHANGE_ACCESS;
+        assert_eq!(
+            f.resolve(old, new),
+            MrAttrs {
+                access: new.access,
+                ..old
+            }
+        );
+        assert_eq!(ReregFlags::all().resolve(old, new), new);
+        assert_eq!(ReregFlags::empty().resolve(old, new), old);
+    }
 }

@@ -13,6 +13,8 @@
 //!   in through `DevxState`.
 //! - A UMEM handle is the `struct mlx5dv_devx_umem *` cast to `u64`; it is passed to
 //!   `umem_dereg` exactly once.
+//! - This binding depends only on `crate::nic::{error, types}` and rdma-sys, never on its parent
+//!   `verbs` module, which calls into it.
 //!
 //! The C declarations mirrored here (rdma-core `mlx5dv.h`, stable since rdma-core 31):
 //! ```c
@@ -32,10 +34,10 @@
 //! int mlx5dv_devx_umem_dereg(struct mlx5dv_devx_umem *umem);
 //! ```
 
-use super::error::{Error, Result, Verb};
-use super::types::Access;
+use crate::nic::error::{Error, Result, Verb, last_os_error};
+use crate::nic::types::Access;
 use rdma_sys::{ibv_context, ibv_device};
-use std::ffi::{CStr, c_char, c_int, c_void};
+use std::ffi::{CStr, c_int, c_void};
 use std::sync::OnceLock;
 
 /// The shared object that carries the mlx5 provider and its direct-verbs API.
@@ -161,14 +163,8 @@ fn lib() -> Result<&'static Lib, &'static str> {
 
 /// Why `libmlx5.so.1` is unusable, or `None` when it loaded with the symbols we need.
 ///
-/// # Examples
-/// ```
-/// match rdma_pool::nic::mlx5dv::load_error() {
-///     None => println!("libmlx5 is available"),
-///     Some(why) => println!("no DEVX: {why}"),
-/// }
-/// ```
-pub fn load_error() -> Option<&'static str> {
+/// Public as [`crate::nic::mlx5_load_error`].
+pub(crate) fn load_error() -> Option<&'static str> {
     lib().err()
 }
 
@@ -178,13 +174,7 @@ pub fn load_error() -> Option<&'static str> {
 /// # Safety
 /// `device` is null or an `ibv_device` from `ibv_get_device_list` whose list has not been freed,
 /// or the device of an open context.
-///
-/// # Examples
-/// ```
-/// // SAFETY: null is always accepted.
-/// assert!(!unsafe { rdma_pool::nic::mlx5dv::is_supported(std::ptr::null_mut()) });
-/// ```
-pub unsafe fn is_supported(device: *mut ibv_device) -> bool {
+pub(crate) unsafe fn is_supported(device: *mut ibv_device) -> bool {
     if device.is_null() {
         return false;
     }
@@ -207,13 +197,6 @@ pub(crate) enum DevxState {
     Enabled,
 }
 
-fn unsupported(verb: Verb, detail: impl Into<String>) -> Error {
-    Error::Unsupported {
-        verb,
-        detail: detail.into(),
-    }
-}
-
 /// Open `device` with `mlx5dv_open_device(MLX5DV_CONTEXT_FLAGS_DEVX)`.
 ///
 /// # Errors
@@ -224,10 +207,10 @@ fn unsupported(verb: Verb, detail: impl Into<String>) -> Error {
 /// `device` is a valid `ibv_device` (see [`is_supported`]); the returned context must be closed
 /// with `ibv_close_device`.
 pub(crate) unsafe fn open_devx(device: *mut ibv_device) -> Result<*mut ibv_context> {
-    let lib = lib().map_err(|e| unsupported(Verb::OpenDevice, e))?;
+    let lib = lib().map_err(|e| Error::unsupported(Verb::OpenDevice, e))?;
     let open = lib
         .open_device
-        .ok_or_else(|| unsupported(Verb::OpenDevice, "libmlx5 has no mlx5dv_open_device"))?;
+        .ok_or_else(|| Error::unsupported(Verb::OpenDevice, "libmlx5 has no mlx5dv_open_device"))?;
     let mut attr = Mlx5dvContextAttr {
         flags: MLX5DV_CONTEXT_FLAGS_DEVX,
         comp_mask: 0,
@@ -235,10 +218,7 @@ pub(crate) unsafe fn open_devx(device: *mut ibv_device) -> Result<*mut ibv_conte
     // SAFETY: `device` is valid (caller); `attr` lives across the call.
     let ctx = unsafe { open(device, &mut attr) };
     if ctx.is_null() {
-        return Err(Error::from_io(
-            Verb::OpenDevice,
-            super::verbs::last_os_error(),
-        ));
+        return Err(Error::from_io(Verb::OpenDevice, last_os_error()));
     }
     Ok(ctx)
 }
@@ -267,9 +247,14 @@ pub(crate) unsafe fn umem_reg(
     pgsz_bitmap: u64,
 ) -> Result<(u64, u32)> {
     match state {
-        DevxState::NotMlx5 => return Err(unsupported(Verb::UmemReg, "DEVX needs an mlx5 device")),
+        DevxState::NotMlx5 => {
+            return Err(Error::unsupported(
+                Verb::UmemReg,
+                "DEVX needs an mlx5 device",
+            ));
+        }
         DevxState::NoDevxContext => {
-            return Err(unsupported(
+            return Err(Error::unsupported(
                 Verb::UmemReg,
                 "DEVX needs an mlx5 device context opened with MLX5DV_CONTEXT_FLAGS_DEVX, \
                  and mlx5dv_open_device refused it",
@@ -277,7 +262,7 @@ pub(crate) unsafe fn umem_reg(
         }
         DevxState::Enabled => {}
     }
-    let lib = lib().map_err(|e| unsupported(Verb::UmemReg, e))?;
+    let lib = lib().map_err(|e| Error::unsupported(Verb::UmemReg, e))?;
     let umem = if let Some(reg_ex) = lib.umem_reg_ex {
         let mut input = Mlx5dvDevxUmemIn {
             addr: addr as *mut c_void,
@@ -292,7 +277,7 @@ pub(crate) unsafe fn umem_reg(
         unsafe { reg_ex(ctx, &mut input) }
     } else if let Some(reg) = lib.umem_reg {
         if pgsz_bitmap & LEGACY_PGSZ_BITMAP != LEGACY_PGSZ_BITMAP {
-            return Err(unsupported(
+            return Err(Error::unsupported(
                 Verb::UmemReg,
                 "libmlx5 lacks mlx5dv_devx_umem_reg_ex (rdma-core < 31); the legacy \
                  mlx5dv_devx_umem_reg cannot honour a restricted page-size bitmap",
@@ -301,13 +286,13 @@ pub(crate) unsafe fn umem_reg(
         // SAFETY: as above.
         unsafe { reg(ctx, addr as *mut c_void, len, access.bits()) }
     } else {
-        return Err(unsupported(
+        return Err(Error::unsupported(
             Verb::UmemReg,
             "libmlx5 has no mlx5dv_devx_umem_reg(_ex)",
         ));
     };
     if umem.is_null() {
-        return Err(Error::from_io(Verb::UmemReg, super::verbs::last_os_error()));
+        return Err(Error::from_io(Verb::UmemReg, last_os_error()));
     }
     // SAFETY: non-null results point at the library's `struct mlx5dv_devx_umem`.
     let id = unsafe { (*umem).umem_id };
@@ -322,30 +307,17 @@ pub(crate) unsafe fn umem_reg(
 /// # Safety
 /// `handle` came from [`umem_reg`] and is passed here once.
 pub(crate) unsafe fn umem_dereg(handle: u64) -> Result<()> {
-    let lib = lib().map_err(|e| unsupported(Verb::UmemDereg, e))?;
-    let dereg = lib
-        .umem_dereg
-        .ok_or_else(|| unsupported(Verb::UmemDereg, "libmlx5 has no mlx5dv_devx_umem_dereg"))?;
+    let lib = lib().map_err(|e| Error::unsupported(Verb::UmemDereg, e))?;
+    let dereg = lib.umem_dereg.ok_or_else(|| {
+        Error::unsupported(Verb::UmemDereg, "libmlx5 has no mlx5dv_devx_umem_dereg")
+    })?;
     // SAFETY: `handle` is a live `struct mlx5dv_devx_umem *` (caller).
     let rc = unsafe { dereg(handle as *mut Mlx5dvDevxUmem) };
     match rc {
         0 => Ok(()),
         rc if rc > 0 => Err(Error::from_errno(Verb::UmemDereg, rc)),
-        _ => Err(Error::from_io(
-            Verb::UmemDereg,
-            super::verbs::last_os_error(),
-        )),
+        _ => Err(Error::from_io(Verb::UmemDereg, last_os_error())),
     }
-}
-
-/// A `c_char` buffer as a `String` (up to the first NUL).
-pub(crate) fn c_chars_to_string(buf: &[c_char]) -> String {
-    let bytes: Vec<u8> = buf
-        .iter()
-        .take_while(|&&c| c != 0)
-        .map(|&c| c as u8)
-        .collect();
-    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 #[cfg(test)]
@@ -416,13 +388,5 @@ mod tests {
         assert_eq!(std::mem::offset_of!(Mlx5dvDevxUmemIn, comp_mask), 32);
         assert_eq!(std::mem::offset_of!(Mlx5dvDevxUmemIn, dmabuf_fd), 40);
         assert_eq!(std::mem::offset_of!(Mlx5dvContextAttr, comp_mask), 8);
-    }
-
-    #[test]
-    fn c_chars_stop_at_nul() {
-        let buf: Vec<c_char> = b"rxe0\0junk".iter().map(|&b| b as c_char).collect();
-        assert_eq!(c_chars_to_string(&buf), "rxe0");
-        let full: Vec<c_char> = b"mlx5_0".iter().map(|&b| b as c_char).collect();
-        assert_eq!(c_chars_to_string(&full), "mlx5_0");
     }
 }
