@@ -475,9 +475,17 @@ fn rereg_access_and_pd_keep_keys_or_take_the_fallback() {
     let _g = serial();
     let bed = bed();
     let pd2 = bed.b.nic.alloc_pd().unwrap();
-    for (flags, pd, access) in [
-        (ReregFlags::CHANGE_ACCESS, None, RW | Access::MW_BIND),
-        (ReregFlags::CHANGE_PD, Some(&pd2), Access::empty()),
+    // (flags, new PD, new access, whether the soft NIC's default, the mlx5 model, keeps keys):
+    // an access change UMR can do in place keeps them, adding MW_BIND builds a new mkey.
+    for (flags, pd, access, keeps) in [
+        (
+            ReregFlags::CHANGE_ACCESS,
+            None,
+            Access::LOCAL_WRITE | Access::REMOTE_READ,
+            true,
+        ),
+        (ReregFlags::CHANGE_ACCESS, None, RW | Access::MW_BIND, false),
+        (ReregFlags::CHANGE_PD, Some(&pd2), Access::empty(), true),
     ] {
         let mut a = buf(4096, 0);
         let mut mr = bed.b.reg(&mut a, RW).unwrap();
@@ -493,7 +501,11 @@ fn rereg_access_and_pd_keep_keys_or_take_the_fallback() {
             );
         } else {
             r.unwrap_or_else(|e| panic!("{flags:?}: {e}"));
-            assert_eq!((mr.lkey(), mr.rkey()), keys, "{flags:?}");
+            assert_eq!(
+                (mr.lkey(), mr.rkey()) == keys,
+                keeps,
+                "{flags:?} {access:?}"
+            );
             assert_eq!(mr.access(), if access.is_empty() { RW } else { access });
             assert_eq!(mr.pd(), pd.unwrap_or(&bed.b.pd));
         }
@@ -1218,4 +1230,36 @@ fn advise_mr_takes_more_entries_than_max_sge() {
         .pd
         .advise_mr(Advice::Prefetch, AdviseFlags::FLUSH, &too_many[1..])
         .unwrap();
+}
+
+// --- Rule: a window covers at most 2 GiB (mlx5's KLMs) ----------------------------------------
+
+#[test]
+fn a_window_above_2_gib_is_refused_or_taken() {
+    let _g = serial();
+    let bed = bed();
+    if !bed.b.nic.caps().odp.explicit {
+        return;
+    }
+    let len = (1usize << 31) + 4096;
+    // An ODP region over reserved, never-touched memory (nothing is pinned or faulted).
+    let mut reserve = memmap2::MmapOptions::new().len(len).map_anon().unwrap();
+    // SAFETY: `reserve` outlives the region.
+    let mr = unsafe {
+        bed.b.pd.reg_mr(
+            reserve.as_mut_ptr(),
+            len,
+            RW | Access::MW_BIND | Access::ON_DEMAND,
+        )
+    }
+    .unwrap();
+    let mut mw = bed.b.pd.alloc_mw(MwType::Type1).unwrap();
+    let r = bed.qb.bind_mw(1, &mut mw, &mr, 0, len, Access::REMOTE_READ);
+    if quirk(&bed, Quirk::LongWindowsAccepted) {
+        r.unwrap();
+        assert_eq!(bed.b.wait().status, WcStatus::Success);
+    } else {
+        assert!(r.unwrap_err().is_unsupported());
+        assert!(bed.b.cq.poll_one().unwrap().is_none(), "nothing was posted");
+    }
 }

@@ -164,6 +164,10 @@ pub(super) struct MrObj {
     pub(super) pinned: u64,
     /// The pages a pinned region holds (`None` for ODP).
     pub(super) pins: Option<PinnedPages>,
+    /// mlx5 model: the descriptors of the mkey-cache entry the region came from.
+    pub(super) cache_ndescs: Option<u64>,
+    /// mlx5 model: the mkey is revoked while a re-registration updates it.
+    pub(super) revoked: bool,
 }
 
 impl MrObj {
@@ -232,6 +236,8 @@ pub(super) enum KeyFault {
     NoRight,
     /// The region was poisoned by a failed re-registration.
     Poisoned,
+    /// The region's mkey is revoked while a re-registration updates it (mlx5 model).
+    Revoked,
     /// An ODP page could not be faulted in (the process cannot access it).
     PageFault,
     /// The DMA copy failed (an ODP page went away between fault-in and copy).
@@ -411,6 +417,9 @@ fn check_and_access_inner(
             if !mr.usable {
                 return Err(KeyFault::Poisoned);
             }
+            if mr.revoked {
+                return Err(KeyFault::Revoked);
+            }
             if !mr.access.contains(need) {
                 return Err(KeyFault::NoRight);
             }
@@ -457,6 +466,9 @@ fn check_and_access_inner(
             };
             if !mr.usable {
                 return Err(KeyFault::Poisoned);
+            }
+            if mr.revoked {
+                return Err(KeyFault::Revoked);
             }
             access_mr(mr, sink, addr as usize, len as usize, write, dma)
         }

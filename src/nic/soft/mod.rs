@@ -37,6 +37,7 @@ mod keys;
 pub(crate) mod mem;
 mod pin;
 mod qp;
+mod rereg;
 
 use super::backend::{Backend, RawBind, RawMr, RawSendWr};
 use super::error::{Error, ReregError, ReregErrorKind, Result, Verb};
@@ -49,15 +50,24 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-/// What `rereg_mr` does on a soft device.
+/// What `rereg_mr` does on a soft device: which real device it stands for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ReregMode {
-    /// Update in place and keep the keys (as mlx5 does for translation changes).
+    /// As mlx5 (`mlx5_ib_rereg_user_mr`, 6.x mkey cache): PD and in-place access changes keep
+    /// the keys; a translation change keeps them only for a pinned region whose mkey came
+    /// from the cache and whose new translation fits the cache entry, and then the mkey is
+    /// revoked while it is updated ([`SoftConfig::umr_revoke_time`]); every other change
+    /// (ODP translation, `MW_BIND`/`ON_DEMAND` toggled, a region outgrowing its entry) gets
+    /// new keys. The default: callers must handle both outcomes, as on mlx5.
     #[default]
+    Mlx5,
+    /// Every change in place, keys always kept, no revoke window. No real provider promises
+    /// this; it is the best case, for tests of the path that relies on kept keys.
     KeepKeys,
-    /// Succeed, but hand out new key variants (the old keys stop working).
+    /// Every change hands out new keys (the old ones stop working): a device that rebuilds
+    /// the region each time, the worst case short of refusing.
     ChangeKeys,
-    /// Refuse with `ERR_CMD` / `EOPNOTSUPP`, as kernel rxe does.
+    /// Refuse with `ERR_CMD` / `EOPNOTSUPP`, as kernel rxe does (it has no `rereg_mr`).
     Unsupported,
 }
 
@@ -104,13 +114,17 @@ pub struct SoftConfig {
     pub memlock: MemlockLimit,
     /// Simulated cost of one ODP page fault taken by the NIC.
     pub fault_cost: Duration,
+    /// How long a re-registration that keeps the keys of a pinned region keeps its mkey revoked
+    /// ([`ReregMode::Mlx5`]); traffic on its keys fails meanwhile. Zero: the update is
+    /// instantaneous (but still never seen half-done).
+    pub umr_revoke_time: Duration,
 }
 
 impl Default for SoftConfig {
     fn default() -> Self {
         SoftConfig {
             name: None,
-            rereg: ReregMode::KeepKeys,
+            rereg: ReregMode::Mlx5,
             odp: true,
             implicit_odp: true,
             advise_mr: true,
@@ -123,6 +137,7 @@ impl Default for SoftConfig {
             max_sge: 32,
             memlock: MemlockLimit::Rlimit,
             fault_cost: Duration::ZERO,
+            umr_revoke_time: Duration::ZERO,
         }
     }
 }
@@ -612,6 +627,10 @@ impl Device {
             usable: true,
             pinned,
             pins,
+            cache_ndescs: (self.config.rereg == ReregMode::Mlx5)
+                .then(|| rereg::mlx5_cache_entry(addr, len, odp))
+                .flatten(),
+            revoked: false,
         })
     }
 
@@ -757,81 +776,7 @@ impl Backend for SoftNic {
         len: usize,
         access: Access,
     ) -> Result<RawMr, ReregError> {
-        let dev = &self.dev;
-        let index = mr as u32;
-        let cmd = |errno| ReregError::new(ReregErrorKind::Cmd, errno);
-        let mut slot = dev.keys.write(index);
-        let variant = slot.variant;
-        let Some(KeyObj::Mr(old)) = slot.obj.as_mut() else {
-            return Err(ReregError::new(ReregErrorKind::Input, libc::EINVAL));
-        };
-        if old.num_mw.load(Ordering::Acquire) > 0 {
-            return Err(ReregError::new(ReregErrorKind::Input, libc::EBUSY));
-        }
-        if let Some((errno, kind)) = dev.injected(Verb::ReregMr) {
-            if !kind.mr_usable() {
-                old.usable = false;
-            }
-            return Err(ReregError::new(kind, errno));
-        }
-        if dev.config.rereg == ReregMode::Unsupported {
-            // rdma-core's rxe has no rereg_mr: libibverbs reports ERR_CMD with EOPNOTSUPP, after
-            // which ibv_rereg_mr(3) says the MR must not be used.
-            old.usable = false;
-            return Err(cmd(libc::EOPNOTSUPP));
-        }
-        if flags.contains(ReregFlags::CHANGE_PD) && !dev.pd_exists(pd) {
-            old.usable = false;
-            return Err(cmd(libc::EINVAL));
-        }
-        let new_pd = if flags.contains(ReregFlags::CHANGE_PD) {
-            pd
-        } else {
-            old.pd
-        };
-        let (new_addr, new_len) = if flags.contains(ReregFlags::CHANGE_TRANSLATION) {
-            (addr, len)
-        } else {
-            (old.addr, old.len)
-        };
-        let new_access = if flags.contains(ReregFlags::CHANGE_ACCESS) {
-            access
-        } else {
-            old.access
-        };
-        // Release the old pin before charging the new one (the kernel re-pins in place).
-        dev.unpin(old.pinned);
-        let old_pinned = old.pinned;
-        old.pinned = 0;
-        match dev.make_mr(new_pd, new_addr, new_len, new_access) {
-            Ok(new) => {
-                let old_pd = old.pd;
-                *old = new;
-                if old_pd != new_pd {
-                    dev.pd_ref(old_pd, -1);
-                    dev.pd_ref(new_pd, 1);
-                }
-            }
-            Err(errno) => {
-                // The command failed half-way: the region keeps no valid translation.
-                let _ = old_pinned;
-                old.usable = false;
-                return Err(cmd(errno));
-            }
-        }
-        if dev.config.rereg == ReregMode::ChangeKeys {
-            slot.variant = slot.variant.wrapping_add(1);
-        }
-        let key = index << 8 | slot.variant as u32;
-        debug_assert!(dev.config.rereg == ReregMode::ChangeKeys || slot.variant == variant);
-        bump(&dev.counters.reregs, 1);
-        Ok(RawMr {
-            handle: mr,
-            lkey: Lkey(key),
-            rkey: Rkey(key),
-            addr: new_addr,
-            len: new_len,
-        })
+        rereg::rereg(&self.dev, mr, flags, pd, addr, len, access)
     }
 
     fn dereg_mr(&self, mr: u64) -> Result<()> {

@@ -43,6 +43,7 @@
 //! with missing ops reported as `EOPNOTSUPP`; `IBV_ADVISE_MR_FLAG_FLUSH` and
 //! `IBV_LINK_LAYER_ETHERNET` are not generated, so they are defined here and there.
 
+mod census;
 mod device;
 mod inlines;
 pub(crate) mod mlx5dv;
@@ -60,6 +61,7 @@ use super::types::{
     Access, Advice, AdviseFlags, Caps, Completion, Endpoint, Lkey, MrAttrs, MwType, NicKind,
     QpCaps, QpState, ReregFlags, Rkey, Sge,
 };
+use census::{Census, Kind};
 use device::{Context, mtu_bytes};
 use inlines::{
     advise_mr_raw, bind_mw_raw, poll_cq_raw, post_recv_raw, post_send_raw, query_port,
@@ -139,6 +141,8 @@ pub struct VerbsNic {
     devx: DevxState,
     /// Refuses ODP data rxe would corrupt (inactive on other devices).
     rxe_odp: RxeOdpGuard,
+    /// Live regions and windows, to report their limits as `Error::Limit`.
+    census: Census,
 }
 
 // SAFETY: libibverbs and its providers are thread-safe: every verb may be called from any
@@ -192,6 +196,7 @@ impl VerbsNic {
             caps,
             devx,
             rxe_odp,
+            census: Census::default(),
         };
         tracing::debug!(?nic, "verbs device ready");
         nic
@@ -304,7 +309,7 @@ impl Backend for VerbsNic {
         let odp = access.contains(Access::ON_DEMAND);
         let access = c_int::try_from(access.bits())
             .map_err(|_| Error::invalid(Verb::RegMr, "access flags out of range"))?;
-        self.rxe_odp.track_reg(&self.caps.name, odp, || {
+        let r = self.rxe_odp.track_reg(&self.caps.name, odp, || {
             // SAFETY: `pd` is live; the range's validity is the public layer's contract (for
             // implicit ODP, NULL and SIZE_MAX are what the verb expects).
             let mr = unsafe { ffi::ibv_reg_mr(pd, addr as *mut c_void, len, access) };
@@ -313,7 +318,8 @@ impl Backend for VerbsNic {
             }
             // SAFETY: `mr` was just registered.
             Ok(unsafe { raw_mr(mr) })
-        })
+        });
+        self.census.created(Kind::Mr, self.caps.max_mr, r)
     }
 
     fn rereg_mr(
@@ -368,10 +374,11 @@ impl Backend for VerbsNic {
         let mr = obj::<ffi::ibv_mr>(Verb::DeregMr, mr)?;
         // SAFETY: `mr` is live.
         let lkey = unsafe { (*mr).lkey };
-        self.rxe_odp.track_dereg(lkey, || {
+        let r = self.rxe_odp.track_dereg(lkey, || {
             // SAFETY: `mr` is live; on failure it stays registered and the public layer keeps it.
             check_rc(Verb::DeregMr, unsafe { ffi::ibv_dereg_mr(mr) })
-        })
+        });
+        self.census.released(Kind::Mr, r)
     }
 
     fn advise_mr(&self, pd: u64, advice: Advice, flags: AdviseFlags, sges: &[Sge]) -> Result<()> {
@@ -400,11 +407,13 @@ impl Backend for VerbsNic {
         };
         // SAFETY: `pd` is live.
         let mw = unsafe { alloc(pd, ty) };
-        if mw.is_null() {
-            return Err(Error::last(Verb::AllocMw));
-        }
-        // SAFETY: `mw` was just allocated.
-        Ok((mw as u64, Rkey(unsafe { (*mw).rkey })))
+        let r = if mw.is_null() {
+            Err(Error::last(Verb::AllocMw))
+        } else {
+            // SAFETY: `mw` was just allocated.
+            Ok((mw as u64, Rkey(unsafe { (*mw).rkey })))
+        };
+        self.census.created(Kind::Mw, self.caps.max_mw, r)
     }
 
     fn bind_mw(&self, qp: u64, mw: u64, mw_rkey: Rkey, bind: &RawBind) -> Result<Rkey> {
@@ -424,7 +433,8 @@ impl Backend for VerbsNic {
             ));
         };
         // SAFETY: `mw` is live and passed here once.
-        check_rc(Verb::DeallocMw, unsafe { dealloc(mw) })
+        let r = check_rc(Verb::DeallocMw, unsafe { dealloc(mw) });
+        self.census.released(Kind::Mw, r)
     }
 
     fn create_cq(&self, depth: u32) -> Result<u64> {

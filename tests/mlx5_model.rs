@@ -1,0 +1,237 @@
+//! Rules: the mlx5 behaviour the soft NIC models — which re-registrations keep keys and the
+//! revoke window while they update, windows above 2 GiB, the DEVX UMEM access flags.
+
+mod common;
+
+use common::*;
+use rdma_pool::nic::soft::{ReregMode, SoftConfig};
+use rdma_pool::nic::*;
+use std::time::Duration;
+
+fn soft_bed(cfg: SoftConfig) -> Bed {
+    let (a, b) = (
+        Side::new(Nic::soft_with(cfg.clone())),
+        Side::new(Nic::soft_with(cfg)),
+    );
+    let (qa, qb) = connect(&a, &b);
+    Bed { a, b, qa, qb }
+}
+
+fn default_soft_bed() -> Bed {
+    soft_bed(SoftConfig::default())
+}
+
+fn mlx5_bed(revoke: Duration) -> Bed {
+    soft_bed(SoftConfig {
+        rereg: ReregMode::Mlx5,
+        umr_revoke_time: revoke,
+        ..Default::default()
+    })
+}
+
+/// Re-register `mr` onto `[ptr, ptr + len)`; returns whether the keys were kept.
+fn move_to(mr: &mut Mr, ptr: *mut u8, len: usize) -> bool {
+    let keys = (mr.lkey(), mr.rkey());
+    // SAFETY: every caller keeps the new range alive longer than the region.
+    unsafe {
+        mr.rereg(
+            ReregFlags::CHANGE_TRANSLATION,
+            None,
+            ptr,
+            len,
+            Access::empty(),
+        )
+    }
+    .unwrap();
+    (mr.lkey(), mr.rkey()) == keys
+}
+
+#[test]
+fn a_pinned_region_keeps_its_keys_while_it_fits_its_cache_entry() {
+    let bed = mlx5_bed(Duration::ZERO);
+    let mut big = buf(16 * 4096, 0);
+    // 3 pages: the 4-descriptor cache entry.
+    // SAFETY: `big` outlives the region.
+    let mut mr = unsafe { bed.b.pd.reg_mr(big.as_mut_ptr(), 3 * 4096, RW) }.unwrap();
+    let old = mr.rkey();
+    assert!(
+        move_to(&mut mr, big.as_mut_ptr(), 4 * 4096),
+        "4 pages fit 4 descriptors"
+    );
+    assert!(
+        !move_to(&mut mr, big.as_mut_ptr(), 5 * 4096),
+        "5 pages do not"
+    );
+    // The old keys are dead, the new ones work.
+    let mut src = buf(4096, 0x61);
+    let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
+    assert_eq!(
+        write(&bed, &src_mr, 64, mr.addr() as u64, old),
+        WcStatus::RemAccessErr
+    );
+    let bed = mlx5_bed(Duration::ZERO);
+    let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
+    let mut mr = bed.b.reg(&mut big, RW).unwrap();
+    assert!(
+        move_to(&mut mr, big.as_mut_ptr(), 16 * 4096),
+        "16 pages: entry 16"
+    );
+    assert_eq!(
+        write(&bed, &src_mr, 64, mr.addr() as u64 + 15 * 4096, mr.rkey()),
+        WcStatus::Success
+    );
+    assert!(
+        big.as_slice()[15 * 4096..15 * 4096 + 64]
+            .iter()
+            .all(|&x| x == 0x61)
+    );
+    // The entry stays the region's own: shrinking and growing back keeps the keys.
+    assert!(move_to(&mut mr, big.as_mut_ptr(), 4096));
+    assert!(move_to(&mut mr, big.as_mut_ptr(), 16 * 4096));
+}
+
+#[test]
+fn an_odp_region_gets_new_keys_on_every_translation_change() {
+    let bed = mlx5_bed(Duration::ZERO);
+    let mut a = buf(2 * 4096, 0);
+    let mut mr = bed.b.reg(&mut a, RW | Access::ON_DEMAND).unwrap();
+    assert!(!move_to(&mut mr, a.as_mut_ptr(), 4096));
+    assert!(!move_to(&mut mr, a.as_mut_ptr(), 4096));
+}
+
+#[test]
+fn access_changes_keep_keys_only_within_what_umr_can_change() {
+    let bed = mlx5_bed(Duration::ZERO);
+    let mut a = buf(4096, 0);
+    let mut mr = bed.b.reg(&mut a, RW).unwrap();
+    let mut rereg = |access| {
+        let keys = mr.rkey();
+        // SAFETY: no translation change.
+        unsafe {
+            mr.rereg(
+                ReregFlags::CHANGE_ACCESS,
+                None,
+                std::ptr::null_mut(),
+                0,
+                access,
+            )
+        }
+        .unwrap();
+        mr.rkey() == keys
+    };
+    assert!(rereg(RW | Access::REMOTE_ATOMIC));
+    assert!(rereg(Access::LOCAL_WRITE));
+    assert!(
+        !rereg(Access::LOCAL_WRITE | Access::MW_BIND),
+        "MW_BIND: a new mkey"
+    );
+    assert!(!rereg(Access::LOCAL_WRITE), "and back");
+}
+
+#[test]
+fn traffic_fails_while_a_kept_key_region_is_revoked() {
+    let bed = mlx5_bed(Duration::from_millis(600));
+    let mut a = buf(2 * 4096, 0);
+    let mut mr = bed.b.reg(&mut a, RW).unwrap();
+    let (addr, rkey) = (mr.addr() as u64, mr.rkey());
+    let target = a.as_mut_ptr() as usize;
+    let updater = std::thread::spawn(move || {
+        // SAFETY: `a` outlives the thread: it is joined below, before `a` drops.
+        let kept = move_to(&mut mr, target as *mut u8, 2 * 4096);
+        (kept, mr)
+    });
+    std::thread::sleep(Duration::from_millis(150));
+    let mut src = buf(4096, 0x62);
+    let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
+    assert_eq!(
+        write(&bed, &src_mr, 64, addr, rkey),
+        WcStatus::RemAccessErr,
+        "the mkey is revoked during the update"
+    );
+    let (kept, mr) = updater.join().unwrap();
+    assert!(kept, "1 → 2 pages fits the 4-descriptor entry");
+    assert_eq!(mr.rkey(), rkey);
+    let (qa, _qb) = connect(&bed.a, &bed.b);
+    qa.post_write(1, &[src_mr.sge(0, 64).unwrap()], addr, rkey)
+        .unwrap();
+    assert_eq!(bed.a.wait().status, WcStatus::Success, "usable again");
+}
+
+#[test]
+fn keep_keys_and_change_keys_modes_do_what_they_say() {
+    for (mode, kept) in [(ReregMode::KeepKeys, true), (ReregMode::ChangeKeys, false)] {
+        let bed = soft_bed(SoftConfig {
+            rereg: mode,
+            ..Default::default()
+        });
+        let mut a = buf(64 * 4096, 0);
+        let mut mr = bed.b.reg(&mut a, RW | Access::ON_DEMAND).unwrap();
+        assert_eq!(
+            move_to(&mut mr, a.as_mut_ptr(), 64 * 4096),
+            kept,
+            "{mode:?}"
+        );
+    }
+}
+
+#[test]
+fn windows_above_2_gib_are_refused_at_the_call() {
+    let bed = default_soft_bed();
+    let len = (1usize << 31) + 4096;
+    // An ODP region over reserved, never-touched memory.
+    let mut reserve = memmap2::MmapOptions::new().len(len).map_anon().unwrap();
+    // SAFETY: `reserve` outlives the region.
+    let mr = unsafe {
+        bed.b.pd.reg_mr(
+            reserve.as_mut_ptr(),
+            len,
+            RW | Access::MW_BIND | Access::ON_DEMAND,
+        )
+    }
+    .unwrap();
+    let mut mw = bed.b.pd.alloc_mw(MwType::Type1).unwrap();
+    let e = bed
+        .qb
+        .bind_mw(1, &mut mw, &mr, 0, len, Access::REMOTE_READ)
+        .unwrap_err();
+    assert!(e.is_unsupported(), "{e}");
+    let mut mw2 = bed.b.pd.alloc_mw(MwType::Type2).unwrap();
+    let e = bed
+        .qb
+        .post_bind_mw(2, &mut mw2, &mr, 0, len, Access::REMOTE_READ)
+        .unwrap_err();
+    assert!(e.is_unsupported(), "{e}");
+    assert!(bed.b.cq.poll_one().unwrap().is_none(), "nothing was posted");
+    // Exactly 2 GiB is fine.
+    bed.qb
+        .bind_mw(3, &mut mw, &mr, 0, 1 << 31, Access::REMOTE_READ)
+        .unwrap();
+    assert_eq!(bed.b.wait().status, WcStatus::Success);
+}
+
+#[test]
+fn umem_takes_exactly_the_access_flags_devx_allows() {
+    let nic = Nic::soft();
+    let mut b = buf(4 * 4096, 0);
+    let mut reg = |access| {
+        // SAFETY: `b` outlives the UMEM, dropped at once.
+        unsafe { nic.umem_reg(b.as_mut_ptr(), 4 * 4096, access, 1 << 12) }
+    };
+    for ok in [
+        Access::empty(),
+        Access::LOCAL_WRITE,
+        Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
+        Access::REMOTE_READ | Access::RELAXED_ORDERING,
+    ] {
+        reg(ok).unwrap_or_else(|e| panic!("{ok:?}: {e}"));
+    }
+    for bad in [
+        Access::LOCAL_WRITE | Access::REMOTE_ATOMIC,
+        Access::LOCAL_WRITE | Access::MW_BIND,
+        Access::ON_DEMAND,
+        Access::HUGETLB,
+        Access::REMOTE_WRITE, // ib_check_mr_access: needs LOCAL_WRITE
+    ] {
+        assert_eq!(reg(bad).unwrap_err().errno(), Some(libc::EINVAL), "{bad:?}");
+    }
+}
