@@ -1242,12 +1242,24 @@ fn a_window_above_2_gib_is_refused_or_taken() {
         return;
     }
     let len = (1usize << 31) + 4096;
-    // An ODP region over reserved, never-touched memory (nothing is pinned or faulted).
-    let mut reserve = memmap2::MmapOptions::new().len(len).map_anon().unwrap();
-    // SAFETY: `reserve` outlives the region.
+    // An ODP region over reserved, never-touched memory (nothing is pinned or faulted; no
+    // swap is reserved, so it fits a small guest).
+    // SAFETY: a fresh anonymous mapping, unmapped at the end of the scenario.
+    let reserve = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(reserve, libc::MAP_FAILED);
+    // SAFETY: `reserve` outlives the region (unmapped below, after every handle dropped).
     let mr = unsafe {
         bed.b.pd.reg_mr(
-            reserve.as_mut_ptr(),
+            reserve.cast(),
             len,
             RW | Access::MW_BIND | Access::ON_DEMAND,
         )
@@ -1262,4 +1274,7 @@ fn a_window_above_2_gib_is_refused_or_taken() {
         assert!(r.unwrap_err().is_unsupported());
         assert!(bed.b.cq.poll_one().unwrap().is_none(), "nothing was posted");
     }
+    drop((mw, mr));
+    // SAFETY: our own mapping; nothing refers to it any more.
+    unsafe { libc::munmap(reserve, len) };
 }

@@ -367,37 +367,44 @@ pub(super) trait FaultSink {
     fn rejected(&self, why: KeyFault);
 }
 
-/// Check `key` for an access of `len` bytes at `addr` by `who`, needing `write`; then run `dma`
-/// while the slot is read-locked. ODP pages are faulted in first.
-#[allow(clippy::too_many_arguments)]
+/// One use of a key: `who` touches `len` bytes at `addr` through `key`, writing or not.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct KeyUse {
+    pub(super) key: u32,
+    pub(super) who: Requester,
+    pub(super) addr: u64,
+    pub(super) len: u64,
+    pub(super) write: bool,
+}
+
+/// Check `req` against the key table, then run `dma` while the slot is read-locked. ODP pages
+/// are faulted in first; a refusal is reported to `sink`.
 pub(super) fn check_and_access(
     table: &KeyTable,
     sink: &dyn FaultSink,
-    key: u32,
-    who: Requester,
-    addr: u64,
-    len: u64,
-    write: bool,
+    req: KeyUse,
     dma: Dma<'_>,
 ) -> Result<(), KeyFault> {
-    let r = check_and_access_inner(table, sink, key, who, addr, len, write, dma);
+    let r = check_and_access_inner(table, sink, req, dma);
     if let Err(why) = r {
         sink.rejected(why);
     }
     r
 }
 
-#[allow(clippy::too_many_arguments)]
 fn check_and_access_inner(
     table: &KeyTable,
     sink: &dyn FaultSink,
-    key: u32,
-    who: Requester,
-    addr: u64,
-    len: u64,
-    write: bool,
+    req: KeyUse,
     dma: Dma<'_>,
 ) -> Result<(), KeyFault> {
+    let KeyUse {
+        key,
+        who,
+        addr,
+        len,
+        write,
+    } = req;
     let slot = table.read(key >> 8);
     let obj = slot.obj.as_ref().ok_or(KeyFault::NoObject)?;
     if slot.variant != (key & 0xff) as u8 {

@@ -1,4 +1,4 @@
-//! Soft queue pairs and completion queues: the data path.
+//! Soft queue pairs: the data path.
 //!
 //! Contract: each QP has one send engine (`busy`): work requests execute one at a time, in post
 //! order, when posted (the soft NIC has no wire), and complete on the send CQ when done. A SEND
@@ -16,56 +16,39 @@
 //! CQ overrun does on hardware).
 //!
 //! Lock order: `rx` → `st` → key slots. No QP lock is held while another QP's lock is taken.
+//!
+//! A QP sees its device only through [`Port`] (its key table, its fault accounting, its
+//! counters): it never reaches into the device's other tables.
 
-use super::keys::{self, KeyFault, KeyObj, KeyTable, MwBinding, Requester};
-use super::{Device, bump, err, lock, mem};
+use super::counters::{AtomicCounters, bump};
+use super::cq::CqObj;
+use super::keys::{FaultSink, KeyFault, KeyObj, KeyTable, KeyUse, Requester, check_and_access};
+use super::mem;
+use super::sync::lock;
+use super::window::{self, MAX_WINDOW, WindowBind, bind_status};
 use crate::nic::backend::{RawBind, RawSendOp, RawSendWr};
-use crate::nic::error::{Result, Verb};
+use crate::nic::error::{Error, Result, Verb};
 use crate::nic::types::*;
-use crossbeam::queue::ArrayQueue;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Weak};
+
+/// What a QP needs of its device.
+pub(super) trait Port: Send + Sync {
+    /// The device's key table (regions and windows).
+    fn keys(&self) -> &KeyTable;
+    /// Where refused accesses and ODP faults are accounted.
+    fn sink(&self) -> &dyn FaultSink;
+    /// The device's counters.
+    fn counters(&self) -> &AtomicCounters;
+}
+
+fn err(verb: Verb, errno: i32) -> Error {
+    Error::from_errno(verb, errno)
+}
 
 /// The largest RC message (`max_msg_sz` of RC transports: 2^31 bytes).
 const MAX_MSG: u64 = 1 << 31;
-
-pub(super) struct CqObj {
-    queue: ArrayQueue<Completion>,
-    /// QPs that post to this CQ (a CQ in use cannot be destroyed).
-    pub(super) users: AtomicU32,
-}
-
-impl CqObj {
-    pub(super) fn new(depth: u32) -> CqObj {
-        CqObj {
-            queue: ArrayQueue::new(depth.max(1) as usize),
-            users: AtomicU32::new(0),
-        }
-    }
-
-    fn push(&self, wc: Completion) -> bool {
-        if self.queue.push(wc).is_err() {
-            tracing::warn!("soft NIC CQ overrun: a completion was dropped");
-            return false;
-        }
-        true
-    }
-
-    pub(super) fn poll(&self, out: &mut [Completion]) -> usize {
-        let mut n = 0;
-        while n < out.len() {
-            match self.queue.pop() {
-                Some(wc) => {
-                    out[n] = wc;
-                    n += 1;
-                }
-                None => break,
-            }
-        }
-        n
-    }
-}
 
 struct Recv {
     wr_id: u64,
@@ -85,12 +68,7 @@ struct Inbound {
 #[derive(Debug, Clone, Copy)]
 enum Op {
     Wr(RawSendOp),
-    BindType1 {
-        mw: u64,
-        mw_rkey: Rkey,
-        new_rkey: Rkey,
-        bind: RawBind,
-    },
+    BindType1(WindowBind),
 }
 
 /// A work request queued behind a parked SEND.
@@ -101,34 +79,10 @@ struct OwnedWr {
     op: Op,
 }
 
-/// Why a bind or an invalidation failed (it completes with `MW_BIND_ERR` / `LOC_QP_OP_ERR`;
-/// the reason is logged at debug level).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum WindowFault {
-    /// The window's key is not its current one, or names no window.
-    StaleWindowKey,
-    /// The window's type does not match the verb (type 1: `ibv_bind_mw`; type 2: BIND_MW).
-    WrongType,
-    /// Window, region and QP are not in one PD.
-    WrongPd,
-    /// A type 2 window is bound only from the free state, and never to nothing.
-    NotFree,
-    /// The region is gone, re-registered, or poisoned by a failed re-registration.
-    NoRegion,
-    /// The region lacks `MW_BIND` (C10-73).
-    NoMwBind,
-    /// A writable window over a region without `LOCAL_WRITE` (C10-74).
-    WritesBeyondRegion,
-    /// The window's range leaves the region.
-    OutOfRegion,
-    /// Only a bound type 2 window can be invalidated (o10-37.2.26), and SEND_WITH_INV only
-    /// through the QP it is bound to.
-    NotInvalidatable,
-}
-
 struct QpSt {
     state: QpState,
-    peer_dev: Weak<Device>,
+    /// The responder's device, once connected.
+    peer_dev: Option<Weak<dyn Port>>,
     peer: Weak<QpObj>,
     recvs: VecDeque<Recv>,
     inbound: VecDeque<Inbound>,
@@ -141,7 +95,7 @@ struct QpSt {
 }
 
 pub(super) struct QpObj {
-    dev: Weak<Device>,
+    dev: Weak<dyn Port>,
     pub(super) pd: u64,
     pub(super) qpn: u32,
     pub(super) send_cq: Arc<CqObj>,
@@ -166,22 +120,8 @@ fn opcode(op: &Op) -> WcOpcode {
         Op::Wr(RawSendOp::Send | RawSendOp::SendWithInv(_)) => WcOpcode::Send,
         Op::Wr(RawSendOp::Write { .. }) => WcOpcode::RdmaWrite,
         Op::Wr(RawSendOp::Read { .. }) => WcOpcode::RdmaRead,
-        Op::Wr(RawSendOp::BindMw { .. }) | Op::BindType1 { .. } => WcOpcode::BindMw,
+        Op::Wr(RawSendOp::BindMw { .. }) | Op::BindType1(_) => WcOpcode::BindMw,
         Op::Wr(RawSendOp::LocalInv(_)) => WcOpcode::LocalInv,
-    }
-}
-
-/// The longest window a bind accepts: mlx5 describes windows with KLMs of at most 2 GiB and
-/// refuses longer ones with `EOPNOTSUPP` at post time (providers/mlx5 `set_bind_wr`).
-const MAX_WINDOW: usize = 1 << 31;
-
-fn bind_status(r: std::result::Result<(), WindowFault>, status: WcStatus) -> WcStatus {
-    match r {
-        Ok(()) => WcStatus::Success,
-        Err(fault) => {
-            tracing::debug!(?fault, "soft NIC: window operation failed");
-            status
-        }
     }
 }
 
@@ -194,7 +134,7 @@ enum Outcome {
 
 impl QpObj {
     pub(super) fn new(
-        dev: Weak<Device>,
+        dev: Weak<dyn Port>,
         pd: u64,
         qpn: u32,
         send_cq: Arc<CqObj>,
@@ -212,7 +152,7 @@ impl QpObj {
             caps,
             st: Mutex::new(QpSt {
                 state: QpState::Init,
-                peer_dev: Weak::new(),
+                peer_dev: None,
                 peer: Weak::new(),
                 recvs: VecDeque::new(),
                 inbound: VecDeque::new(),
@@ -226,12 +166,12 @@ impl QpObj {
 
     /// Connect (INIT → RTS). Only a QP that was never connected can be: an errored QP would
     /// need a reset first, which rdma-pool never does (it creates a new QP).
-    pub(super) fn connect(&self, peer_dev: Weak<Device>, peer: Weak<QpObj>) -> bool {
+    pub(super) fn connect(&self, peer_dev: Weak<dyn Port>, peer: Weak<QpObj>) -> bool {
         let mut st = lock(&self.st);
         if st.state != QpState::Init {
             return false;
         }
-        st.peer_dev = peer_dev;
+        st.peer_dev = Some(peer_dev);
         st.peer = peer;
         st.state = QpState::Ready;
         true
@@ -302,7 +242,7 @@ impl QpObj {
     }
 
     /// Gather the bytes named by local `sges`, each checked before it is buffered.
-    fn gather(&self, dev: &Device, sges: &[Sge]) -> std::result::Result<Vec<u8>, KeyFault> {
+    fn gather(&self, dev: &dyn Port, sges: &[Sge]) -> std::result::Result<Vec<u8>, KeyFault> {
         if sges.iter().map(|s| s.length as u64).sum::<u64>() > MAX_MSG {
             return Err(KeyFault::TooLong);
         }
@@ -310,14 +250,16 @@ impl QpObj {
         // A zero-length entry is skipped, its lkey unchecked (rxe and mlx5 do the same).
         for s in sges.iter().filter(|s| s.length > 0) {
             let len = s.length as usize;
-            keys::check_and_access(
-                &dev.keys,
-                dev,
-                s.lkey.0,
-                self.who(false),
-                s.addr,
-                len as u64,
-                false,
+            check_and_access(
+                dev.keys(),
+                dev.sink(),
+                KeyUse {
+                    key: s.lkey.0,
+                    who: self.who(false),
+                    addr: s.addr,
+                    len: len as u64,
+                    write: false,
+                },
                 &mut |a| {
                     let start = buf.len();
                     buf.resize(start + len, 0);
@@ -331,7 +273,7 @@ impl QpObj {
     /// Scatter `data` into local `sges` (which need LOCAL_WRITE).
     fn scatter(
         &self,
-        dev: &Device,
+        dev: &dyn Port,
         sges: &[Sge],
         data: &[u8],
     ) -> std::result::Result<(), KeyFault> {
@@ -342,14 +284,16 @@ impl QpObj {
             }
             let len = (s.length as usize).min(data.len() - off);
             let src = data[off..].as_ptr() as usize;
-            keys::check_and_access(
-                &dev.keys,
-                dev,
-                s.lkey.0,
-                self.who(false),
-                s.addr,
-                len as u64,
-                true,
+            check_and_access(
+                dev.keys(),
+                dev.sink(),
+                KeyUse {
+                    key: s.lkey.0,
+                    who: self.who(false),
+                    addr: s.addr,
+                    len: len as u64,
+                    write: true,
+                },
                 &mut |a| mem::dma_copy(a, src, len),
             )?;
             off += len;
@@ -358,16 +302,16 @@ impl QpObj {
     }
 
     /// The connected responder, if it is still there and ready.
-    fn peer(&self) -> Option<(Arc<Device>, Arc<QpObj>)> {
+    fn peer(&self) -> Option<(Arc<dyn Port>, Arc<QpObj>)> {
         let (dev, peer) = {
             let st = lock(&self.st);
-            (st.peer_dev.upgrade()?, st.peer.upgrade()?)
+            (st.peer_dev.as_ref()?.upgrade()?, st.peer.upgrade()?)
         };
         (peer.state() == QpState::Ready).then_some((dev, peer))
     }
 
     /// `ibv_post_send`: execute now, or queue behind the request in flight or a parked SEND.
-    pub(super) fn post_send(self: &Arc<Self>, dev: &Device, wr: &RawSendWr<'_>) -> Result<()> {
+    pub(super) fn post_send(self: &Arc<Self>, dev: &dyn Port, wr: &RawSendWr<'_>) -> Result<()> {
         if wr.sges.len() > self.caps.max_send_sge as usize {
             return Err(err(Verb::PostSend, libc::EINVAL));
         }
@@ -383,7 +327,7 @@ impl QpObj {
     /// parked SEND (RC order).
     fn post_op(
         self: &Arc<Self>,
-        dev: &Device,
+        dev: &dyn Port,
         wr_id: u64,
         signaled: bool,
         sges: &[Sge],
@@ -421,14 +365,14 @@ impl QpObj {
     }
 
     /// Execute one request (the engine is ours: `busy`) and complete it unless it parked.
-    fn run(self: &Arc<Self>, dev: &Device, wr_id: u64, signaled: bool, sges: &[Sge], op: Op) {
+    fn run(self: &Arc<Self>, dev: &dyn Port, wr_id: u64, signaled: bool, sges: &[Sge], op: Op) {
         if let Outcome::Done(status) = self.execute(dev, wr_id, signaled, sges, op) {
             self.complete(wr_id, signaled, opcode(&op), status);
         }
     }
 
     /// Run queued requests until none is left or a SEND parks; then release the engine.
-    fn drain(self: &Arc<Self>, dev: &Device) {
+    fn drain(self: &Arc<Self>, dev: &dyn Port) {
         loop {
             let next = {
                 let mut st = lock(&self.st);
@@ -464,7 +408,7 @@ impl QpObj {
         }
         if resume {
             match self.dev.upgrade() {
-                Some(dev) => self.drain(&dev),
+                Some(dev) => self.drain(&*dev),
                 None => lock(&self.st).busy = false,
             }
         }
@@ -472,7 +416,7 @@ impl QpObj {
 
     fn execute(
         self: &Arc<Self>,
-        dev: &Device,
+        dev: &dyn Port,
         wr_id: u64,
         signaled: bool,
         sges: &[Sge],
@@ -480,13 +424,8 @@ impl QpObj {
     ) -> Outcome {
         let op = match op {
             Op::Wr(op) => op,
-            Op::BindType1 {
-                mw,
-                mw_rkey,
-                new_rkey,
-                bind,
-            } => {
-                let r = self.bind(dev, mw, mw_rkey, new_rkey, &bind, MwType::Type1);
+            Op::BindType1(req) => {
+                let r = window::bind(dev.keys(), dev.counters(), self.who(false), &req);
                 return Outcome::Done(bind_status(r, WcStatus::MwBindErr));
             }
         };
@@ -504,19 +443,21 @@ impl QpObj {
                     return Outcome::Done(WcStatus::Success);
                 }
                 let src = data.as_ptr() as usize;
-                let r = keys::check_and_access(
-                    &pdev.keys,
-                    &*pdev,
-                    rkey.0,
-                    peer.who(true),
-                    remote_addr,
-                    data.len() as u64,
-                    true,
+                let r = check_and_access(
+                    pdev.keys(),
+                    pdev.sink(),
+                    KeyUse {
+                        key: rkey.0,
+                        who: peer.who(true),
+                        addr: remote_addr,
+                        len: data.len() as u64,
+                        write: true,
+                    },
                     &mut |a| mem::dma_copy(a, src, data.len()),
                 );
                 match r {
                     Ok(()) => {
-                        bump(&dev.counters.bytes_moved, data.len() as u64);
+                        bump(&dev.counters().bytes_moved, data.len() as u64);
                         WcStatus::Success
                     }
                     Err(_) => peer.remote_access_error(),
@@ -534,14 +475,16 @@ impl QpObj {
                     return Outcome::Done(WcStatus::Success);
                 }
                 let mut data = Vec::new();
-                let r = keys::check_and_access(
-                    &pdev.keys,
-                    &*pdev,
-                    rkey.0,
-                    peer.who(true),
-                    remote_addr,
-                    total,
-                    false,
+                let r = check_and_access(
+                    pdev.keys(),
+                    pdev.sink(),
+                    KeyUse {
+                        key: rkey.0,
+                        who: peer.who(true),
+                        addr: remote_addr,
+                        len: total,
+                        write: false,
+                    },
                     &mut |a| {
                         data.resize(total as usize, 0);
                         mem::dma_copy(data.as_mut_ptr() as usize, a, total as usize)
@@ -552,7 +495,7 @@ impl QpObj {
                 }
                 match self.scatter(dev, sges, &data) {
                     Ok(()) => {
-                        bump(&dev.counters.bytes_moved, total);
+                        bump(&dev.counters().bytes_moved, total);
                         WcStatus::Success
                     }
                     Err(f) => local_status(f),
@@ -578,7 +521,7 @@ impl QpObj {
                     invalidate,
                     sender: Arc::downgrade(self),
                 };
-                match peer.deliver(&pdev, msg) {
+                match peer.deliver(&*pdev, msg) {
                     Some(status) => {
                         lock(&self.st).parked.pop_back();
                         status
@@ -592,11 +535,19 @@ impl QpObj {
                 new_rkey,
                 bind,
             } => {
-                let r = self.bind(dev, mw, mw_rkey, new_rkey, &bind, MwType::Type2);
+                let req = WindowBind {
+                    mw,
+                    mw_rkey,
+                    new_rkey,
+                    bind,
+                    via: MwType::Type2,
+                };
+                let r = window::bind(dev.keys(), dev.counters(), self.who(false), &req);
                 bind_status(r, WcStatus::MwBindErr)
             }
             RawSendOp::LocalInv(rkey) => {
-                bind_status(invalidate(dev, rkey, self.pd, None), WcStatus::LocQpOpErr)
+                let r = window::invalidate(dev.keys(), dev.counters(), rkey, self.pd, None);
+                bind_status(r, WcStatus::LocQpOpErr)
             }
         };
         Outcome::Done(status)
@@ -612,7 +563,7 @@ impl QpObj {
 
     /// Responder side of a SEND: into the next receive, or parked until one is posted.
     /// Returns the sender's status when it completed now.
-    fn deliver(&self, dev: &Device, msg: Inbound) -> Option<WcStatus> {
+    fn deliver(&self, dev: &dyn Port, msg: Inbound) -> Option<WcStatus> {
         let _rx = lock(&self.rx);
         let recv = {
             let mut st = lock(&self.st);
@@ -631,7 +582,7 @@ impl QpObj {
     }
 
     /// Land `msg` in `recv`; completes the receive; returns the sender's status.
-    fn land(&self, dev: &Device, recv: Recv, msg: &Inbound) -> WcStatus {
+    fn land(&self, dev: &dyn Port, recv: Recv, msg: &Inbound) -> WcStatus {
         let cap: usize = recv.sges.iter().map(|s| s.length as usize).sum();
         let mut wc = self.wc(recv.wr_id, WcOpcode::Recv, WcStatus::Success);
         let sender_status = if msg.payload.len() > cap {
@@ -641,7 +592,7 @@ impl QpObj {
             wc.status = local_status(f);
             WcStatus::RemOpErr
         } else if let Some(rkey) = msg.invalidate {
-            match invalidate(dev, rkey, self.pd, Some(self.qpn)) {
+            match window::invalidate(dev.keys(), dev.counters(), rkey, self.pd, Some(self.qpn)) {
                 Ok(()) => {
                     wc.invalidated_rkey = Some(rkey);
                     WcStatus::Success
@@ -657,7 +608,7 @@ impl QpObj {
         };
         wc.byte_len = msg.payload.len() as u32;
         if wc.status == WcStatus::Success {
-            bump(&dev.counters.bytes_moved, msg.payload.len() as u64);
+            bump(&dev.counters().bytes_moved, msg.payload.len() as u64);
         }
         if !self.recv_cq.push(wc) || wc.status != WcStatus::Success {
             self.set_error();
@@ -665,7 +616,7 @@ impl QpObj {
         sender_status
     }
 
-    pub(super) fn post_recv(&self, dev: &Device, wr_id: u64, sges: &[Sge]) -> Result<()> {
+    pub(super) fn post_recv(&self, dev: &dyn Port, wr_id: u64, sges: &[Sge]) -> Result<()> {
         if sges.len() > self.caps.max_recv_sge as usize {
             return Err(err(Verb::PostRecv, libc::EINVAL));
         }
@@ -723,14 +674,14 @@ impl QpObj {
         Ok(())
     }
 
-    /// `ibv_bind_mw` (type 1). The providers refuse bad input before posting, with the QP
-    /// untouched: `ZERO_BASED` → `EINVAL` (type 1 windows are never zero-based), a region of
-    /// another PD than the QP's or the window's → `EPERM` (rxe compares the QP's PD, mlx5 the
-    /// window's), a window above 2 GiB → `EOPNOTSUPP` (mlx5). Everything else is checked when
-    /// the bind executes, in send-queue order ([`Op::BindType1`]).
+    /// `ibv_bind_mw` (type 1). libibverbs and the providers refuse bad input before posting,
+    /// with the QP untouched: `ZERO_BASED` → `EINVAL` (type 1 windows are never zero-based), a
+    /// region of another PD than the window's → `EPERM` (libibverbs), a window above 2 GiB →
+    /// `EOPNOTSUPP` (mlx5). Everything else, the QP's PD included, is checked when the bind
+    /// executes, in send-queue order ([`Op::BindType1`]).
     pub(super) fn bind_type1(
         self: &Arc<Self>,
-        dev: &Device,
+        dev: &dyn Port,
         mw: u64,
         mw_rkey: Rkey,
         new_rkey: Rkey,
@@ -743,102 +694,27 @@ impl QpObj {
             return Err(err(Verb::BindMw, libc::EOPNOTSUPP));
         }
         if bind.len > 0 {
-            let mr_pd = match dev.keys.read(bind.mr as u32).obj.as_ref() {
+            let mr_pd = match dev.keys().read(bind.mr as u32).obj.as_ref() {
                 Some(KeyObj::Mr(mr)) => Some(mr.pd),
                 _ => None,
             };
-            let mw_pd = match dev.keys.read(mw as u32).obj.as_ref() {
+            let mw_pd = match dev.keys().read(mw as u32).obj.as_ref() {
                 Some(KeyObj::Mw(w)) => Some(w.pd),
                 _ => None,
             };
-            if let Some(pd) = mr_pd
-                && (pd != self.pd || mw_pd.is_some_and(|w| w != pd))
-            {
+            if mr_pd.is_some() && mw_pd.is_some() && mr_pd != mw_pd {
                 return Err(err(Verb::BindMw, libc::EPERM));
             }
         }
-        let op = Op::BindType1 {
+        let op = Op::BindType1(WindowBind {
             mw,
             mw_rkey,
             new_rkey,
             bind: *bind,
-        };
+            via: MwType::Type1,
+        });
         self.post_op(dev, bind.wr_id, bind.signaled, &[], op)
             .map_err(|e| err(Verb::BindMw, e.errno().unwrap_or(libc::EINVAL)))
-    }
-
-    /// The checks of rxe_check_bind_mw (IB spec C10-72..75, o10-36.2.2, o10-37.2.30/40), then
-    /// the bind.
-    fn bind(
-        &self,
-        dev: &Device,
-        mw: u64,
-        mw_rkey: Rkey,
-        new_rkey: Rkey,
-        bind: &RawBind,
-        via: MwType,
-    ) -> std::result::Result<(), WindowFault> {
-        let table = &dev.keys;
-        let mut wslot = table.write(mw as u32);
-        if wslot.variant != mw_rkey.variant() || new_rkey.index() != mw_rkey.index() {
-            return Err(WindowFault::StaleWindowKey);
-        }
-        let Some(KeyObj::Mw(w)) = wslot.obj.as_mut() else {
-            return Err(WindowFault::StaleWindowKey);
-        };
-        if w.ty != via {
-            return Err(WindowFault::WrongType);
-        }
-        if w.pd != self.pd {
-            return Err(WindowFault::WrongPd);
-        }
-        if w.ty == MwType::Type2 && (w.binding.is_some() || bind.len == 0) {
-            return Err(WindowFault::NotFree);
-        }
-        let new_binding = if bind.len == 0 {
-            None
-        } else {
-            let mslot = table.read(bind.mr as u32);
-            let Some(KeyObj::Mr(mr)) = mslot.obj.as_ref() else {
-                return Err(WindowFault::NoRegion);
-            };
-            if mslot.variant != bind.mr_lkey.variant() || !mr.usable {
-                return Err(WindowFault::NoRegion);
-            }
-            if mr.pd != w.pd {
-                return Err(WindowFault::WrongPd);
-            }
-            if !mr.access.contains(Access::MW_BIND) {
-                return Err(WindowFault::NoMwBind);
-            }
-            // C10-74: a window cannot grant writes the region does not allow locally. (The
-            // region needs no remote rights of its own: granting them is what windows are for.)
-            if bind
-                .access
-                .intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC)
-                && !mr.access.contains(Access::LOCAL_WRITE)
-            {
-                return Err(WindowFault::WritesBeyondRegion);
-            }
-            if !mr.contains(bind.addr as u64, bind.len as u64) {
-                return Err(WindowFault::OutOfRegion);
-            }
-            mr.num_mw.fetch_add(1, Ordering::AcqRel);
-            Some(MwBinding {
-                mr_key: (bind.mr as u32) << 8 | mslot.variant as u32,
-                addr: bind.addr,
-                len: bind.len,
-                access: bind.access,
-                qpn: (w.ty == MwType::Type2).then_some(self.qpn),
-            })
-        };
-        if let Some(old) = w.binding.take() {
-            release_binding(table, old);
-        }
-        w.binding = new_binding;
-        wslot.variant = new_rkey.variant();
-        bump(&dev.counters.mw_binds, 1);
-        Ok(())
     }
 }
 
@@ -846,45 +722,6 @@ impl Drop for QpObj {
     fn drop(&mut self) {
         self.send_cq.users.fetch_sub(1, Ordering::AcqRel);
         self.recv_cq.users.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// Drop a binding's hold on its region.
-pub(super) fn release_binding(table: &KeyTable, b: MwBinding) {
-    let slot = table.read(b.mr_key >> 8);
-    if let Some(KeyObj::Mr(mr)) = slot.obj.as_ref().filter(|_| slot.variant == b.mr_key as u8) {
-        mr.num_mw.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// LOCAL_INV / SEND_WITH_INV: only a valid type 2 window of the QP's PD can be invalidated
-/// (rxe_check_invalidate_mw; o10-37.2.26 forbids type 1); SEND_WITH_INV (`qpn` given) further
-/// needs the window bound through the receiving QP.
-fn invalidate(
-    dev: &Device,
-    rkey: Rkey,
-    pd: u64,
-    qpn: Option<u32>,
-) -> std::result::Result<(), WindowFault> {
-    let table = &dev.keys;
-    let mut slot = table.write(rkey.index());
-    if slot.variant != rkey.variant() {
-        return Err(WindowFault::StaleWindowKey);
-    }
-    let Some(KeyObj::Mw(w)) = slot.obj.as_mut() else {
-        return Err(WindowFault::StaleWindowKey);
-    };
-    if w.pd != pd {
-        return Err(WindowFault::WrongPd);
-    }
-    match w.binding {
-        Some(b) if w.ty == MwType::Type2 && qpn.is_none_or(|q| b.qpn == Some(q)) => {
-            w.binding = None;
-            release_binding(table, b);
-            bump(&dev.counters.invalidations, 1);
-            Ok(())
-        }
-        _ => Err(WindowFault::NotInvalidatable),
     }
 }
 

@@ -24,8 +24,11 @@
 //! Invariant: on success the returned keys name the region; `keep == false` moves the slot
 //! to its next variant, so every key handed out before is refused.
 
+use super::config::ReregMode;
+use super::counters::bump;
+use super::device::Device;
 use super::keys::{KeyObj, MrObj};
-use super::{Device, ReregMode, bump, mem};
+use super::mem;
 use crate::nic::error::{ReregError, ReregErrorKind, Verb};
 use crate::nic::types::*;
 use std::sync::atomic::Ordering;
@@ -145,7 +148,7 @@ pub(super) fn rereg(
         return Err(cmd(libc::EINVAL));
     };
     // Release the old pin before charging the new one (the kernel re-pins in place).
-    dev.unpin(old.pinned);
+    dev.memlock.release(old.pinned);
     old.pinned = 0;
     let cache_entry = old.cache_ndescs;
     match dev.make_mr(new.pd, new.addr, new.len, new.access) {

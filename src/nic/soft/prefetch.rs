@@ -1,0 +1,116 @@
+//! ODP prefetch on the soft NIC: `advise_mr`'s work, done now (`FLUSH`) or by the device's
+//! prefetch thread.
+//!
+//! Contract: a prefetch makes the pages of a live ODP region resident in the NIC (readable, and
+//! writable for `PrefetchWrite`) when the process can access them, and fails with `EFAULT` at
+//! the first page it cannot; a postponed prefetch re-checks its region when it runs (it may
+//! have gone or changed meanwhile) and its errors are dropped, as `ibv_advise_mr(3)` allows.
+//! `PrefetchNoFault` maps only pages the CPU already has (`mincore`) and never faults. The
+//! thread is started when the device is created (never on a verb's path) and ends when the
+//! device is dropped; if it cannot be started, prefetches run synchronously.
+
+use super::counters::{AtomicCounters, bump};
+use super::keys::{KeyObj, KeyTable, MrObj};
+use super::mem;
+use crate::nic::types::Sge;
+
+/// A postponed prefetch.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct PrefetchJob {
+    pub(super) lkey: u32,
+    pub(super) addr: u64,
+    pub(super) len: u64,
+    pub(super) write: bool,
+}
+
+/// The device's prefetch thread (its channel).
+pub(super) struct Prefetcher {
+    tx: Option<crossbeam::channel::Sender<PrefetchJob>>,
+}
+
+impl Prefetcher {
+    /// Start the thread; it runs `run` on every job until `run` returns false or the
+    /// `Prefetcher` is dropped.
+    pub(super) fn start(run: impl Fn(PrefetchJob) -> bool + Send + 'static) -> Prefetcher {
+        let (tx, rx) = crossbeam::channel::unbounded::<PrefetchJob>();
+        let spawned = std::thread::Builder::new()
+            .name("soft-nic-prefetch".into())
+            .spawn(move || {
+                for job in rx {
+                    if !run(job) {
+                        break;
+                    }
+                }
+            });
+        if spawned.is_err() {
+            tracing::warn!(
+                "could not start the soft NIC prefetch thread; prefetching synchronously"
+            );
+        }
+        Prefetcher {
+            tx: spawned.is_ok().then_some(tx),
+        }
+    }
+
+    /// Hand `job` to the thread; gives it back when there is no thread to run it.
+    pub(super) fn submit(&self, job: PrefetchJob) -> Result<(), PrefetchJob> {
+        match &self.tx {
+            Some(tx) => tx.send(job).map_err(|e| e.0),
+            None => Err(job),
+        }
+    }
+}
+
+/// Make `[addr, addr + len)` of region `lkey` resident; returns pages made resident.
+pub(super) fn prefetch_now(
+    keys: &KeyTable,
+    counters: &AtomicCounters,
+    job: &PrefetchJob,
+) -> Result<u64, i32> {
+    let slot = keys.read(job.lkey >> 8);
+    // Re-checked here: a postponed prefetch runs after the region may have gone or changed.
+    let Some(KeyObj::Mr(mr)) = slot.obj.as_ref().filter(|_| slot.variant == job.lkey as u8) else {
+        return Err(libc::EFAULT);
+    };
+    let Some(res) = mr.odp.as_ref() else {
+        return Err(libc::EINVAL);
+    };
+    if !mr.contains(job.addr, job.len) {
+        return Err(libc::EFAULT);
+    }
+    if job.len == 0 {
+        return Ok(0);
+    }
+    let ps = mem::page_size() as u64;
+    let mut made = 0;
+    for page in job.addr / ps..=(job.addr + job.len - 1) / ps {
+        match mem::range_prot((page * ps) as usize, ps as usize) {
+            Some(p) if p.read && (p.write || !job.write) => {
+                if res.insert(page as usize, job.write) {
+                    made += 1;
+                }
+            }
+            _ => return Err(libc::EFAULT),
+        }
+    }
+    bump(&counters.prefetched_pages, made);
+    Ok(made)
+}
+
+/// `PrefetchNoFault`: map the pages of `sge` the CPU already has; never fault.
+pub(super) fn map_cpu_resident(keys: &KeyTable, counters: &AtomicCounters, sge: &Sge) {
+    let slot = keys.read(sge.lkey.index());
+    let same = slot.variant == sge.lkey.variant();
+    let Some(KeyObj::Mr(MrObj { odp: Some(res), .. })) = slot.obj.as_ref().filter(|_| same) else {
+        return;
+    };
+    let ps = mem::page_size();
+    let (a, l) = (sge.addr as usize, sge.length as usize);
+    if l == 0 {
+        return;
+    }
+    let made = (a / ps..=(a + l - 1) / ps)
+        .filter(|&page| mem::cpu_resident(page * ps) && res.insert(page, false))
+        .count();
+    bump(&counters.prefetched_pages, made as u64);
+}
