@@ -172,7 +172,7 @@ pub const RXE: &[Difference] = &[
     Difference {
         quirk: Quirk::LongWindowsAccepted,
         soft: "a bind above 2 GiB: EOPNOTSUPP at the call / post (as mlx5's set_bind_wr)",
-        rxe: "accepted",
+        rxe: "accepted (rxe_check_bind_mw has no length cap; read in the source: the guest cannot register a region that large with MW_BIND)",
         reason: "mlx5 describes windows with 2 GiB KLMs; a grant never spans more than one buffer anyway",
     },
     Difference {
