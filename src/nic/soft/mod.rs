@@ -1,8 +1,9 @@
 //! The soft NIC: an in-process software RDMA device that enforces the verbs memory semantics.
 //!
 //! It is a model, not a mock. RDMA READ/WRITE/SEND move real bytes between in-process peers
-//! (through [`mem::dma_copy`], which fails like DMA instead of crashing), and every rule below is
-//! enforced; each has a test in `tests/soft_rules.rs` that fails if the rule is removed:
+//! (through `mem::dma_copy`, which fails like DMA instead of crashing), and every rule below is
+//! enforced; each has a test (`tests/soft_rules/`, `tests/scenarios.rs`, `tests/pinning.rs`,
+//! `tests/mlx5_model.rs`) that fails if the rule is removed:
 //!
 //! - a key names a live region or window in the QP's PD; the range lies inside the region or
 //!   window; the rights allow the operation; `REMOTE_WRITE`/`REMOTE_ATOMIC` without
@@ -10,23 +11,34 @@
 //!   does not allow locally (`REMOTE_WRITE`/`REMOTE_ATOMIC` windows need `LOCAL_WRITE` on the
 //!   region, C10-74) — the region needs no remote rights of its own;
 //! - the low 8 bits of a key are its variant: an invalidated, deregistered or rebound key is
-//!   rejected with `REM_ACCESS_ERR`, the requester QP enters the error state and later work
-//!   requests complete with `WR_FLUSH_ERR`;
+//!   rejected with `REM_ACCESS_ERR`; a remote access error moves the requester *and* the
+//!   responder QP to the error state, later work requests and the responder's receives
+//!   complete with `WR_FLUSH_ERR`;
+//! - a pinned region holds the pages mapped at registration: an access that finds them
+//!   dropped, unmapped, remapped or reprotected fails and is counted (hardware would move the
+//!   old pages; user space cannot keep them — see `pin.rs` for what stays undetectable); ODP
+//!   regions follow the current mapping;
 //! - RC ordering: a QP's work requests execute in order, and those behind a SEND waiting for a
 //!   receive wait too; a responder that is not connected (or failed) drops requests
-//!   (`RETRY_EXC_ERR`); messages above 2 GiB are `LOC_LEN_ERR`; zero-length RDMA skips the rkey;
-//! - type 1 windows are bound by `bind_mw` on a QP of their PD and usable from any QP; type 2
+//!   (`RETRY_EXC_ERR`); messages above 2 GiB are `LOC_LEN_ERR`; zero-length RDMA skips the rkey
+//!   and zero-length scatter/gather entries are skipped (their lkey unchecked);
+//! - type 1 windows are bound by `bind_mw`, a work request on the send queue (in order, flushed
+//!   behind a failure) that refuses `ZERO_BASED` (`EINVAL`), a region of another PD (`EPERM`)
+//!   and windows above 2 GiB (`EOPNOTSUPP`, as mlx5) at the call; they are usable from any QP; type 2
 //!   windows are bound by a BIND_MW work request and usable only through that QP; type 2 windows
 //!   are invalidated by LOCAL_INV or SEND_WITH_INV, type 1 windows by a zero-length bind (the IB
 //!   spec, o10-37.2.26, and kernel rxe refuse to invalidate a type 1 window);
-//! - `rereg_mr` honours its three flags, keeps or changes keys per [`ReregMode`], and poisons
-//!   the region after `ERR_CMD`;
+//! - `rereg_mr` honours its three flags, keeps or changes keys per [`ReregMode`] (mlx5's
+//!   rules by default, with the mkey revoked while it is updated), and poisons the region
+//!   after `ERR_CMD`;
 //! - ODP pages are not resident until touched or prefetched; a NIC access to a non-resident
 //!   page counts a fault (costing [`SoftConfig::fault_cost`]) and succeeds only if the process
 //!   can access the page; `advise_mr` follows `ibv_advise_mr(3)`;
-//! - UMEM page-size bitmaps are checked against the backing page size;
+//! - UMEM page-size bitmaps are checked against the backing page size, and UMEM access flags
+//!   against what mlx5's `devx.c` accepts;
 //! - limits: pinned bytes (`RLIMIT_MEMLOCK`, bypassed with `CAP_IPC_LOCK`, as the kernel does),
-//!   `max_mr`, `max_mw`, `max_mr_size`, `max_sge`; injectable faults ([`SoftNic::fail_next`]).
+//!   `max_mr`, `max_mw` (both [`crate::nic::Error::Limit`]), `max_mr_size`, `max_sge`;
+//!   injectable faults ([`SoftNic::fail_next`]).
 //!
 //! Where kernel Soft-RoCE differs, the difference is in [`crate::nic::quirks::RXE`].
 //!
@@ -98,7 +110,7 @@ impl SoftNic {
     }
 
     /// Make the next `n` calls of `verb` fail with `errno` (`EOPNOTSUPP` surfaces as
-    /// [`Error::Unsupported`]). For [`Verb::ReregMr`] the failure is `ERR_CMD`; see
+    /// [`crate::nic::Error::Unsupported`]). For [`Verb::ReregMr`] the failure is `ERR_CMD`; see
     /// [`SoftNic::fail_next_rereg`] for other outcomes. Post verbs fail at post time.
     ///
     /// # Examples
