@@ -8,19 +8,6 @@ use rdma_pool::nic::soft::{ReregMode, SoftConfig};
 use rdma_pool::nic::*;
 use std::time::Duration;
 
-fn soft_bed(cfg: SoftConfig) -> Bed {
-    let (a, b) = (
-        Side::new(Nic::soft_with(cfg.clone())),
-        Side::new(Nic::soft_with(cfg)),
-    );
-    let (qa, qb) = connect(&a, &b);
-    Bed { a, b, qa, qb }
-}
-
-fn default_soft_bed() -> Bed {
-    soft_bed(SoftConfig::default())
-}
-
 fn mlx5_bed(revoke: Duration) -> Bed {
     soft_bed(SoftConfig {
         rereg: ReregMode::Mlx5,
@@ -63,8 +50,7 @@ fn a_pinned_region_keeps_its_keys_while_it_fits_its_cache_entry() {
         "5 pages do not"
     );
     // The old keys are dead, the new ones work.
-    let mut src = buf(4096, 0x61);
-    let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
+    let (mut src, src_mr) = bed.a.reg_buf(4096, 0x61, Access::LOCAL_WRITE);
     assert_eq!(
         write(&bed, &src_mr, 64, mr.addr() as u64, old),
         WcStatus::RemAccessErr
@@ -141,8 +127,7 @@ fn traffic_fails_while_a_kept_key_region_is_revoked() {
         (kept, mr)
     });
     std::thread::sleep(Duration::from_millis(150));
-    let mut src = buf(4096, 0x62);
-    let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
+    let (_src, src_mr) = bed.a.reg_buf(4096, 0x62, Access::LOCAL_WRITE);
     assert_eq!(
         write(&bed, &src_mr, 64, addr, rkey),
         WcStatus::RemAccessErr,
@@ -176,19 +161,12 @@ fn keep_keys_and_change_keys_modes_do_what_they_say() {
 
 #[test]
 fn windows_above_2_gib_are_refused_at_the_call() {
-    let bed = default_soft_bed();
+    let bed = default_bed();
     let len = (1usize << 31) + 4096;
     // An ODP region over reserved, never-touched memory.
-    let mut reserve = memmap2::MmapOptions::new().len(len).map_anon().unwrap();
-    // SAFETY: `reserve` outlives the region.
-    let mr = unsafe {
-        bed.b.pd.reg_mr(
-            reserve.as_mut_ptr(),
-            len,
-            RW | Access::MW_BIND | Access::ON_DEMAND,
-        )
-    }
-    .unwrap();
+    let (_reserve, mr) = bed
+        .b
+        .reg_reserved(len, RW | Access::MW_BIND | Access::ON_DEMAND);
     let mut mw = bed.b.pd.alloc_mw(MwType::Type1).unwrap();
     let e = bed
         .qb

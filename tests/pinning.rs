@@ -87,8 +87,7 @@ impl Drop for Raw {
 
 /// READ all of `mem` (registered as `mr` on side b) into a fresh buffer on side a.
 fn read_all(bed: &Bed, mr: &Mr) -> (WcStatus, Buffer) {
-    let mut dst = buf(mr.len(), 0);
-    let dst_mr = bed.a.reg(&mut dst, Access::LOCAL_WRITE).unwrap();
+    let (dst, dst_mr) = bed.a.reg_buf(mr.len(), 0, Access::LOCAL_WRITE);
     let status = read(bed, &dst_mr, mr.len(), mr.addr() as u64, mr.rkey());
     drop(dst_mr);
     (status, dst)
@@ -159,8 +158,7 @@ fn a_write_into_a_page_made_read_only_lands_or_fails() {
         unsafe { libc::mprotect(mem.page(0), page(), libc::PROT_READ) },
         0
     );
-    let mut src = buf(page(), 0x43);
-    let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
+    let (_src, src_mr) = bed.a.reg_buf(page(), 0x43, Access::LOCAL_WRITE);
     let status = write(&bed, &src_mr, page(), mr.addr() as u64, mr.rkey());
     if rxe(&bed) {
         assert_eq!(status, WcStatus::Success);
@@ -231,8 +229,7 @@ fn a_dropped_local_source_page_is_still_sent_or_the_write_fails() {
     let src_mr = src.reg(&bed.a, Access::LOCAL_WRITE);
     // SAFETY: our own mapping.
     unsafe { libc::madvise(src.page(0), page(), libc::MADV_DONTNEED) };
-    let mut dst = buf(page(), 0);
-    let dst_mr = bed.b.reg(&mut dst, RW).unwrap();
+    let (dst, dst_mr) = bed.b.reg_buf(page(), 0, RW);
     let status = write(&bed, &src_mr, page(), dst_mr.addr() as u64, dst_mr.rkey());
     if rxe(&bed) {
         assert_eq!(status, WcStatus::Success);
@@ -276,8 +273,7 @@ fn untouched_pinned_memory_moves_data_normally() {
     // SAFETY: our own mapping: drop every page, so none is present before registration.
     unsafe { libc::madvise(mem.page(0), 4 * page(), libc::MADV_DONTNEED) };
     let mr = mem.reg(&bed.b, RW);
-    let mut src = buf(4 * page(), 0x49);
-    let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
+    let (_src, src_mr) = bed.a.reg_buf(4 * page(), 0x49, Access::LOCAL_WRITE);
     assert_eq!(
         write(&bed, &src_mr, 4 * page(), mr.addr() as u64, mr.rkey()),
         WcStatus::Success

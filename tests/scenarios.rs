@@ -34,11 +34,9 @@ fn write_then_read_back_pinned() {
         .iter_mut()
         .enumerate()
         .for_each(|(i, x)| *x = (i % 251) as u8);
-    let mut dst = buf(8192, 0);
-    let mut back = buf(8192, 0);
     let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
-    let back_mr = bed.a.reg(&mut back, Access::LOCAL_WRITE).unwrap();
-    let dst_mr = bed.b.reg(&mut dst, RW).unwrap();
+    let (back, back_mr) = bed.a.reg_buf(8192, 0, Access::LOCAL_WRITE);
+    let (dst, dst_mr) = bed.b.reg_buf(8192, 0, RW);
     assert_eq!(
         write(&bed, &src_mr, 8192, dst_mr.addr() as u64, dst_mr.rkey()),
         WcStatus::Success
@@ -55,8 +53,7 @@ fn write_then_read_back_pinned() {
 fn write_into_malloc_memory_at_an_offset() {
     let _g = serial();
     let bed = bed();
-    let mut src = buf(4096, 0x5a);
-    let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
+    let (_src, src_mr) = bed.a.reg_buf(4096, 0x5a, Access::LOCAL_WRITE);
     let mut heap = vec![0u8; 1000];
     // SAFETY: `heap` outlives the region.
     let mr = unsafe { bed.b.pd.reg_mr(heap.as_mut_ptr(), heap.len(), RW) }.unwrap();
@@ -86,8 +83,7 @@ fn hugetlb_memory_registers_and_moves_data() {
     } else {
         flagged.unwrap()
     };
-    let mut src = buf(4096, 0x77);
-    let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
+    let (_src, src_mr) = bed.a.reg_buf(4096, 0x77, Access::LOCAL_WRITE);
     assert_eq!(
         write(&bed, &src_mr, 4096, mr.addr() as u64 + (1 << 20), mr.rkey()),
         WcStatus::Success
@@ -103,10 +99,8 @@ fn hugetlb_memory_registers_and_moves_data() {
 fn wrong_rkey_is_rejected_and_the_qp_flushes() {
     let _g = serial();
     let bed = bed();
-    let mut src = buf(4096, 1);
-    let mut dst = buf(4096, 0);
-    let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
-    let dst_mr = bed.b.reg(&mut dst, RW).unwrap();
+    let (_src, src_mr) = bed.a.reg_buf(4096, 1, Access::LOCAL_WRITE);
+    let (dst, dst_mr) = bed.b.reg_buf(4096, 0, RW);
     let bogus = Rkey(dst_mr.rkey().0 ^ 0x5500);
     assert_eq!(
         write(&bed, &src_mr, 64, dst_mr.addr() as u64, bogus),
@@ -125,10 +119,8 @@ fn wrong_rkey_is_rejected_and_the_qp_flushes() {
 fn stale_key_variant_is_rejected() {
     let _g = serial();
     let bed = bed();
-    let mut src = buf(4096, 1);
-    let mut dst = buf(4096, 0);
-    let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
-    let dst_mr = bed.b.reg(&mut dst, RW).unwrap();
+    let (_src, src_mr) = bed.a.reg_buf(4096, 1, Access::LOCAL_WRITE);
+    let (_dst, dst_mr) = bed.b.reg_buf(4096, 0, RW);
     let stale = Rkey(dst_mr.rkey().0.wrapping_sub(1) & 0xff | dst_mr.rkey().0 & !0xff);
     assert_ne!(stale, dst_mr.rkey());
     assert_eq!(
@@ -141,10 +133,8 @@ fn stale_key_variant_is_rejected() {
 fn deregistered_key_is_rejected() {
     let _g = serial();
     let bed = bed();
-    let mut src = buf(4096, 1);
-    let mut dst = buf(4096, 0);
-    let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
-    let dst_mr = bed.b.reg(&mut dst, RW).unwrap();
+    let (_src, src_mr) = bed.a.reg_buf(4096, 1, Access::LOCAL_WRITE);
+    let (dst, dst_mr) = bed.b.reg_buf(4096, 0, RW);
     let (addr, rkey) = (dst_mr.addr() as u64, dst_mr.rkey());
     dst_mr.dereg().unwrap();
     assert_eq!(write(&bed, &src_mr, 64, addr, rkey), WcStatus::RemAccessErr);
@@ -155,13 +145,10 @@ fn deregistered_key_is_rejected() {
 fn access_rights_are_enforced() {
     let _g = serial();
     let bed = bed();
-    let mut src = buf(4096, 9);
-    let mut ro = buf(4096, 0);
-    let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
-    let ro_mr = bed
+    let (_src, src_mr) = bed.a.reg_buf(4096, 9, Access::LOCAL_WRITE);
+    let (ro, ro_mr) = bed
         .b
-        .reg(&mut ro, Access::LOCAL_WRITE | Access::REMOTE_READ)
-        .unwrap();
+        .reg_buf(4096, 0, Access::LOCAL_WRITE | Access::REMOTE_READ);
     assert_eq!(
         write(&bed, &src_mr, 64, ro_mr.addr() as u64, ro_mr.rkey()),
         WcStatus::RemAccessErr
@@ -173,13 +160,10 @@ fn access_rights_are_enforced() {
 fn read_needs_remote_read() {
     let _g = serial();
     let bed = bed();
-    let mut dst = buf(4096, 0);
-    let mut wo = buf(4096, 3);
-    let dst_mr = bed.a.reg(&mut dst, Access::LOCAL_WRITE).unwrap();
-    let wo_mr = bed
+    let (dst, dst_mr) = bed.a.reg_buf(4096, 0, Access::LOCAL_WRITE);
+    let (_wo, wo_mr) = bed
         .b
-        .reg(&mut wo, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
-        .unwrap();
+        .reg_buf(4096, 3, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
     assert_eq!(
         read(&bed, &dst_mr, 64, wo_mr.addr() as u64, wo_mr.rkey()),
         WcStatus::RemAccessErr
@@ -191,9 +175,8 @@ fn read_needs_remote_read() {
 fn region_bounds_are_enforced() {
     let _g = serial();
     let bed = bed();
-    let mut src = buf(8192, 4);
     let mut dst = buf(8192, 0);
-    let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
+    let (_src, src_mr) = bed.a.reg_buf(8192, 4, Access::LOCAL_WRITE);
     // SAFETY: `dst` outlives the region, which covers its first page only.
     let dst_mr = unsafe { bed.b.pd.reg_mr(dst.as_mut_ptr(), 4096, RW) }.unwrap();
     assert_eq!(
@@ -213,15 +196,9 @@ fn region_bounds_are_enforced() {
 fn local_key_must_cover_the_sge() {
     let _g = serial();
     let bed = bed();
-    let mut src = buf(4096, 4);
-    let mut dst = buf(4096, 0);
-    let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
-    let dst_mr = bed.b.reg(&mut dst, RW).unwrap();
-    let bad = Sge {
-        addr: src_mr.addr() as u64 + 4000,
-        length: 200,
-        lkey: src_mr.lkey(),
-    };
+    let (_src, src_mr) = bed.a.reg_buf(4096, 4, Access::LOCAL_WRITE);
+    let (dst, dst_mr) = bed.b.reg_buf(4096, 0, RW);
+    let bad = sge(src_mr.addr() as u64 + 4000, 200, src_mr.lkey());
     bed.qa
         .post_write(1, &[bad], dst_mr.addr() as u64, dst_mr.rkey())
         .unwrap();
@@ -253,9 +230,8 @@ fn send_lands_in_a_posted_receive() {
     let bed = bed();
     let mut src = buf(4096, 0);
     src.as_mut_slice()[..5].copy_from_slice(b"hello");
-    let mut dst = buf(4096, 0);
     let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
-    let dst_mr = bed.b.reg(&mut dst, Access::LOCAL_WRITE).unwrap();
+    let (dst, dst_mr) = bed.b.reg_buf(4096, 0, Access::LOCAL_WRITE);
     bed.qb
         .post_recv(42, &[dst_mr.sge(0, 4096).unwrap()])
         .unwrap();
@@ -286,9 +262,8 @@ fn odp_region_faults_in_and_moves_the_right_bytes() {
         .iter_mut()
         .enumerate()
         .for_each(|(i, x)| *x = (i / 7) as u8);
-    let mut dst = buf(4 * 4096, 0);
     let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
-    let dst_mr = bed.b.reg(&mut dst, RW | Access::ON_DEMAND).unwrap();
+    let (dst, dst_mr) = bed.b.reg_buf(4 * 4096, 0, RW | Access::ON_DEMAND);
     assert!(dst_mr.is_odp());
     if let Some(soft) = bed.b.nic.as_soft() {
         assert_eq!(
@@ -321,8 +296,7 @@ fn local_odp_rdma_is_correct_or_refused_never_corrupted() {
         .a
         .reg(&mut src, Access::LOCAL_WRITE | Access::ON_DEMAND)
         .unwrap();
-    let mut dst = buf(3 * 4096, 0);
-    let dst_mr = bed.b.reg(&mut dst, RW).unwrap();
+    let (dst, dst_mr) = bed.b.reg_buf(3 * 4096, 0, RW);
     // Page-aligned local ODP data: correct everywhere.
     assert_eq!(
         write(&bed, &src_mr, 2 * 4096, dst_mr.addr() as u64, dst_mr.rkey()),
@@ -330,11 +304,7 @@ fn local_odp_rdma_is_correct_or_refused_never_corrupted() {
     );
     assert_eq!(&dst.as_slice()[..2 * 4096], &src.as_slice()[..2 * 4096]);
     // At an offset inside the page: correct on the soft NIC; refused (not corrupted) on rxe.
-    let sge = Sge {
-        addr: src_mr.addr() as u64 + 16,
-        length: 4096,
-        lkey: src_mr.lkey(),
-    };
+    let sge = sge(src_mr.addr() as u64 + 16, 4096, src_mr.lkey());
     let posted = bed
         .qa
         .post_write(9, &[sge], dst_mr.addr() as u64 + 8192, dst_mr.rkey());
@@ -352,11 +322,9 @@ fn local_odp_rdma_is_correct_or_refused_never_corrupted() {
 fn advise_mr_prefetch_all_advices_with_and_without_flush() {
     let _g = serial();
     let bed = bed();
-    let mut b = buf(16 * 4096, 1);
-    let mr = bed
+    let (_b, mr) = bed
         .b
-        .reg(&mut b, Access::LOCAL_WRITE | Access::ON_DEMAND)
-        .unwrap();
+        .reg_buf(16 * 4096, 1, Access::LOCAL_WRITE | Access::ON_DEMAND);
     for advice in [
         Advice::Prefetch,
         Advice::PrefetchWrite,
@@ -385,8 +353,7 @@ fn advise_mr_prefetch_all_advices_with_and_without_flush() {
 fn advise_mr_refuses_non_odp_and_out_of_bounds() {
     let _g = serial();
     let bed = bed();
-    let mut b = buf(4 * 4096, 1);
-    let pinned = bed.b.reg(&mut b, Access::LOCAL_WRITE).unwrap();
+    let (_b, pinned) = bed.b.reg_buf(4 * 4096, 1, Access::LOCAL_WRITE);
     let e = bed
         .b
         .pd
@@ -397,16 +364,10 @@ fn advise_mr_refuses_non_odp_and_out_of_bounds() {
         )
         .unwrap_err();
     assert!(e.errno().is_some(), "{e}");
-    let mut o = buf(4 * 4096, 1);
-    let odp = bed
+    let (_o, odp) = bed
         .b
-        .reg(&mut o, Access::LOCAL_WRITE | Access::ON_DEMAND)
-        .unwrap();
-    let oob = Sge {
-        addr: odp.addr() as u64 + 3 * 4096,
-        length: 2 * 4096,
-        lkey: odp.lkey(),
-    };
+        .reg_buf(4 * 4096, 1, Access::LOCAL_WRITE | Access::ON_DEMAND);
+    let oob = sge(odp.addr() as u64 + 3 * 4096, 2 * 4096, odp.lkey());
     let e = bed
         .b
         .pd
@@ -461,8 +422,7 @@ fn rereg_translation_keeps_keys_or_takes_the_fallback() {
         "the soft NIC models mlx5's in-place update"
     );
     assert_eq!((mr.addr(), mr.len()), (b.as_ptr() as usize, 8192));
-    let mut src = buf(4096, 0x33);
-    let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
+    let (_src, src_mr) = bed.a.reg_buf(4096, 0x33, Access::LOCAL_WRITE);
     assert_eq!(
         write(&bed, &src_mr, 64, mr.addr() as u64 + 4096, mr.rkey()),
         WcStatus::Success
@@ -547,8 +507,7 @@ fn rereg_input_errors_keep_the_region() {
         (ReregErrorKind::Input, Some(libc::EINVAL))
     );
     assert!(e.kind.old_mr_valid() && !mr.is_poisoned());
-    let mut src = buf(4096, 0x44);
-    let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
+    let (_src, src_mr) = bed.a.reg_buf(4096, 0x44, Access::LOCAL_WRITE);
     assert_eq!(
         write(&bed, &src_mr, 64, mr.addr() as u64, mr.rkey()),
         WcStatus::Success
@@ -567,8 +526,7 @@ fn implicit_odp_is_supported_or_refused_cleanly() {
     }
     let mr = r.unwrap();
     let mut dst = buf(4096, 0);
-    let mut src = buf(4096, 0x21);
-    let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
+    let (_src, src_mr) = bed.a.reg_buf(4096, 0x21, Access::LOCAL_WRITE);
     assert_eq!(
         write(&bed, &src_mr, 128, dst.as_ptr() as u64 + 64, mr.rkey()),
         WcStatus::Success
@@ -610,8 +568,7 @@ fn type1_window_grants_rebinds_and_enforces_rights() {
         Access::REMOTE_READ,
     );
     assert_ne!(rkey, mr.rkey());
-    let mut dst = buf(4096, 0);
-    let dst_mr = bed.a.reg(&mut dst, Access::LOCAL_WRITE).unwrap();
+    let (dst, dst_mr) = bed.a.reg_buf(4096, 0, Access::LOCAL_WRITE);
     assert_eq!(
         read(&bed, &dst_mr, 4096, mr.addr() as u64 + 4096, rkey),
         WcStatus::Success
@@ -639,12 +596,9 @@ fn type1_window_grants_rebinds_and_enforces_rights() {
 fn type1_window_rights_cannot_be_exceeded() {
     let _g = serial();
     let bed = bed();
-    let mut mem = buf(4096, 0);
-    let mr = bed.b.reg(&mut mem, RW | Access::MW_BIND).unwrap();
-    let mut mw = bed.b.pd.alloc_mw(MwType::Type1).unwrap();
+    let (mem, mr, mut mw) = bed.b.window_over(4096, 0, MwType::Type1);
     let rkey = bind1(&bed.b, &bed.qb, &mut mw, &mr, 0, 4096, Access::REMOTE_READ);
-    let mut src = buf(4096, 0x12);
-    let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
+    let (_src, src_mr) = bed.a.reg_buf(4096, 0x12, Access::LOCAL_WRITE);
     assert_eq!(
         write(&bed, &src_mr, 64, mr.addr() as u64, rkey),
         WcStatus::RemAccessErr
@@ -656,9 +610,7 @@ fn type1_window_rights_cannot_be_exceeded() {
 fn window_bounds() {
     let _g = serial();
     let bed = bed();
-    let mut mem = buf(4 * 4096, 0x31);
-    let mr = bed.b.reg(&mut mem, RW | Access::MW_BIND).unwrap();
-    let mut mw = bed.b.pd.alloc_mw(MwType::Type1).unwrap();
+    let (_mem, mr, mut mw) = bed.b.window_over(4 * 4096, 0x31, MwType::Type1);
     let rkey = bind1(
         &bed.b,
         &bed.qb,
@@ -668,8 +620,7 @@ fn window_bounds() {
         4096,
         Access::REMOTE_READ,
     );
-    let mut dst = buf(4096, 0);
-    let dst_mr = bed.a.reg(&mut dst, Access::LOCAL_WRITE).unwrap();
+    let (dst, dst_mr) = bed.a.reg_buf(4096, 0, Access::LOCAL_WRITE);
     // Inside the region, outside the window.
     let status = read(&bed, &dst_mr, 64, mr.addr() as u64 + 3 * 4096, rkey);
     if quirk(&bed, Quirk::MwBoundsNotEnforced) {
@@ -688,13 +639,10 @@ fn window_bounds() {
 fn zero_length_bind_unbinds_a_type1_window() {
     let _g = serial();
     let bed = bed();
-    let mut mem = buf(4096, 0x31);
-    let mr = bed.b.reg(&mut mem, RW | Access::MW_BIND).unwrap();
-    let mut mw = bed.b.pd.alloc_mw(MwType::Type1).unwrap();
+    let (_mem, mr, mut mw) = bed.b.window_over(4096, 0x31, MwType::Type1);
     let rkey = bind1(&bed.b, &bed.qb, &mut mw, &mr, 0, 4096, Access::REMOTE_READ);
     let unbound = bind1(&bed.b, &bed.qb, &mut mw, &mr, 0, 0, Access::empty());
-    let mut dst = buf(4096, 0);
-    let dst_mr = bed.a.reg(&mut dst, Access::LOCAL_WRITE).unwrap();
+    let (_dst, dst_mr) = bed.a.reg_buf(4096, 0, Access::LOCAL_WRITE);
     assert_eq!(
         read(&bed, &dst_mr, 64, mr.addr() as u64, rkey),
         WcStatus::RemAccessErr
@@ -706,9 +654,7 @@ fn zero_length_bind_unbinds_a_type1_window() {
 fn local_inv_does_not_invalidate_type1_windows() {
     let _g = serial();
     let bed = bed();
-    let mut mem = buf(4096, 0x31);
-    let mr = bed.b.reg(&mut mem, RW | Access::MW_BIND).unwrap();
-    let mut mw = bed.b.pd.alloc_mw(MwType::Type1).unwrap();
+    let (_mem, mr, mut mw) = bed.b.window_over(4096, 0x31, MwType::Type1);
     let rkey = bind1(&bed.b, &bed.qb, &mut mw, &mr, 0, 4096, Access::REMOTE_READ);
     bed.qb.post_local_inv(9, rkey).unwrap();
     let wc = bed.b.wait();
@@ -723,9 +669,7 @@ fn local_inv_does_not_invalidate_type1_windows() {
 fn type2_window_is_bound_on_one_qp_and_invalidated() {
     let _g = serial();
     let bed = bed();
-    let mut mem = buf(2 * 4096, 0x48);
-    let mr = bed.b.reg(&mut mem, RW | Access::MW_BIND).unwrap();
-    let mut mw = bed.b.pd.alloc_mw(MwType::Type2).unwrap();
+    let (_mem, mr, mut mw) = bed.b.window_over(2 * 4096, 0x48, MwType::Type2);
     let rkey = bed
         .qb
         .post_bind_mw(
@@ -742,8 +686,7 @@ fn type2_window_is_bound_on_one_qp_and_invalidated() {
         (wc.wr_id, wc.status, wc.opcode),
         (11, WcStatus::Success, WcOpcode::BindMw)
     );
-    let mut dst = buf(4096, 0);
-    let dst_mr = bed.a.reg(&mut dst, Access::LOCAL_WRITE).unwrap();
+    let (dst, dst_mr) = bed.a.reg_buf(4096, 0, Access::LOCAL_WRITE);
     assert_eq!(
         read(&bed, &dst_mr, 4096, mr.addr() as u64, rkey),
         WcStatus::Success
@@ -772,19 +715,15 @@ fn type2_window_is_bound_on_one_qp_and_invalidated() {
 fn send_with_invalidate_revokes_a_type2_window() {
     let _g = serial();
     let bed = bed();
-    let mut mem = buf(4096, 0x48);
-    let mr = bed.b.reg(&mut mem, RW | Access::MW_BIND).unwrap();
-    let mut mw = bed.b.pd.alloc_mw(MwType::Type2).unwrap();
+    let (_mem, mr, mut mw) = bed.b.window_over(4096, 0x48, MwType::Type2);
     let rkey = bed
         .qb
         .post_bind_mw(21, &mut mw, &mr, 0, 4096, Access::REMOTE_READ)
         .unwrap();
     assert_eq!(bed.b.wait().status, WcStatus::Success);
-    let mut rbuf = buf(4096, 0);
-    let rmr = bed.b.reg(&mut rbuf, Access::LOCAL_WRITE).unwrap();
+    let (_rbuf, rmr) = bed.b.reg_buf(4096, 0, Access::LOCAL_WRITE);
     bed.qb.post_recv(22, &[rmr.sge(0, 4096).unwrap()]).unwrap();
-    let mut sbuf = buf(4096, 1);
-    let smr = bed.a.reg(&mut sbuf, Access::LOCAL_WRITE).unwrap();
+    let (_sbuf, smr) = bed.a.reg_buf(4096, 1, Access::LOCAL_WRITE);
     bed.qa
         .post_send_with_inv(23, &[smr.sge(0, 8).unwrap()], rkey)
         .unwrap();
@@ -799,8 +738,7 @@ fn send_with_invalidate_revokes_a_type2_window() {
         (wc.wr_id, wc.status, wc.invalidated_rkey),
         (22, WcStatus::Success, reported)
     );
-    let mut dst = buf(4096, 0);
-    let dst_mr = bed.a.reg(&mut dst, Access::LOCAL_WRITE).unwrap();
+    let (_dst, dst_mr) = bed.a.reg_buf(4096, 0, Access::LOCAL_WRITE);
     assert_eq!(
         read(&bed, &dst_mr, 64, mr.addr() as u64, rkey),
         WcStatus::RemAccessErr
@@ -812,9 +750,7 @@ fn send_with_invalidate_revokes_a_type2_window() {
 fn dereg_while_a_window_is_bound_fails_and_keeps_the_region() {
     let _g = serial();
     let bed = bed();
-    let mut mem = buf(4096, 0x31);
-    let mr = bed.b.reg(&mut mem, RW | Access::MW_BIND).unwrap();
-    let mut mw = bed.b.pd.alloc_mw(MwType::Type1).unwrap();
+    let (_mem, mr, mut mw) = bed.b.window_over(4096, 0x31, MwType::Type1);
     let _rkey = bind1(&bed.b, &bed.qb, &mut mw, &mr, 0, 4096, Access::REMOTE_READ);
     let e = mr.dereg().unwrap_err();
     let want = if quirk(&bed, Quirk::DeregBusyIsEinval) {
@@ -824,8 +760,7 @@ fn dereg_while_a_window_is_bound_fails_and_keeps_the_region() {
     };
     assert_eq!(e.error.errno(), Some(want), "{}", e.error);
     let mr = e.mr;
-    let mut dst = buf(4096, 0);
-    let dst_mr = bed.a.reg(&mut dst, Access::LOCAL_WRITE).unwrap();
+    let (_dst, dst_mr) = bed.a.reg_buf(4096, 0, Access::LOCAL_WRITE);
     assert_eq!(
         read(&bed, &dst_mr, 64, mr.addr() as u64, mr.rkey()),
         WcStatus::Success,
@@ -839,8 +774,7 @@ fn dereg_while_a_window_is_bound_fails_and_keeps_the_region() {
 fn bind_needs_mw_bind_on_the_region() {
     let _g = serial();
     let bed = bed();
-    let mut mem = buf(4096, 0);
-    let mr = bed.b.reg(&mut mem, RW).unwrap();
+    let (mut mem, mr) = bed.b.reg_buf(4096, 0, RW);
     let mut mw = bed.b.pd.alloc_mw(MwType::Type1).unwrap();
     bed.qb
         .bind_mw(31, &mut mw, &mr, 0, 4096, Access::REMOTE_READ)
@@ -860,8 +794,7 @@ fn bind_needs_mw_bind_on_the_region() {
         .bind_mw(32, &mut mw, &good, 0, 4096, Access::REMOTE_READ)
         .unwrap();
     assert_eq!(bed.b.wait().status, WcStatus::Success);
-    let mut dst = buf(4096, 1);
-    let dst_mr = bed.a.reg(&mut dst, Access::LOCAL_WRITE).unwrap();
+    let (dst, dst_mr) = bed.a.reg_buf(4096, 1, Access::LOCAL_WRITE);
     qa2.post_read(33, &[dst_mr.sge(0, 64).unwrap()], good.addr() as u64, rkey)
         .unwrap();
     assert_eq!(bed.a.wait().status, WcStatus::Success);
@@ -954,11 +887,9 @@ fn a_window_grants_one_buffer_of_a_region_without_remote_rights() {
     // nothing); a type 2 window bound on the peer's QP grants exactly one buffer.
     let _g = serial();
     let bed = bed();
-    let mut arena = buf(4 * 4096, 0);
-    let mr = bed
+    let (arena, mr) = bed
         .b
-        .reg(&mut arena, Access::LOCAL_WRITE | Access::MW_BIND)
-        .unwrap();
+        .reg_buf(4 * 4096, 0, Access::LOCAL_WRITE | Access::MW_BIND);
     let mut mw = bed.b.pd.alloc_mw(MwType::Type2).unwrap();
     let rw = Access::REMOTE_READ | Access::REMOTE_WRITE;
     let rkey = bed
@@ -968,8 +899,7 @@ fn a_window_grants_one_buffer_of_a_region_without_remote_rights() {
     let wc = bed.b.wait();
     assert_eq!(wc.status, WcStatus::Success);
     assert!(mw.settle(wc.status));
-    let mut src = buf(4096, 0x2a);
-    let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
+    let (_src, src_mr) = bed.a.reg_buf(4096, 0x2a, Access::LOCAL_WRITE);
     assert_eq!(
         write(&bed, &src_mr, 4096, mr.addr() as u64 + 4096, rkey),
         WcStatus::Success
@@ -995,15 +925,11 @@ fn a_window_grants_one_buffer_of_a_region_without_remote_rights() {
 fn a_remote_access_error_fails_the_responder_and_flushes_its_receives() {
     let _g = serial();
     let bed = bed();
-    let mut src = buf(4096, 1);
-    let mut dst = buf(4096, 0);
-    let mut rbuf = buf(4096, 0);
-    let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
-    let dst_mr = bed
+    let (_src, src_mr) = bed.a.reg_buf(4096, 1, Access::LOCAL_WRITE);
+    let (_dst, dst_mr) = bed
         .b
-        .reg(&mut dst, Access::LOCAL_WRITE | Access::REMOTE_READ)
-        .unwrap();
-    let r_mr = bed.b.reg(&mut rbuf, Access::LOCAL_WRITE).unwrap();
+        .reg_buf(4096, 0, Access::LOCAL_WRITE | Access::REMOTE_READ);
+    let (_rbuf, r_mr) = bed.b.reg_buf(4096, 0, Access::LOCAL_WRITE);
     bed.qb.post_recv(9, &[r_mr.sge(0, 4096).unwrap()]).unwrap();
     // The region grants READ only: a WRITE is a remote access error (IB class C).
     assert_eq!(
@@ -1022,13 +948,10 @@ fn a_remote_access_error_fails_the_responder_and_flushes_its_receives() {
 fn a_type1_bind_completes_in_send_queue_order() {
     let _g = serial();
     let bed = bed();
-    let mut src = buf(1 << 20, 7);
-    let src_mr = bed
+    let (_src, src_mr) = bed
         .a
-        .reg(&mut src, Access::LOCAL_WRITE | Access::MW_BIND)
-        .unwrap();
-    let mut dst = buf(1 << 20, 0);
-    let dst_mr = bed.b.reg(&mut dst, RW).unwrap();
+        .reg_buf(1 << 20, 7, Access::LOCAL_WRITE | Access::MW_BIND);
+    let (_dst, dst_mr) = bed.b.reg_buf(1 << 20, 0, RW);
     // A long WRITE, then a bind: the bind completes after it.
     let mut mw = bed.a.pd.alloc_mw(MwType::Type1).unwrap();
     bed.qa
@@ -1049,8 +972,7 @@ fn a_type1_bind_completes_in_send_queue_order() {
     );
     assert_eq!(second.opcode, WcOpcode::BindMw);
     // A SEND that waits at the responder for a receive, then a bind behind it.
-    let mut rbuf = buf(4096, 0);
-    let r_mr = bed.b.reg(&mut rbuf, Access::LOCAL_WRITE).unwrap();
+    let (_rbuf, r_mr) = bed.b.reg_buf(4096, 0, Access::LOCAL_WRITE);
     bed.qa.post_send(3, &[src_mr.sge(0, 8).unwrap()]).unwrap();
     let mut mw2 = bed.a.pd.alloc_mw(MwType::Type1).unwrap();
     bed.qa
@@ -1081,11 +1003,9 @@ fn a_type1_bind_completes_in_send_queue_order() {
 fn a_type1_bind_behind_a_failed_request_is_flushed() {
     let _g = serial();
     let bed = bed();
-    let mut src = buf(4096, 7);
-    let src_mr = bed
+    let (_src, src_mr) = bed
         .a
-        .reg(&mut src, Access::LOCAL_WRITE | Access::MW_BIND)
-        .unwrap();
+        .reg_buf(4096, 7, Access::LOCAL_WRITE | Access::MW_BIND);
     let mut mw = bed.a.pd.alloc_mw(MwType::Type1).unwrap();
     let old = mw.rkey();
     bed.qa
@@ -1105,9 +1025,7 @@ fn a_type1_bind_behind_a_failed_request_is_flushed() {
 fn bind_mw_refuses_bad_input_at_the_call() {
     let _g = serial();
     let bed = bed();
-    let mut mem = buf(4096, 0);
-    let mr = bed.b.reg(&mut mem, RW | Access::MW_BIND).unwrap();
-    let mut mw = bed.b.pd.alloc_mw(MwType::Type1).unwrap();
+    let (_mem, mr, mut mw) = bed.b.window_over(4096, 0, MwType::Type1);
     let e = bed
         .qb
         .bind_mw(
@@ -1126,8 +1044,7 @@ fn bind_mw_refuses_bad_input_at_the_call() {
     );
     let pd2 = bed.b.nic.alloc_pd().unwrap();
     let mut other = buf(4096, 0);
-    // SAFETY: `other` outlives the region.
-    let mr2 = unsafe { pd2.reg_mr(other.as_mut_ptr(), 4096, RW | Access::MW_BIND) }.unwrap();
+    let mr2 = reg_in(&pd2, &mut other, RW | Access::MW_BIND).unwrap();
     let e = bed
         .qb
         .bind_mw(2, &mut mw, &mr2, 0, 4096, Access::REMOTE_READ)
@@ -1151,15 +1068,9 @@ fn bind_mw_refuses_bad_input_at_the_call() {
 fn a_zero_length_sge_is_skipped_without_checking_its_lkey() {
     let _g = serial();
     let bed = bed();
-    let mut src = buf(4096, 0x3c);
-    let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
-    let mut dst = buf(4096, 0);
-    let dst_mr = bed.b.reg(&mut dst, RW).unwrap();
-    let empty = Sge {
-        addr: 0x10,
-        length: 0,
-        lkey: Lkey(0xdead_be00),
-    };
+    let (_src, src_mr) = bed.a.reg_buf(4096, 0x3c, Access::LOCAL_WRITE);
+    let (dst, dst_mr) = bed.b.reg_buf(4096, 0, RW);
+    let empty = sge(0x10, 0, Lkey(0xdead_be00));
     bed.qa
         .post_write(
             1,
@@ -1178,10 +1089,8 @@ fn a_zero_length_sge_is_skipped_without_checking_its_lkey() {
 fn a_receive_into_a_region_without_local_write_fails_both_ends() {
     let _g = serial();
     let bed = bed();
-    let mut src = buf(4096, 0x11);
-    let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
-    let mut rbuf = buf(4096, 0);
-    let r_mr = bed.b.reg(&mut rbuf, Access::empty()).unwrap();
+    let (_src, src_mr) = bed.a.reg_buf(4096, 0x11, Access::LOCAL_WRITE);
+    let (rbuf, r_mr) = bed.b.reg_buf(4096, 0, Access::empty());
     bed.qb.post_recv(5, &[r_mr.sge(0, 4096).unwrap()]).unwrap();
     bed.qa.post_send(6, &[src_mr.sge(0, 64).unwrap()]).unwrap();
     let recv = bed.b.wait();
@@ -1206,11 +1115,9 @@ fn advise_mr_takes_more_entries_than_max_sge() {
         return;
     }
     let n = bed.b.nic.caps().max_sge as usize + 1;
-    let mut b = buf(n * 4096, 1);
-    let mr = bed
+    let (_b, mr) = bed
         .b
-        .reg(&mut b, Access::LOCAL_WRITE | Access::ON_DEMAND)
-        .unwrap();
+        .reg_buf(n * 4096, 1, Access::LOCAL_WRITE | Access::ON_DEMAND);
     let sges: Vec<Sge> = (0..n).map(|i| mr.sge(i * 4096, 4096).unwrap()).collect();
     bed.b
         .pd

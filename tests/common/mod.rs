@@ -4,6 +4,7 @@
 //! `rxe0,rxe1`: the Soft-RoCE pair of the QEMU test bed); anything else runs on two soft NICs.
 #![allow(dead_code, unreachable_pub)]
 
+use rdma_pool::nic::soft::{ReregMode, SoftConfig};
 use rdma_pool::nic::*;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
@@ -53,28 +54,77 @@ impl Side {
     }
 
     pub fn qp(&self) -> Qp {
-        self.pd
-            .create_qp(
-                &self.cq,
-                &self.cq,
-                QpCaps {
-                    max_send_sge: 4,
-                    max_recv_sge: 4,
-                    ..Default::default()
-                },
-            )
-            .unwrap()
+        self.qp_in(&self.pd)
+    }
+
+    /// A QP on this side's CQ in `pd` (another PD of this side's device).
+    pub fn qp_in(&self, pd: &Pd) -> Qp {
+        pd.create_qp(
+            &self.cq,
+            &self.cq,
+            QpCaps {
+                max_send_sge: 4,
+                max_recv_sge: 4,
+                ..Default::default()
+            },
+        )
+        .unwrap()
     }
 
     /// Register `buf` with `access`.
     pub fn reg(&self, buf: &mut Buffer, access: Access) -> Result<Mr> {
-        // SAFETY: every test keeps its buffers alive longer than their regions.
-        unsafe { self.pd.reg_mr(buf.as_mut_ptr(), buf.len(), access) }
+        reg_in(&self.pd, buf, access)
+    }
+
+    /// A fresh buffer of `len` bytes filled with `fill`, registered with `access`. Bind it as
+    /// `let (buf, mr) = …`: the region is dropped before its buffer.
+    pub fn reg_buf(&self, len: usize, fill: u8, access: Access) -> (Buffer, Mr) {
+        let mut b = buf(len, fill);
+        let mr = self.reg(&mut b, access).unwrap();
+        (b, mr)
+    }
+
+    /// A buffer of `len` bytes filled with `fill`, registered `RW | MW_BIND`, and a window of
+    /// type `ty` in this side's PD, not bound yet. Bind it as `let (mem, mr, mut mw) = …`.
+    pub fn window_over(&self, len: usize, fill: u8, ty: MwType) -> (Buffer, Mr, Mw) {
+        let (mem, mr) = self.reg_buf(len, fill, RW | Access::MW_BIND);
+        let mw = self.pd.alloc_mw(ty).unwrap();
+        (mem, mr, mw)
     }
 
     pub fn wait(&self) -> Completion {
         self.cq.wait_one(WAIT).expect("a completion")
     }
+
+    /// An ODP region of `len` bytes over reserved, never-touched memory (nothing is pinned or
+    /// faulted), registered with `access`. Bind it as `let (reserve, mr) = …`.
+    pub fn reg_reserved(&self, len: usize, access: Access) -> (memmap2::MmapMut, Mr) {
+        let mut reserve = memmap2::MmapOptions::new().len(len).map_anon().unwrap();
+        // SAFETY: the caller keeps `reserve` alive longer than the region.
+        let mr = unsafe { self.pd.reg_mr(reserve.as_mut_ptr(), len, access) }.unwrap();
+        (reserve, mr)
+    }
+
+    /// `advise_mr` the first `len` bytes of `mr`, which must succeed.
+    pub fn prefetch(&self, advice: Advice, flags: AdviseFlags, mr: &Mr, len: usize) {
+        self.pd
+            .advise_mr(advice, flags, &[mr.sge(0, len).unwrap()])
+            .unwrap();
+    }
+
+    /// The next `n` completions as `(wr_id, status)`, in the order they arrive.
+    pub fn wait_n(&self, n: usize) -> Vec<(u64, WcStatus)> {
+        (0..n)
+            .map(|_| self.wait())
+            .map(|c| (c.wr_id, c.status))
+            .collect()
+    }
+}
+
+/// Register `buf` with `access` in `pd` (any PD, not only a side's).
+pub fn reg_in(pd: &Pd, buf: &mut Buffer, access: Access) -> Result<Mr> {
+    // SAFETY: every test keeps its buffers alive longer than their regions.
+    unsafe { pd.reg_mr(buf.as_mut_ptr(), buf.len(), access) }
 }
 
 /// Two sides and a connected QP pair: `a.qp` (requester) ↔ `b.qp` (responder).
@@ -85,10 +135,22 @@ pub struct Bed {
     pub qb: Qp,
 }
 
-pub fn connect(a: &Side, b: &Side) -> (Qp, Qp) {
-    let (qa, qb) = (a.qp(), b.qp());
+/// Connect `qa` and `qb` to each other.
+pub fn link(qa: &Qp, qb: &Qp) {
     qa.connect(&qb.endpoint().unwrap()).unwrap();
     qb.connect(&qa.endpoint().unwrap()).unwrap();
+}
+
+pub fn connect(a: &Side, b: &Side) -> (Qp, Qp) {
+    let (qa, qb) = (a.qp(), b.qp());
+    link(&qa, &qb);
+    (qa, qb)
+}
+
+/// A QP pair from `a` into a responder QP in `pd` (another PD of `b`'s device).
+pub fn connect_into_pd(a: &Side, b: &Side, pd: &Pd) -> (Qp, Qp) {
+    let (qa, qb) = (a.qp(), b.qp_in(pd));
+    link(&qa, &qb);
     (qa, qb)
 }
 
@@ -99,9 +161,70 @@ pub fn bed() -> Bed {
     Bed { a, b, qa, qb }
 }
 
+/// A bed on two soft NICs configured with `cfg`, whatever `RDMA_POOL_TEST_NIC` says.
+pub fn soft_bed(cfg: SoftConfig) -> Bed {
+    let (a, b) = (
+        Side::new(Nic::soft_with(cfg.clone())),
+        Side::new(Nic::soft_with(cfg)),
+    );
+    let (qa, qb) = connect(&a, &b);
+    Bed { a, b, qa, qb }
+}
+
+pub fn default_bed() -> Bed {
+    soft_bed(SoftConfig::default())
+}
+
+/// A soft bed whose NICs re-register in `mode`.
+pub fn rereg_bed(mode: ReregMode) -> Bed {
+    soft_bed(SoftConfig {
+        rereg: mode,
+        ..Default::default()
+    })
+}
+
+/// Re-register `mr` with `access` only (`CHANGE_ACCESS`, no translation change).
+pub fn rereg_access(mr: &mut Mr, access: Access) -> std::result::Result<(), ReregError> {
+    // SAFETY: no translation change: no memory is named.
+    unsafe {
+        mr.rereg(
+            ReregFlags::CHANGE_ACCESS,
+            None,
+            std::ptr::null_mut(),
+            0,
+            access,
+        )
+    }
+}
+
+/// One soft NIC configured with `cfg`, and a PD on it.
+pub fn soft_pd(cfg: SoftConfig) -> (Nic, Pd) {
+    let nic = Nic::soft_with(cfg);
+    let pd = nic.alloc_pd().unwrap();
+    (nic, pd)
+}
+
 pub const RW: Access = Access::LOCAL_WRITE
     .union(Access::REMOTE_WRITE)
     .union(Access::REMOTE_READ);
+
+/// A scatter/gather entry.
+pub fn sge(addr: u64, length: u32, lkey: Lkey) -> Sge {
+    Sge { addr, length, lkey }
+}
+
+/// `mprotect` the bytes `[off, off + len)` of `buf` (page-aligned) with `prot`; returns its result.
+pub fn protect(buf: &mut Buffer, off: usize, len: usize, prot: libc::c_int) -> libc::c_int {
+    assert!(off + len <= buf.len());
+    // SAFETY: the range lies inside the test's own mapping; a test restores it (`unprotect`)
+    // before the buffer is unmapped.
+    unsafe { libc::mprotect(buf.as_mut_ptr().add(off).cast(), len, prot) }
+}
+
+/// Make `[off, off + len)` of `buf` readable and writable again.
+pub fn unprotect(buf: &mut Buffer, off: usize, len: usize) {
+    protect(buf, off, len, libc::PROT_READ | libc::PROT_WRITE);
+}
 
 /// A page-aligned buffer filled with `fill`.
 pub fn buf(len: usize, fill: u8) -> Buffer {
