@@ -5,10 +5,9 @@
 //! changes nothing. Data-path verbs (`post_send`, `post_recv`, `poll_cq`) look their QP or CQ up
 //! in one shard and hand the work to it (`qp.rs`).
 
-use super::SoftNic;
 use super::counters::bump;
 use super::cq::CqObj;
-use super::device::Device;
+use super::device::{Device, SoftNic};
 use super::fabric;
 use super::keys::{KeyObj, MwObj};
 use super::memlock::page_span;

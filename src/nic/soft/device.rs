@@ -28,6 +28,13 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::sync::{Arc, Mutex, Weak};
 
+/// A soft RDMA device. Obtain one through [`crate::nic::Nic::soft`] and reach it with
+/// [`crate::nic::Nic::as_soft`] for counters and fault injection.
+pub struct SoftNic {
+    pub(super) dev: Arc<Device>,
+}
+
+/// The state of one soft device (see the module contract).
 pub(crate) struct Device {
     pub(super) id: u32,
     pub(super) caps: Caps,

@@ -68,14 +68,8 @@ pub use counters::Counters;
 use super::error::{ReregErrorKind, Verb};
 use super::types::*;
 use device::Device;
+pub use device::SoftNic;
 use keys::{KeyObj, Residency};
-use std::sync::Arc;
-
-/// A soft RDMA device. Obtain one through [`crate::nic::Nic::soft`] and reach it with
-/// [`crate::nic::Nic::as_soft`] for counters and fault injection.
-pub struct SoftNic {
-    dev: Arc<Device>,
-}
 
 impl std::fmt::Debug for SoftNic {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

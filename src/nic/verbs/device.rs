@@ -10,9 +10,9 @@
 //!   prefix of the device name, then sysfs (see [`guess_driver`]);
 //! - only port 1 is queried (`PORT`), as every QP uses it.
 
+use super::conv::{PORT, nonneg};
 use super::inlines::{query_device_ex, query_port};
 use super::mlx5dv::{self, DevxState};
-use super::{PORT, nonneg};
 use crate::nic::error::{Error, Result, Verb, rc_errno};
 use crate::nic::types::{Caps, OdpCaps, OdpOps};
 use rdma_sys as ffi;

@@ -11,7 +11,7 @@
 //! rdma-sys does not generate it. Nothing here allocates except a scatter/gather list longer
 //! than [`STACK_SGES`] entries.
 
-use super::obj;
+use super::conv::obj;
 use crate::nic::backend::{RawBind, RawSendOp, RawSendWr};
 use crate::nic::error::{Error, Result, Verb, check_rc, rc_errno};
 use crate::nic::types::{AdviseFlags, Completion, Rkey, Sge, WcOpcode, WcStatus};
