@@ -7,7 +7,9 @@
 //!   panicking (a failure there is logged with `tracing`);
 //! - argument errors that lose nothing are caught here, before the backend, and reported as
 //!   [`Error::InvalidArgument`] / [`ReregErrorKind::Input`]; device limits (`max_mr_size`,
-//!   `max_sge`) are checked here too and reported as [`Error::Limit`];
+//!   `max_sge`, the `advise_mr` list bound [`MAX_ADVISE_SGES`]) are checked here too and
+//!   reported as [`Error::Limit`], as the backends report `max_mr` / `max_mw` (rxe's `EINVAL`
+//!   and mlx5's `ENOMEM` alike);
 //! - a region whose re-registration ended in `ERR_CMD` is *poisoned*: it can only be dropped.
 //!
 //! Invariant: `mr.lkey()/rkey()/addr()/len()` always equal what the backend last reported for
@@ -26,9 +28,11 @@
 //! - [`Pd::reg_mr`]: the `Arc` of the new [`Mr`] on every backend. Verbs: on rxe only, an ODP
 //!   region's lkey goes into the ODP guard's `HashSet` (which grows now and then); the kernel
 //!   verb itself allocates only in the kernel and in the provider (`malloc` of the `ibv_mr`).
-//!   Soft NIC: an ODP region's residency bitmaps (a bit per page).
-//! - [`Mr::rereg`]: nothing in this layer. Verbs: nothing (the provider may). Soft NIC: new residency
-//!   bitmaps when the region is ODP.
+//!   Soft NIC: an ODP region's residency bitmaps (a bit per page); for a pinned region, the
+//!   text of `/proc/self/maps` (its rights check) and the identities of its pages (8 bytes a
+//!   page), and in the mlx5 re-registration model the text of `/proc/self/smaps`.
+//! - [`Mr::rereg`]: nothing in this layer. Verbs: nothing (the provider may). Soft NIC: as
+//!   `reg_mr` for the new translation.
 //! - [`Mr::dereg`] and dropping a [`Mr`]: frees only (the provider frees the `ibv_mr`; the soft
 //!   NIC returns the key to a free list whose capacity is reserved up front).
 //! - [`Pd::advise_mr`]: verbs converts up to 16 scatter/gather entries on the stack and
@@ -40,7 +44,8 @@
 //!   subscriber may allocate.
 //!
 //! Setup calls (opening a NIC, PDs, CQs, QPs) allocate freely and are not made from inside the
-//! allocator; [`Nic::open_default`] reads `RDMA_POOL_NIC` once per process.
+//! allocator; they hold the one-time work: [`Nic::open_default`] reads `RDMA_POOL_NIC` once per
+//! process, and a soft NIC starts its prefetch thread and reads `CAP_IPC_LOCK` when created.
 
 mod backend;
 mod buffer;

@@ -7,7 +7,7 @@
 
 use super::counters::bump;
 use super::cq::CqObj;
-use super::device::{Device, SoftNic};
+use super::device::{Device, SoftNic, reserve};
 use super::fabric;
 use super::keys::{KeyObj, MwObj};
 use super::memlock::page_span;
@@ -66,14 +66,7 @@ impl Backend for SoftNic {
         if !dev.pd_exists(pd) {
             return Err(Error::from_errno(Verb::RegMr, libc::EINVAL));
         }
-        if dev.mr_count.fetch_add(1, Ordering::AcqRel) >= dev.config.max_mr {
-            dev.mr_count.fetch_sub(1, Ordering::AcqRel);
-            return Err(Error::Limit {
-                verb: Verb::RegMr,
-                limit: "max_mr",
-                max: dev.config.max_mr as u64,
-            });
-        }
+        reserve(&dev.mr_count, dev.config.max_mr, Verb::RegMr, "max_mr")?;
         let obj = match dev.make_mr(pd, addr, len, access) {
             Ok(o) => o,
             Err(e) => {
@@ -200,14 +193,7 @@ impl Backend for SoftNic {
         if !supported {
             return Err(Error::from_errno(Verb::AllocMw, libc::EOPNOTSUPP));
         }
-        if dev.mw_count.fetch_add(1, Ordering::AcqRel) >= dev.config.max_mw {
-            dev.mw_count.fetch_sub(1, Ordering::AcqRel);
-            return Err(Error::Limit {
-                verb: Verb::AllocMw,
-                limit: "max_mw",
-                max: dev.config.max_mw as u64,
-            });
-        }
+        reserve(&dev.mw_count, dev.config.max_mw, Verb::AllocMw, "max_mw")?;
         let Some(key) = dev.keys.insert(KeyObj::Mw(MwObj {
             pd,
             ty,

@@ -25,7 +25,7 @@ use super::sync::{Sharded, lock};
 use crate::nic::error::{Error, ReregErrorKind, Result, Verb};
 use crate::nic::types::*;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 /// A soft RDMA device. Obtain one through [`crate::nic::Nic::soft`] and reach it with
@@ -219,6 +219,19 @@ impl Device {
             revoked: false,
         })
     }
+}
+
+/// Reserve one of the `max` objects `count` counts, or report the device limit `limit`.
+pub(super) fn reserve(count: &AtomicU32, max: u32, verb: Verb, limit: &'static str) -> Result<()> {
+    if count.fetch_add(1, Ordering::AcqRel) >= max {
+        count.fetch_sub(1, Ordering::AcqRel);
+        return Err(Error::Limit {
+            verb,
+            limit,
+            max: max as u64,
+        });
+    }
+    Ok(())
 }
 
 impl FaultSink for Device {

@@ -22,7 +22,7 @@
 
 use super::counters::{AtomicCounters, bump};
 use super::cq::CqObj;
-use super::keys::{FaultSink, KeyFault, KeyObj, KeyTable, KeyUse, Requester, check_and_access};
+use super::keys::{FaultSink, KeyFault, KeyTable, KeyUse, Requester, check_and_access};
 use super::mem;
 use super::sync::lock;
 use super::window::{self, MAX_WINDOW, WindowBind, bind_status};
@@ -674,11 +674,8 @@ impl QpObj {
         Ok(())
     }
 
-    /// `ibv_bind_mw` (type 1). libibverbs and the providers refuse bad input before posting,
-    /// with the QP untouched: `ZERO_BASED` → `EINVAL` (type 1 windows are never zero-based), a
-    /// region of another PD than the window's → `EPERM` (libibverbs), a window above 2 GiB →
-    /// `EOPNOTSUPP` (mlx5). Everything else, the QP's PD included, is checked when the bind
-    /// executes, in send-queue order ([`Op::BindType1`]).
+    /// `ibv_bind_mw` (type 1): refuse bad input at the call ([`window::check_type1_call`],
+    /// the QP untouched), else put the bind on the send queue, where it runs in order.
     pub(super) fn bind_type1(
         self: &Arc<Self>,
         dev: &dyn Port,
@@ -687,25 +684,7 @@ impl QpObj {
         new_rkey: Rkey,
         bind: &RawBind,
     ) -> Result<()> {
-        if bind.access.contains(Access::ZERO_BASED) {
-            return Err(err(Verb::BindMw, libc::EINVAL));
-        }
-        if bind.len > MAX_WINDOW {
-            return Err(err(Verb::BindMw, libc::EOPNOTSUPP));
-        }
-        if bind.len > 0 {
-            let mr_pd = match dev.keys().read(bind.mr as u32).obj.as_ref() {
-                Some(KeyObj::Mr(mr)) => Some(mr.pd),
-                _ => None,
-            };
-            let mw_pd = match dev.keys().read(mw as u32).obj.as_ref() {
-                Some(KeyObj::Mw(w)) => Some(w.pd),
-                _ => None,
-            };
-            if mr_pd.is_some() && mw_pd.is_some() && mr_pd != mw_pd {
-                return Err(err(Verb::BindMw, libc::EPERM));
-            }
-        }
+        window::check_type1_call(dev.keys(), mw, bind).map_err(|errno| err(Verb::BindMw, errno))?;
         let op = Op::BindType1(WindowBind {
             mw,
             mw_rkey,

@@ -63,6 +63,33 @@ pub(super) struct WindowBind {
     pub(super) via: MwType,
 }
 
+/// The checks `ibv_bind_mw` (type 1) makes before posting, as libibverbs and the providers
+/// do: `ZERO_BASED` → `EINVAL` (type 1 windows are never zero-based), a region of another PD
+/// than the window's → `EPERM` (libibverbs), a window above 2 GiB → `EOPNOTSUPP` (mlx5).
+/// Everything else, the QP's PD included, is checked when the bind executes ([`bind`]).
+pub(super) fn check_type1_call(table: &KeyTable, mw: u64, bind: &RawBind) -> Result<(), i32> {
+    if bind.access.contains(Access::ZERO_BASED) {
+        return Err(libc::EINVAL);
+    }
+    if bind.len > MAX_WINDOW {
+        return Err(libc::EOPNOTSUPP);
+    }
+    if bind.len > 0 {
+        let mr_pd = match table.read(bind.mr as u32).obj.as_ref() {
+            Some(KeyObj::Mr(mr)) => Some(mr.pd),
+            _ => None,
+        };
+        let mw_pd = match table.read(mw as u32).obj.as_ref() {
+            Some(KeyObj::Mw(w)) => Some(w.pd),
+            _ => None,
+        };
+        if mr_pd.is_some() && mw_pd.is_some() && mr_pd != mw_pd {
+            return Err(libc::EPERM);
+        }
+    }
+    Ok(())
+}
+
 /// Bind (or, with a zero length, unbind) a window for the QP `by` (its PD and QP number).
 pub(super) fn bind(
     table: &KeyTable,
