@@ -213,3 +213,80 @@ fn umem_takes_exactly_the_access_flags_devx_allows() {
         assert_eq!(reg(bad).unwrap_err().errno(), Some(libc::EINVAL), "{bad:?}");
     }
 }
+
+#[test]
+fn a_window_of_exactly_2_gib_is_taken_by_both_binds() {
+    let bed = default_bed();
+    let len = 1usize << 31;
+    let (_reserve, mr) = bed
+        .b
+        .reg_reserved(len, RW | Access::MW_BIND | Access::ON_DEMAND);
+    let mut mw2 = bed.b.pd.alloc_mw(MwType::Type2).unwrap();
+    bed.qb
+        .post_bind_mw(1, &mut mw2, &mr, 0, len, Access::REMOTE_READ)
+        .unwrap();
+    assert_eq!(bed.b.wait().status, WcStatus::Success);
+}
+
+/// Re-register `mr` with `flags`/`access` on a thread while a WRITE goes through its old rkey;
+/// returns the WRITE's status.
+fn write_during_rereg(bed: &Bed, mut mr: Mr, flags: ReregFlags, access: Access) -> WcStatus {
+    let (addr, rkey) = (mr.addr() as u64, mr.rkey());
+    let (ptr, len) = (mr.addr(), mr.len());
+    let updater = std::thread::spawn(move || {
+        // SAFETY: the range is the region's own, alive for the whole test.
+        unsafe { mr.rereg(flags, None, ptr as *mut u8, len, access) }.unwrap();
+        mr
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    let mut src = buf(4096, 0x63);
+    let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
+    let status = write(bed, &src_mr, 64, addr, rkey);
+    drop(updater.join().unwrap());
+    status
+}
+
+#[test]
+fn only_an_mlx5_translation_update_revokes_the_region() {
+    let revoke = Duration::from_millis(500);
+    // KeepKeys stands for no real device: no revoke window.
+    let bed = soft_bed(SoftConfig {
+        rereg: ReregMode::KeepKeys,
+        umr_revoke_time: revoke,
+        ..Default::default()
+    });
+    let mut a = buf(2 * 4096, 0);
+    let mr = bed.b.reg(&mut a, RW).unwrap();
+    let status = write_during_rereg(&bed, mr, ReregFlags::CHANGE_TRANSLATION, Access::empty());
+    assert_eq!(status, WcStatus::Success);
+    // mlx5 changes access in place with a UMR that does not revoke the mkey.
+    let bed = mlx5_bed(revoke);
+    let mr = bed.b.reg(&mut a, RW).unwrap();
+    let status = write_during_rereg(
+        &bed,
+        mr,
+        ReregFlags::CHANGE_ACCESS,
+        RW | Access::REMOTE_ATOMIC,
+    );
+    assert_eq!(status, WcStatus::Success);
+}
+
+#[test]
+fn moving_a_region_to_another_pd_moves_its_pd_reference() {
+    let bed = mlx5_bed(Duration::ZERO);
+    let pd2 = bed.b.nic.alloc_pd().unwrap();
+    let mut a = buf(4096, 0);
+    let mut mr = bed.b.reg(&mut a, RW).unwrap();
+    // SAFETY: no translation change.
+    unsafe {
+        mr.rereg(
+            ReregFlags::CHANGE_PD,
+            Some(&pd2),
+            std::ptr::null_mut(),
+            0,
+            Access::empty(),
+        )
+    }
+    .unwrap();
+    bed.b.nic.as_soft().unwrap().validate().unwrap();
+}

@@ -1081,6 +1081,19 @@ fn a_zero_length_sge_is_skipped_without_checking_its_lkey() {
         .unwrap();
     assert_eq!(bed.a.wait().status, WcStatus::Success);
     assert!(dst.as_slice()[..64].iter().all(|&x| x == 0x3c));
+    // The same on the scatter side: a READ response into a zero-length entry, then a real one.
+    let mut back = buf(4096, 0);
+    let back_mr = bed.a.reg(&mut back, Access::LOCAL_WRITE).unwrap();
+    bed.qa
+        .post_read(
+            2,
+            &[empty, back_mr.sge(0, 64).unwrap()],
+            dst_mr.addr() as u64,
+            dst_mr.rkey(),
+        )
+        .unwrap();
+    assert_eq!(bed.a.wait().status, WcStatus::Success);
+    assert!(back.as_slice()[..64].iter().all(|&x| x == 0x3c));
 }
 
 // --- Rule: a receive needs LOCAL_WRITE on its region ------------------------------------------

@@ -95,7 +95,14 @@ fn injected_rereg_failures_follow_the_man_page() {
     soft.fail_next_rereg(ReregErrorKind::DontForkNew, 1, libc::ENOMEM);
     let e = rereg_access(&mut mr, RW).unwrap_err();
     assert!(e.kind.old_mr_valid() && !mr.is_poisoned());
+    // The device agrees: the old region still moves data.
+    let mut src = buf(4096, 0x64);
+    let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
+    let (addr, rkey) = (mr.addr() as u64, mr.rkey());
+    assert_eq!(write(&bed, &src_mr, 64, addr, rkey), WcStatus::Success);
     soft.fail_next_rereg(ReregErrorKind::CmdAndDoForkNew, 1, libc::EIO);
     let e = rereg_access(&mut mr, RW).unwrap_err();
     assert!(!e.kind.mr_usable() && mr.is_poisoned());
+    // And here the device refuses it.
+    assert_eq!(write(&bed, &src_mr, 64, addr, rkey), WcStatus::RemAccessErr);
 }

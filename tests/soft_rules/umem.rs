@@ -60,3 +60,25 @@ fn umem_page_size_bitmap_must_fit_the_buffer() {
             .is_unsupported()
     );
 }
+
+#[test]
+fn umem_needs_memory_the_device_may_use() {
+    let nic = Nic::soft();
+    let mut a = buf(4 * 4096, 0);
+    let p = a.as_mut_ptr();
+    // SAFETY (all calls): `a` outlives the UMEMs.
+    // Base pages need no alignment: the device maps the buffer's pages from their start.
+    unsafe { nic.umem_reg(p.wrapping_add(16), 4096, Access::LOCAL_WRITE, 1 << 12) }.unwrap();
+    assert_eq!(protect(&mut a, 0, 4096, libc::PROT_READ), 0);
+    let e = unsafe { nic.umem_reg(p, 4096, Access::LOCAL_WRITE, 1 << 12) }.unwrap_err();
+    assert_eq!(
+        e.errno(),
+        Some(libc::EFAULT),
+        "writable UMEM on read-only memory"
+    );
+    unsafe { nic.umem_reg(p, 4096, Access::empty(), 1 << 12) }.unwrap();
+    assert_eq!(protect(&mut a, 0, 4096, libc::PROT_NONE), 0);
+    let e = unsafe { nic.umem_reg(p, 4096, Access::empty(), 1 << 12) }.unwrap_err();
+    assert_eq!(e.errno(), Some(libc::EFAULT), "unreadable memory");
+    unprotect(&mut a, 0, 4096);
+}

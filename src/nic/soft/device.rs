@@ -14,7 +14,7 @@ use super::config::{ReregMode, SoftConfig};
 use super::counters::{AtomicCounters, bump};
 use super::cq::CqObj;
 use super::faults::FaultPlan;
-use super::keys::{FaultSink, KeyFault, KeyTable, MrObj, Residency};
+use super::keys::{FaultSink, KeyFault, KeyObj, KeyTable, MrObj, Residency};
 use super::mem;
 use super::memlock::{Memlock, page_span};
 use super::pin::PinnedPages;
@@ -218,6 +218,35 @@ impl Device {
                 .flatten(),
             revoked: false,
         })
+    }
+}
+
+impl Device {
+    /// Check that each PD's count equals the regions, windows and QPs that name it.
+    pub(super) fn validate_pd_counts(&self) -> std::result::Result<(), String> {
+        let mut named: HashMap<u64, u32> = HashMap::new();
+        for index in self.keys.occupied() {
+            let pd = match self.keys.read(index).obj.as_ref() {
+                Some(KeyObj::Mr(mr)) => mr.pd,
+                Some(KeyObj::Mw(mw)) => mw.pd,
+                None => continue,
+            };
+            *named.entry(pd).or_default() += 1;
+        }
+        for shard in 0..16 {
+            for qp in self.qps.shard(shard).values() {
+                *named.entry(qp.pd).or_default() += 1;
+            }
+        }
+        for (pd, &count) in lock(&self.pds).iter() {
+            let want = named.get(&(pd as u64)).copied().unwrap_or(0);
+            if count != want {
+                return Err(format!(
+                    "PD {pd}: count {count} != objects naming it {want}"
+                ));
+            }
+        }
+        Ok(())
     }
 }
 

@@ -179,7 +179,8 @@ impl SoftNic {
     /// nic.as_soft().unwrap().validate().unwrap();
     /// ```
     pub fn validate(&self) -> std::result::Result<(), String> {
-        self.dev.keys.validate()
+        self.dev.keys.validate()?;
+        self.dev.validate_pd_counts()
     }
 
     /// Bytes this device has pinned (charged to the memlock budget).

@@ -74,18 +74,17 @@ pub(super) fn check_type1_call(table: &KeyTable, mw: u64, bind: &RawBind) -> Res
     if bind.len > MAX_WINDOW {
         return Err(libc::EOPNOTSUPP);
     }
-    if bind.len > 0 {
-        let mr_pd = match table.read(bind.mr as u32).obj.as_ref() {
-            Some(KeyObj::Mr(mr)) => Some(mr.pd),
-            _ => None,
-        };
-        let mw_pd = match table.read(mw as u32).obj.as_ref() {
-            Some(KeyObj::Mw(w)) => Some(w.pd),
-            _ => None,
-        };
-        if mr_pd.is_some() && mw_pd.is_some() && mr_pd != mw_pd {
-            return Err(libc::EPERM);
-        }
+    // libibverbs compares PDs whenever a region is given, unbinding (length 0) included.
+    let mr_pd = match table.read(bind.mr as u32).obj.as_ref() {
+        Some(KeyObj::Mr(mr)) => Some(mr.pd),
+        _ => None,
+    };
+    let mw_pd = match table.read(mw as u32).obj.as_ref() {
+        Some(KeyObj::Mw(w)) => Some(w.pd),
+        _ => None,
+    };
+    if mr_pd.is_some() && mw_pd.is_some() && mr_pd != mw_pd {
+        return Err(libc::EPERM);
     }
     Ok(())
 }
