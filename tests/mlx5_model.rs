@@ -290,3 +290,28 @@ fn moving_a_region_to_another_pd_moves_its_pd_reference() {
     .unwrap();
     bed.b.nic.as_soft().unwrap().validate().unwrap();
 }
+
+#[test]
+fn hugetlb_regions_count_descriptors_in_huge_pages_when_aligned() {
+    let Ok(mut huge) = Buffer::huge(4 << 21) else {
+        eprintln!("no huge pages reserved: the huge-page block count cannot be checked here");
+        assert!(Buffer::huge(4 << 21).is_err());
+        return;
+    };
+    let bed = mlx5_bed(Duration::ZERO);
+    let p = huge.as_mut_ptr();
+    // Aligned to its huge page: 1 block of 2 MiB, the 4-descriptor entry; 4 huge pages fit it
+    // (counted in 4 KiB pages it would be 512 → 2048 and outgrow its entry).
+    // SAFETY (all calls): `huge` outlives the regions.
+    let mut mr = unsafe { bed.b.pd.reg_mr(p, 1 << 21, RW) }.unwrap();
+    assert!(
+        move_to(&mut mr, p, 4 << 21),
+        "4 huge pages fit 4 descriptors"
+    );
+    drop(mr);
+    // Not aligned to its huge page: mlx5 falls back to 4 KiB blocks, and 5 of them outgrow
+    // the 4-descriptor entry although they lie in one huge page.
+    let q = p.wrapping_add(4096);
+    let mut mr = unsafe { bed.b.pd.reg_mr(q, 4096, RW) }.unwrap();
+    assert!(!move_to(&mut mr, q, 5 * 4096), "5 pages of 4 KiB");
+}
