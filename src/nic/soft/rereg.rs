@@ -46,8 +46,13 @@ const UMR_ACCESS: Access = Access::LOCAL_WRITE
 /// DMA blocks `[addr, addr + len)` spans at the best page size mlx5 would pick: the backing
 /// page size where the start is aligned to it, else the base page.
 fn dma_blocks(addr: usize, len: usize) -> u64 {
+    /// The smallest huge page: a start not aligned to it has base-page blocks, whatever backs
+    /// it (and `/proc/self/smaps`, slow to read, is not consulted).
+    const MIN_HUGE_PAGE: usize = 2 << 20;
     let base = mem::page_size();
-    let page = mem::backing_page_size(addr)
+    let page = (addr % MIN_HUGE_PAGE == 0)
+        .then(|| mem::backing_page_size(addr))
+        .flatten()
         .filter(|&p| p > base && addr % p == 0)
         .unwrap_or(base);
     ((addr + len).div_ceil(page) - addr / page) as u64
