@@ -272,26 +272,6 @@ fn only_an_mlx5_translation_update_revokes_the_region() {
 }
 
 #[test]
-fn moving_a_region_to_another_pd_moves_its_pd_reference() {
-    let bed = mlx5_bed(Duration::ZERO);
-    let pd2 = bed.b.nic.alloc_pd().unwrap();
-    let mut a = buf(4096, 0);
-    let mut mr = bed.b.reg(&mut a, RW).unwrap();
-    // SAFETY: no translation change.
-    unsafe {
-        mr.rereg(
-            ReregFlags::CHANGE_PD,
-            Some(&pd2),
-            std::ptr::null_mut(),
-            0,
-            Access::empty(),
-        )
-    }
-    .unwrap();
-    bed.b.nic.as_soft().unwrap().validate().unwrap();
-}
-
-#[test]
 fn hugetlb_regions_count_descriptors_in_huge_pages_when_aligned() {
     let Ok(mut huge) = Buffer::huge(4 << 21) else {
         eprintln!("no huge pages reserved: the huge-page block count cannot be checked here");

@@ -78,6 +78,8 @@ fn rereg_change_pd_moves_the_region() {
     }
     .unwrap();
     assert_eq!(mr.pd(), &pd2);
+    // The device moved the region's PD reference too.
+    bed.b.nic.as_soft().unwrap().validate().unwrap();
     let (_src, src_mr) = bed.a.reg_buf(4096, 2, Access::LOCAL_WRITE);
     // The bed's responder QP is in the old PD: the key no longer matches.
     assert_eq!(
