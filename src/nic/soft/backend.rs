@@ -100,7 +100,13 @@ impl Backend for SoftNic {
         len: usize,
         access: Access,
     ) -> Result<RawMr, ReregError> {
-        rereg::rereg(&self.dev, mr, flags, pd, addr, len, access)
+        let requested = MrAttrs {
+            pd,
+            addr,
+            len,
+            access,
+        };
+        rereg::rereg(&self.dev, mr, flags, requested)
     }
 
     fn dereg_mr(&self, mr: u64) -> Result<()> {

@@ -83,16 +83,13 @@ fn mlx5_keeps_keys(old: &MrObj, flags: ReregFlags, new: &MrAttrs) -> bool {
             .is_some_and(|n| dma_blocks(new.addr, new.len) <= n)
 }
 
-/// `ibv_rereg_mr` of region `mr` (a key-table index). See the module contract.
-#[allow(clippy::too_many_arguments)]
+/// `ibv_rereg_mr` of region `mr` (a key-table index) to the `requested` attributes whose
+/// flags are set. See the module contract.
 pub(super) fn rereg(
     dev: &Device,
     mr: u64,
     flags: ReregFlags,
-    pd: u64,
-    addr: usize,
-    len: usize,
-    access: Access,
+    requested: MrAttrs,
 ) -> Result<RawMr, ReregError> {
     let index = mr as u32;
     let cmd = |errno| ReregError::new(ReregErrorKind::Cmd, errno);
@@ -115,7 +112,7 @@ pub(super) fn rereg(
         old.usable = false;
         return Err(cmd(libc::EOPNOTSUPP));
     }
-    if flags.contains(ReregFlags::CHANGE_PD) && !dev.pd_exists(pd) {
+    if flags.contains(ReregFlags::CHANGE_PD) && !dev.pd_exists(requested.pd) {
         old.usable = false;
         return Err(cmd(libc::EINVAL));
     }
@@ -126,12 +123,7 @@ pub(super) fn rereg(
             len: old.len,
             access: old.access,
         },
-        MrAttrs {
-            pd,
-            addr,
-            len,
-            access,
-        },
+        requested,
     );
     let keep = match dev.config.rereg {
         ReregMode::KeepKeys => true,
