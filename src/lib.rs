@@ -37,4 +37,5 @@
 #![warn(missing_docs, unreachable_pub)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod arena;
 pub mod nic;

@@ -66,6 +66,7 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn caps(&self) -> &Caps;
     fn kind(&self) -> NicKind;
     fn as_any(&self) -> &dyn Any;
+    fn fork_status(&self) -> ForkStatus;
 
     fn alloc_pd(&self) -> Result<u64>;
     fn dealloc_pd(&self, pd: u64) -> Result<()>;

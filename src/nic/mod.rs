@@ -269,6 +269,18 @@ impl Nic {
         self.backend.kind()
     }
 
+    /// Whether `fork()` needs care next to this NIC's registered memory
+    /// (`ibv_is_fork_initialized(3)`; a soft NIC reports [`soft::SoftConfig::fork`]).
+    ///
+    /// # Examples
+    /// ```
+    /// use rdma_pool::nic::{ForkStatus, Nic};
+    /// assert_eq!(Nic::soft().fork_status(), ForkStatus::Unneeded);
+    /// ```
+    pub fn fork_status(&self) -> ForkStatus {
+        self.backend.fork_status()
+    }
+
     /// The device's capabilities and limits.
     pub fn caps(&self) -> &Caps {
         self.backend.caps()

@@ -242,6 +242,21 @@ pub struct OdpCaps {
     pub rc: OdpOps,
 }
 
+/// Whether `fork()` is safe next to registered memory (`ibv_is_fork_initialized(3)`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ForkStatus {
+    /// `IBV_FORK_DISABLED`: fork support was not initialised; a child that touches pinned
+    /// memory may corrupt the parent's DMA (the caller must keep registered memory from the
+    /// child with `MADV_DONTFORK`).
+    Disabled,
+    /// `IBV_FORK_ENABLED`: `ibv_fork_init()` ran; libibverbs marks every registered range
+    /// `MADV_DONTFORK`, so the child does not see it.
+    Enabled,
+    /// `IBV_FORK_UNNEEDED`: the kernel copies pinned pages for the child at fork (Linux ≥
+    /// 5.13): nothing needs to be done, the child keeps an ordinary copy.
+    Unneeded,
+}
+
 /// Which backend a [`crate::nic::Nic`] talks to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum NicKind {

@@ -38,6 +38,10 @@ impl Backend for SoftNic {
         NicKind::Soft
     }
 
+    fn fork_status(&self) -> ForkStatus {
+        self.dev.config.fork
+    }
+
     fn as_any(&self) -> &dyn Any {
         self
     }

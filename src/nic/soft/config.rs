@@ -5,6 +5,7 @@
 //! device with every feature, mlx5's re-registration rules, `RLIMIT_MEMLOCK` and no simulated
 //! latency.
 
+use crate::nic::ForkStatus;
 use std::time::Duration;
 
 /// What `rereg_mr` does on a soft device: which real device it stands for.
@@ -75,6 +76,9 @@ pub struct SoftConfig {
     /// ([`ReregMode::Mlx5`]); traffic on its keys fails meanwhile. Zero: the update is
     /// instantaneous (but still never seen half-done).
     pub umr_revoke_time: Duration,
+    /// What `fork_status()` reports: `Unneeded` (default) models a kernel that copies pinned
+    /// pages for a child, `Disabled`/`Enabled` one that needs `MADV_DONTFORK`.
+    pub fork: ForkStatus,
 }
 
 impl Default for SoftConfig {
@@ -95,6 +99,7 @@ impl Default for SoftConfig {
             memlock: MemlockLimit::Rlimit,
             fault_cost: Duration::ZERO,
             umr_revoke_time: Duration::ZERO,
+            fork: ForkStatus::Unneeded,
         }
     }
 }

@@ -59,8 +59,8 @@ use super::error::{
     Error, ReregError, ReregErrorKind, Result, Verb, check_rc, last_errno, rc_errno,
 };
 use super::types::{
-    Access, Advice, AdviseFlags, Caps, Completion, Endpoint, Lkey, MrAttrs, MwType, NicKind,
-    QpCaps, QpState, ReregFlags, Rkey, Sge,
+    Access, Advice, AdviseFlags, Caps, Completion, Endpoint, ForkStatus, Lkey, MrAttrs, MwType,
+    NicKind, QpCaps, QpState, ReregFlags, Rkey, Sge,
 };
 use census::{Census, Kind};
 use conv::{PORT, obj};
@@ -271,6 +271,15 @@ impl Backend for VerbsNic {
 
     fn kind(&self) -> NicKind {
         NicKind::Verbs
+    }
+
+    fn fork_status(&self) -> ForkStatus {
+        // SAFETY: reads libibverbs' global fork state; no arguments.
+        match unsafe { ffi::ibv_is_fork_initialized() } {
+            ffi::IBV_FORK_UNNEEDED => ForkStatus::Unneeded,
+            ffi::IBV_FORK_ENABLED => ForkStatus::Enabled,
+            _ => ForkStatus::Disabled,
+        }
     }
 
     fn as_any(&self) -> &dyn Any {

@@ -1,0 +1,153 @@
+//! Mapping chunks and committing slabs: hugetlb → transparent huge pages → 4 KiB pages.
+//!
+//! Contract: a chunk (or a dedicated multi-chunk range) is mapped once when opened — one
+//! hugetlb mapping of the whole range, or one ordinary mapping with `MADV_HUGEPAGE` — so the
+//! process gains O(1) VMAs per chunk however many slabs are committed. Slabs are committed with
+//! `MADV_POPULATE_WRITE`, which fails with an error (never a `SIGBUS`) when the hugetlb pool is
+//! empty; the range from the failing slab to the end of the chunk is then remapped as ordinary
+//! memory once (two VMAs, still O(1)), unless the policy is [`Hugepages::Require`].
+//!
+//! Invariant: in a mapped range, slabs `[0, huge_until)` are hugetlb-mapped and slabs
+//! `[huge_until, end)` ordinary; `huge_until` only decreases.
+
+use super::fork::ForkPolicy;
+use super::os;
+use super::{Error, Hugepages, SLAB};
+
+/// What backs a committed slab.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PageKind {
+    /// hugetlb 2 MiB pages.
+    Hugetlb,
+    /// Ordinary memory advised `MADV_HUGEPAGE` where THP is enabled (the kernel uses huge
+    /// pages when it finds free 2 MiB frames).
+    Thp,
+    /// Ordinary 4 KiB pages.
+    Small,
+}
+
+impl PageKind {
+    /// A short name for logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PageKind::Hugetlb => "hugetlb",
+            PageKind::Thp => "thp",
+            PageKind::Small => "4k",
+        }
+    }
+
+    pub(crate) fn code(self) -> u8 {
+        match self {
+            PageKind::Hugetlb => 1,
+            PageKind::Thp => 2,
+            PageKind::Small => 3,
+        }
+    }
+}
+
+/// The page policy of one arena.
+pub(crate) struct Pages {
+    pub(crate) policy: Hugepages,
+    pub(crate) fork: ForkPolicy,
+    /// THP is enabled in sysfs.
+    pub(crate) thp: bool,
+}
+
+impl Pages {
+    /// Map `[addr, addr + slabs·SLAB)` and return its `huge_until`.
+    pub(crate) fn map_range(&self, addr: *mut u8, slabs: u32) -> Result<u32, Error> {
+        let len = slabs as usize * SLAB;
+        if self.policy != Hugepages::Off {
+            // SAFETY: the range is an unused part of the arena's reservation.
+            match unsafe { os::map_fixed(addr, len, true) } {
+                Ok(()) => {
+                    self.dontfork(addr, len)?;
+                    return Ok(slabs);
+                }
+                Err(errno) if self.policy == Hugepages::Require => {
+                    return Err(Error::HugepagesUnavailable { errno });
+                }
+                Err(_) => {}
+            }
+        }
+        self.map_ordinary(addr, len)?;
+        Ok(0)
+    }
+
+    fn map_ordinary(&self, addr: *mut u8, len: usize) -> Result<(), Error> {
+        // SAFETY: the range belongs to the arena and holds no handed-out memory.
+        unsafe { os::map_fixed(addr, len, false) }.map_err(|errno| Error::Os {
+            what: "mmap",
+            errno,
+        })?;
+        let advice = if self.policy == Hugepages::Off {
+            libc::MADV_NOHUGEPAGE
+        } else {
+            libc::MADV_HUGEPAGE
+        };
+        // SAFETY: advice about page size only. Failure (no THP in the kernel) is not an error:
+        // the slabs are then counted as 4 KiB.
+        let _ = unsafe { os::madvise(addr, len, advice) };
+        self.dontfork(addr, len)
+    }
+
+    fn dontfork(&self, addr: *mut u8, len: usize) -> Result<(), Error> {
+        if self.fork == ForkPolicy::DontFork {
+            // SAFETY: only changes what a child inherits.
+            unsafe { os::madvise(addr, len, libc::MADV_DONTFORK) }.map_err(|errno| Error::Os {
+                what: "madvise(MADV_DONTFORK)",
+                errno,
+            })?;
+        }
+        Ok(())
+    }
+
+    fn ordinary_kind(&self) -> PageKind {
+        if self.policy != Hugepages::Off && self.thp {
+            PageKind::Thp
+        } else {
+            PageKind::Small
+        }
+    }
+
+    /// Commit slabs `[s, e)` of the range mapped at `base` with `slabs` slabs.
+    pub(crate) fn commit(
+        &self,
+        base: *mut u8,
+        slabs: u32,
+        huge_until: &mut u32,
+        s: u32,
+        e: u32,
+    ) -> Result<PageKind, Error> {
+        let at = |i: u32| base.wrapping_add(i as usize * SLAB);
+        let len = (e - s) as usize * SLAB;
+        if e <= *huge_until {
+            match os::populate_write(at(s), len) {
+                Ok(()) => return Ok(PageKind::Hugetlb),
+                Err(errno) if self.policy == Hugepages::Require => {
+                    // Give back what the partial populate took.
+                    // SAFETY: these slabs were never handed out.
+                    let _ = unsafe { os::madvise(at(s), len, libc::MADV_DONTNEED) };
+                    return Err(Error::HugepagesUnavailable { errno });
+                }
+                Err(_) => {}
+            }
+        }
+        if s < *huge_until {
+            // The hugetlb pool ran dry: the rest of the range becomes ordinary memory.
+            self.map_ordinary(at(s), (slabs - s) as usize * SLAB)?;
+            *huge_until = s;
+        }
+        os::populate_write(at(s), len).map_err(|errno| Error::Os {
+            what: "madvise(MADV_POPULATE_WRITE)",
+            errno,
+        })?;
+        Ok(self.ordinary_kind())
+    }
+
+    /// Give committed slabs back (a failed run).
+    pub(crate) fn decommit(&self, addr: *mut u8, len: usize) {
+        // SAFETY: the slabs were never handed out.
+        let _ = unsafe { os::madvise(addr, len, libc::MADV_DONTNEED) };
+    }
+}

@@ -1,0 +1,50 @@
+//! The arena's error: what went wrong, typed, built without allocating.
+
+use crate::nic;
+
+/// Why the arena could not hand out or describe memory.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The configuration is inconsistent.
+    #[error("invalid arena configuration: {0}")]
+    Config(&'static str),
+    /// A zero-length run, an alignment that is not a power of two, or a slice that is empty.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(&'static str),
+    /// Reserving, mapping or committing memory failed with this `errno`.
+    #[error("{what} failed with errno {errno}")]
+    Os {
+        /// The call that failed.
+        what: &'static str,
+        /// Its `errno`.
+        errno: i32,
+    },
+    /// Every chunk of the reservation is in use.
+    #[error("the arena's reservation of {reserved} bytes is used up")]
+    ReservationFull {
+        /// Bytes reserved.
+        reserved: usize,
+    },
+    /// A run larger than the device can register as one region.
+    #[error("a run of {len} bytes exceeds the device's max_mr_size of {max}")]
+    TooLarge {
+        /// Bytes asked for (rounded up to slabs).
+        len: usize,
+        /// `max_mr_size`.
+        max: u64,
+    },
+    /// [`Hugepages::Require`](super::Hugepages::Require) and no hugetlb page could be had
+    /// (`errno` of the mapping or of `MADV_POPULATE_WRITE`).
+    #[error("hugetlb pages required but unavailable (errno {errno})")]
+    HugepagesUnavailable {
+        /// The failing call's `errno`.
+        errno: i32,
+    },
+    /// The pointer or slice is not (wholly) inside one registration of this arena.
+    #[error("not inside one registration of the arena")]
+    NotRegistered,
+    /// The NIC refused a registration.
+    #[error(transparent)]
+    Nic(#[from] nic::Error),
+}

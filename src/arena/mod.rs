@@ -1,0 +1,540 @@
+//! The arena: one reservation of hugepage slabs, registered with the NIC before anyone
+//! allocates from it, grown without ever breaking a key handed out, answering `keys_of` in
+//! O(1) without a lock.
+//!
+//! Contract:
+//! - one range of `reserve` bytes is reserved up front (`PROT_NONE`, `MAP_NORESERVE`) and cut
+//!   into power-of-two chunks of `chunk` bytes (`chunk <= max_mr_size`); an address maps to its
+//!   chunk with one subtraction and one shift;
+//! - memory is committed in [`SLAB`] (2 MiB) slabs as a growing prefix of a chunk (see
+//!   `commit.rs` for the page kinds), and every committed slab handed out is registered
+//!   pinned, `LOCAL_WRITE | MW_BIND` only unless [`ArenaConfig::remote`] opts in to more;
+//! - [`Arena::alloc_run`] hands out whole slabs inside **one** registration, so any buffer in a
+//!   run can be posted as one SGE; a run larger than a chunk gets a dedicated region;
+//! - keys handed out never change (`grow.rs`);
+//! - the arena's own code never allocates through the global allocator (its metadata is mapped
+//!   from the kernel), never holds its lock across a NIC call, and makes NIC calls only on the
+//!   growth path, never in [`Arena::keys_of`].
+//!
+//! Invariants (checked by [`Arena::validate`]):
+//! - `used(c) <= slabs_per_chunk` for every chunk, `next_chunk <= chunks`;
+//! - every slab the table maps lies in a committed run of a live registration;
+//! - `committed_bytes == SLAB · (slabs_hugetlb + slabs_thp + slabs_small)`.
+//!
+//! Memory handed out by the arena stays mapped and registered until the arena is dropped;
+//! dropping it deregisters every region and unmaps the reservation.
+
+mod commit;
+mod config;
+mod error;
+mod fork;
+mod grow;
+mod os;
+mod stats;
+mod table;
+
+pub use commit::PageKind;
+pub use config::{ArenaConfig, Hugepages};
+pub use error::Error;
+pub use fork::ForkPolicy;
+pub use stats::ArenaStats;
+pub use table::Keys;
+
+use crate::nic::{Access, Pd, Sge};
+use commit::Pages;
+use grow::Grown;
+use os::MmapArray;
+use stats::{Counters, add, sub};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use table::Table;
+
+/// Bytes per slab: the unit of commitment and registration.
+pub const SLAB: usize = 1 << SLAB_SHIFT;
+pub(crate) const SLAB_SHIFT: u32 = 21;
+
+/// Whole slabs handed out by [`Arena::alloc_run`], inside one registration.
+///
+/// The memory stays valid (mapped, registered, zero-filled when first handed out) until the
+/// arena is dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Run {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: a `Run` is an address range, like a raw pointer and a length.
+unsafe impl Send for Run {}
+// SAFETY: as above; it gives no access by itself.
+unsafe impl Sync for Run {}
+
+impl Run {
+    /// First byte.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Bytes (a multiple of [`SLAB`]).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: runs hold at least one slab.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// Per-chunk bookkeeping, under the arena's lock. All-zero is "not opened".
+#[derive(Clone, Copy)]
+struct ChunkState {
+    /// Slabs handed out (committed or skipped for alignment) from the chunk's start.
+    used: u32,
+    /// Slabs `[0, huge_until)` of the chunk's mapping are hugetlb.
+    huge_until: u32,
+    /// `id + 1` of the region at the committed end of the chunk, 0 for none.
+    tail: u32,
+    /// Slab index (in the chunk) where that region ends.
+    tail_end: u32,
+}
+
+struct State {
+    next_chunk: usize,
+    open: Option<usize>,
+    chunks: MmapArray<ChunkState>,
+}
+
+/// A reservation of NIC-registered memory handed out in slab runs. See the module contract.
+///
+/// # Examples
+/// ```
+/// use rdma_pool::arena::{Arena, ArenaConfig, Hugepages};
+/// use rdma_pool::nic::Nic;
+/// let pd = Nic::soft().alloc_pd()?;
+/// let cfg = ArenaConfig { reserve: 1 << 30, chunk: 1 << 26, hugepages: Hugepages::Off, ..Default::default() };
+/// let arena = Arena::new(&pd, cfg)?;
+/// let run = arena.alloc_run(1 << 20, 4096)?;
+/// // SAFETY: the run is ours until the arena is dropped.
+/// let buf = unsafe { std::slice::from_raw_parts_mut(run.as_ptr(), 4096) };
+/// buf.fill(7);
+/// let sge = arena.sge_of(buf)?;
+/// assert_eq!(sge.length, 4096);
+/// # Ok::<(), rdma_pool::arena::Error>(())
+/// ```
+pub struct Arena {
+    pd: Pd,
+    base: usize,
+    reserve: usize,
+    chunk_shift: u32,
+    slabs_per_chunk: u32,
+    max_mr_size: u64,
+    table: Table,
+    state: Mutex<State>,
+    counters: Counters,
+    pages: Pages,
+    access: Access,
+    rereg: AtomicBool,
+    hugetlb_hint: AtomicBool,
+    last_kind: AtomicU8,
+}
+
+impl std::fmt::Debug for Arena {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Arena")
+            .field("base", &(self.base as *const u8))
+            .field("reserve", &self.reserve)
+            .field("chunk", &self.chunk_size())
+            .field("access", &self.access)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Arena {
+    /// Reserve the address space and prepare the tables. Nothing is committed or registered
+    /// until the first [`Arena::alloc_run`].
+    ///
+    /// # Errors
+    /// [`Error::Config`] for an inconsistent configuration (or a device whose `max_mr_size`
+    /// is below one slab); [`Error::Os`] when the reservation cannot be made.
+    pub fn new(pd: &Pd, cfg: ArenaConfig) -> Result<Arena, Error> {
+        let caps = pd.nic().caps();
+        let chunk = cfg.chunk_for(caps.max_mr_size)?;
+        let base = os::reserve(cfg.reserve, chunk).map_err(|errno| Error::Os {
+            what: "mmap(PROT_NONE) reservation",
+            errno,
+        })?;
+        let base = base.as_ptr() as usize;
+        let unreserve = |e: i32| {
+            // SAFETY: the reservation was just made and nothing uses it.
+            unsafe { libc::munmap(base as *mut libc::c_void, cfg.reserve) };
+            Error::Os {
+                what: "mmap of arena metadata",
+                errno: e,
+            }
+        };
+        let table = Table::new(base, cfg.reserve).map_err(unreserve)?;
+        // SAFETY: an all-zero ChunkState is a valid "not opened" chunk.
+        let chunks = unsafe { MmapArray::zeroed(cfg.reserve / chunk) }.map_err(unreserve)?;
+        let mut access = Access::LOCAL_WRITE | cfg.remote;
+        if caps.mw_type1 || caps.mw_type2 {
+            access |= Access::MW_BIND;
+        }
+        Ok(Arena {
+            pd: pd.clone(),
+            base,
+            reserve: cfg.reserve,
+            chunk_shift: chunk.trailing_zeros(),
+            slabs_per_chunk: (chunk / SLAB) as u32,
+            max_mr_size: caps.max_mr_size,
+            table,
+            state: Mutex::new(State {
+                next_chunk: 0,
+                open: None,
+                chunks,
+            }),
+            counters: Counters::default(),
+            pages: Pages {
+                policy: cfg.hugepages,
+                fork: ForkPolicy::for_status(pd.nic().fork_status()),
+                thp: os::thp_available(),
+            },
+            access,
+            rereg: AtomicBool::new(cfg.grow_by_rereg && caps.rereg_mr),
+            hugetlb_hint: AtomicBool::new(true),
+            last_kind: AtomicU8::new(0),
+        })
+    }
+
+    /// The PD every region of the arena belongs to.
+    pub fn pd(&self) -> &Pd {
+        &self.pd
+    }
+
+    /// Bytes per chunk actually used (the configured size clamped to `max_mr_size`).
+    pub fn chunk_size(&self) -> usize {
+        1 << self.chunk_shift
+    }
+
+    /// The rights every region of the arena was registered with.
+    pub fn access(&self) -> Access {
+        self.access
+    }
+
+    /// What the arena does about `fork()`.
+    pub fn fork_policy(&self) -> ForkPolicy {
+        self.pages.fork
+    }
+
+    /// Whether `ptr` lies in the arena's reservation (registered or not).
+    pub fn contains(&self, ptr: *const u8) -> bool {
+        (ptr as usize).wrapping_sub(self.base) < self.reserve
+    }
+
+    /// The chunk `ptr` lies in: one subtraction and one shift.
+    pub fn chunk_of(&self, ptr: *const u8) -> Option<usize> {
+        let off = (ptr as usize).wrapping_sub(self.base);
+        (off < self.reserve).then_some(off >> self.chunk_shift)
+    }
+
+    /// The keys of the one registration covering `ptr`, and its range (which covers the whole
+    /// run `ptr` lies in). O(1), lock-free and allocation-free; `None` for a pointer outside
+    /// the arena or in memory not handed out. Handing out the keys freezes them: the region
+    /// is never re-registered afterwards.
+    #[inline]
+    pub fn keys_of(&self, ptr: *const u8) -> Option<Keys> {
+        self.table.keys_of(ptr as usize)
+    }
+
+    /// One SGE for `buf` (its lkey).
+    ///
+    /// # Errors
+    /// [`Error::NotRegistered`] when `buf` is not wholly inside one registration of the arena;
+    /// [`Error::InvalidArgument`] when it is longer than an SGE can describe (4 GiB − 1).
+    pub fn sge_of(&self, buf: &[u8]) -> Result<Sge, Error> {
+        let addr = buf.as_ptr() as usize;
+        let keys = self.keys_of(buf.as_ptr()).ok_or(Error::NotRegistered)?;
+        if !keys.contains(addr, buf.len()) {
+            return Err(Error::NotRegistered);
+        }
+        let length = u32::try_from(buf.len())
+            .map_err(|_| Error::InvalidArgument("a slice of 4 GiB or more is not one SGE"))?;
+        Ok(Sge {
+            addr: addr as u64,
+            length,
+            lkey: keys.lkey,
+        })
+    }
+
+    /// A snapshot of the counters, read without a lock.
+    pub fn stats(&self) -> ArenaStats {
+        self.counters.snapshot(self.reserve as u64, self.pages.fork)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn chunk_base(&self, c: usize) -> usize {
+        self.base + (c << self.chunk_shift)
+    }
+
+    pub(crate) fn slab_index(&self, addr: usize) -> usize {
+        (addr - self.base) >> SLAB_SHIFT
+    }
+
+    fn chunks(&self) -> usize {
+        self.reserve >> self.chunk_shift
+    }
+
+    /// Hand out at least `len` bytes of whole slabs aligned to `align`, committed and inside
+    /// one registration.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for `len == 0` or an alignment that is not a power of two;
+    /// [`Error::TooLarge`] above `max_mr_size`; [`Error::ReservationFull`];
+    /// [`Error::HugepagesUnavailable`] under [`Hugepages::Require`]; [`Error::Os`] when memory
+    /// cannot be committed; [`Error::Nic`] when the NIC refuses the registration (the memlock
+    /// limit, `max_mr`). On error nothing stays committed.
+    pub fn alloc_run(&self, len: usize, align: usize) -> Result<Run, Error> {
+        if len == 0 {
+            return Err(Error::InvalidArgument("zero-length run"));
+        }
+        if !align.is_power_of_two() {
+            return Err(Error::InvalidArgument("alignment must be a power of two"));
+        }
+        let slabs = len
+            .checked_next_multiple_of(SLAB)
+            .ok_or(Error::InvalidArgument("length overflows"))?
+            / SLAB;
+        if slabs > self.slabs_per_chunk as usize || align > self.chunk_size() {
+            return self.alloc_dedicated(slabs, align);
+        }
+        self.alloc_in_chunk(slabs as u32, (align / SLAB).max(1) as u32)
+    }
+
+    fn alloc_in_chunk(&self, slabs: u32, align_slabs: u32) -> Result<Run, Error> {
+        let spc = self.slabs_per_chunk;
+        let (c, old_used, s, kind, tail) = {
+            let mut st = self.lock();
+            let fits = |ch: &ChunkState| {
+                let s = ch.used.next_multiple_of(align_slabs);
+                (s + slabs <= spc).then_some(s)
+            };
+            let open = st.open.and_then(|c| Some((c, fits(st.chunks.get(c)?)?)));
+            let (c, s) = match open {
+                Some(cs) => cs,
+                None => {
+                    let c = self.open_chunks(&mut st, 1, 1)?;
+                    st.open = Some(c);
+                    (c, 0)
+                }
+            };
+            let base = self.chunk_base(c) as *mut u8;
+            let Some(ch) = st.chunks.get_mut(c) else {
+                return Err(Error::ReservationFull {
+                    reserved: self.reserve,
+                });
+            };
+            let kind = self
+                .pages
+                .commit(base, spc, &mut ch.huge_until, s, s + slabs)?;
+            let old_used = ch.used;
+            ch.used = s + slabs;
+            let tail = (self.rereg.load(Ordering::Relaxed) && ch.tail != 0 && ch.tail_end == s)
+                .then(|| ch.tail - 1)
+                .filter(|&id| self.table.reg(id).is_huge() == (kind == PageKind::Hugetlb));
+            (c, old_used, s, kind, tail)
+        };
+        self.committed(c, kind, slabs);
+        let addr = self.chunk_base(c) + s as usize * SLAB;
+        let len = slabs as usize * SLAB;
+        let registered = match tail {
+            Some(id) => match self.extend(id, addr + len) {
+                Ok(Grown::Extended) => Ok(id),
+                Ok(Grown::Refused) => {
+                    add(&self.counters.fallbacks_to_new_mr, 1);
+                    self.register_new(addr, len, kind == PageKind::Hugetlb)
+                }
+                Err(e) => Err(e),
+            },
+            None => {
+                if s > 0 {
+                    add(&self.counters.fallbacks_to_new_mr, 1);
+                }
+                self.register_new(addr, len, kind == PageKind::Hugetlb)
+            }
+        };
+        let mut st = self.lock();
+        let Some(ch) = st.chunks.get_mut(c) else {
+            return Err(Error::ReservationFull {
+                reserved: self.reserve,
+            });
+        };
+        match registered {
+            Ok(id) => {
+                if s + slabs > ch.tail_end || ch.tail == 0 {
+                    ch.tail = id + 1;
+                    ch.tail_end = s + slabs;
+                }
+                add(&self.counters.runs, 1);
+                Ok(Run {
+                    ptr: NonNull::new(addr as *mut u8).ok_or(Error::NotRegistered)?,
+                    len,
+                })
+            }
+            Err(e) => {
+                if ch.used == s + slabs {
+                    ch.used = old_used;
+                }
+                drop(st);
+                self.uncommitted(addr, kind, slabs);
+                Err(e)
+            }
+        }
+    }
+
+    /// A run of more than one chunk (or aligned beyond one): whole fresh chunks, one region.
+    fn alloc_dedicated(&self, slabs: usize, align: usize) -> Result<Run, Error> {
+        let len = slabs * SLAB;
+        if len as u64 > self.max_mr_size {
+            return Err(Error::TooLarge {
+                len,
+                max: self.max_mr_size,
+            });
+        }
+        let m = len.div_ceil(self.chunk_size());
+        let total = m as u32 * self.slabs_per_chunk;
+        let (c, kind) = {
+            let mut st = self.lock();
+            let c = self.open_chunks(&mut st, m, align)?;
+            let base = self.chunk_base(c) as *mut u8;
+            let mut huge_until = 0;
+            let mapped = self.pages.map_range(base, total).and_then(|hu| {
+                huge_until = hu;
+                self.pages
+                    .commit(base, total, &mut huge_until, 0, slabs as u32)
+            });
+            let kind = match mapped {
+                Ok(kind) => kind,
+                Err(e) => {
+                    self.close_chunks(&mut st, c, m);
+                    return Err(e);
+                }
+            };
+            for i in c..c + m {
+                if let Some(ch) = st.chunks.get_mut(i) {
+                    ch.used = self.slabs_per_chunk;
+                }
+            }
+            (c, kind)
+        };
+        self.committed(c, kind, slabs as u32);
+        let addr = self.chunk_base(c);
+        match self.register_new(addr, len, kind == PageKind::Hugetlb) {
+            Ok(_) => {
+                add(&self.counters.runs, 1);
+                Ok(Run {
+                    ptr: NonNull::new(addr as *mut u8).ok_or(Error::NotRegistered)?,
+                    len,
+                })
+            }
+            Err(e) => {
+                self.uncommitted(addr, kind, slabs as u32);
+                let mut st = self.lock();
+                self.close_chunks(&mut st, c, m);
+                Err(e)
+            }
+        }
+    }
+
+    /// Take `m` fresh chunks whose start is aligned to `align`, map them, and return the first.
+    fn open_chunks(&self, st: &mut State, m: usize, align: usize) -> Result<usize, Error> {
+        let mut c = st.next_chunk;
+        while self.chunk_base(c) % align != 0 && c < self.chunks() {
+            c += 1;
+        }
+        if c + m > self.chunks() {
+            return Err(Error::ReservationFull {
+                reserved: self.reserve,
+            });
+        }
+        let base = self.chunk_base(c) as *mut u8;
+        let huge_until = self
+            .pages
+            .map_range(base, m as u32 * self.slabs_per_chunk)?;
+        if m == 1 {
+            if let Some(ch) = st.chunks.get_mut(c) {
+                ch.huge_until = huge_until;
+            }
+        }
+        st.next_chunk = c + m;
+        add(&self.counters.chunks, m as u64);
+        Ok(c)
+    }
+
+    /// Undo [`Arena::open_chunks`] when nothing was opened after it.
+    fn close_chunks(&self, st: &mut State, c: usize, m: usize) {
+        let len = m << self.chunk_shift;
+        // SAFETY: the chunks hold nothing handed out.
+        let _ = unsafe { os::unmap_to_reserved(self.chunk_base(c) as *mut u8, len) };
+        if st.next_chunk == c + m {
+            st.next_chunk = c;
+        }
+        sub(&self.counters.chunks, m as u64);
+    }
+
+    fn kind_counter(&self, kind: PageKind) -> &std::sync::atomic::AtomicU64 {
+        match kind {
+            PageKind::Hugetlb => &self.counters.slabs_hugetlb,
+            PageKind::Thp => &self.counters.slabs_thp,
+            PageKind::Small => &self.counters.slabs_small,
+        }
+    }
+
+    fn committed(&self, c: usize, kind: PageKind, slabs: u32) {
+        add(&self.counters.committed_bytes, slabs as u64 * SLAB as u64);
+        add(self.kind_counter(kind), slabs as u64);
+        let prev = self.last_kind.swap(kind.code(), Ordering::Relaxed);
+        if prev != kind.code() {
+            tracing::info!(
+                target: "rdma_pool::arena",
+                kind = kind.as_str(),
+                chunk = c as u64,
+                "arena slabs now committed as this page kind"
+            );
+        }
+    }
+
+    fn uncommitted(&self, addr: usize, kind: PageKind, slabs: u32) {
+        self.pages.decommit(addr as *mut u8, slabs as usize * SLAB);
+        sub(&self.counters.committed_bytes, slabs as u64 * SLAB as u64);
+        sub(self.kind_counter(kind), slabs as u64);
+        add(&self.counters.failed_runs, 1);
+    }
+
+    /// Check the invariants of the module contract (for tests and debug builds).
+    pub fn validate(&self) -> bool {
+        let st = self.lock();
+        let chunks_ok = st.next_chunk <= self.chunks()
+            && (0..st.chunks.len()).all(|c| {
+                st.chunks
+                    .get(c)
+                    .is_some_and(|ch| ch.used <= self.slabs_per_chunk)
+            });
+        drop(st);
+        let s = self.stats();
+        chunks_ok
+            && self.table.validate()
+            && s.committed_bytes == SLAB as u64 * (s.slabs_hugetlb + s.slabs_thp + s.slabs_small)
+            && s.registered_bytes <= s.committed_bytes
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        self.table.drop_all();
+        // SAFETY: every region over the reservation is gone; nothing else uses it.
+        unsafe { libc::munmap(self.base as *mut libc::c_void, self.reserve) };
+    }
+}

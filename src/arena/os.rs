@@ -1,0 +1,219 @@
+//! The operating-system calls of the arena: reserve, map, populate, advise, unmap — and
+//! zero-initialised metadata arrays mapped straight from the kernel.
+//!
+//! Contract: nothing here allocates through the global allocator (the arena runs inside
+//! `GlobalAlloc`); every failure is the call's `errno`.
+//!
+//! Invariant: an [`MmapArray<T>`] of `n` elements is `n * size_of::<T>()` zero bytes when
+//! created, so `T` must be valid when all-zero (integers and atomics).
+
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+
+/// The calling thread's `errno`.
+pub(crate) fn errno() -> i32 {
+    std::io::Error::last_os_error()
+        .raw_os_error()
+        .unwrap_or(libc::EIO)
+}
+
+/// `MAP_HUGE_2MB`: ask hugetlbfs for 2 MiB pages whatever the default huge page size.
+const MAP_HUGE_2MB: libc::c_int = 21 << 26; // log2(2 MiB) << MAP_HUGE_SHIFT
+
+/// Reserve `len` bytes of address space aligned to `align` (a power of two), inaccessible and
+/// without commit charge (`PROT_NONE`, `MAP_NORESERVE`).
+pub(crate) fn reserve(len: usize, align: usize) -> Result<NonNull<u8>, i32> {
+    let total = len.checked_add(align).ok_or(libc::ENOMEM)?;
+    // SAFETY: a fresh anonymous mapping at an address of the kernel's choice.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            total,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(errno());
+    }
+    let start = p as usize;
+    let aligned = (start + align - 1) & !(align - 1);
+    // SAFETY: both trims are inside the mapping just made and owned by no one else.
+    unsafe {
+        if aligned > start {
+            libc::munmap(p, aligned - start);
+        }
+        let end = aligned + len;
+        if start + total > end {
+            libc::munmap(end as *mut libc::c_void, start + total - end);
+        }
+    }
+    NonNull::new(aligned as *mut u8).ok_or(libc::ENOMEM)
+}
+
+/// Map `[addr, addr + len)` (inside a reservation the arena owns) readable and writable,
+/// without commit charge: hugetlb 2 MiB pages when `huge`, ordinary anonymous memory otherwise.
+///
+/// # Safety
+/// The range lies inside a reservation owned by the caller; what was mapped there is replaced.
+pub(crate) unsafe fn map_fixed(addr: *mut u8, len: usize, huge: bool) -> Result<(), i32> {
+    let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED;
+    if huge {
+        flags |= libc::MAP_HUGETLB | MAP_HUGE_2MB;
+    }
+    // SAFETY: MAP_FIXED over memory the caller owns (see above).
+    let p = unsafe {
+        libc::mmap(
+            addr.cast(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            flags,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        Err(errno())
+    } else {
+        Ok(())
+    }
+}
+
+/// Return `[addr, addr + len)` to `PROT_NONE` reservation.
+///
+/// # Safety
+/// As [`map_fixed`]; nothing in the range may be used afterwards.
+pub(crate) unsafe fn unmap_to_reserved(addr: *mut u8, len: usize) -> Result<(), i32> {
+    // SAFETY: forwarded from the caller.
+    let p = unsafe {
+        libc::mmap(
+            addr.cast(),
+            len,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        Err(errno())
+    } else {
+        Ok(())
+    }
+}
+
+/// `madvise(addr, len, advice)`.
+///
+/// # Safety
+/// The advice must not discard memory anyone still uses (`MADV_DONTNEED`).
+pub(crate) unsafe fn madvise(addr: *mut u8, len: usize, advice: libc::c_int) -> Result<(), i32> {
+    // SAFETY: forwarded from the caller.
+    if unsafe { libc::madvise(addr.cast(), len, advice) } == 0 {
+        Ok(())
+    } else {
+        Err(errno())
+    }
+}
+
+/// Fault `[addr, addr + len)` in writable (`MADV_POPULATE_WRITE`, Linux ≥ 5.14): an error
+/// (`ENOMEM`, `EFAULT`) rather than a `SIGBUS` when hugetlb pages run out.
+pub(crate) fn populate_write(addr: *mut u8, len: usize) -> Result<(), i32> {
+    // SAFETY: populating allocates pages and changes no content.
+    unsafe { madvise(addr, len, libc::MADV_POPULATE_WRITE) }
+}
+
+/// Whether transparent huge pages may back `MADV_HUGEPAGE` memory (the sysfs switch is not
+/// `[never]`). Reads into a stack buffer.
+pub(crate) fn thp_available() -> bool {
+    let path = c"/sys/kernel/mm/transparent_hugepage/enabled";
+    // SAFETY: open/read/close on a NUL-terminated path and a stack buffer.
+    unsafe {
+        let fd = libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return false;
+        }
+        let mut buf = [0u8; 128];
+        let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
+        libc::close(fd);
+        n > 0 && !contains(&buf[..n as usize], b"[never]")
+    }
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// A fixed-length array of `T` in its own anonymous mapping, zeroed, never from the global
+/// allocator.
+pub(crate) struct MmapArray<T> {
+    ptr: NonNull<T>,
+    len: usize,
+    _own: PhantomData<T>,
+}
+
+// SAFETY: the array owns its elements like a `Box<[T]>`.
+unsafe impl<T: Send> Send for MmapArray<T> {}
+// SAFETY: as `Box<[T]>`: shared access hands out `&T` only.
+unsafe impl<T: Sync> Sync for MmapArray<T> {}
+
+impl<T> MmapArray<T> {
+    /// `len` zeroed elements.
+    ///
+    /// # Safety
+    /// The all-zero bit pattern is a valid `T`.
+    pub(crate) unsafe fn zeroed(len: usize) -> Result<Self, i32> {
+        let bytes = len.checked_mul(size_of::<T>()).ok_or(libc::ENOMEM)?.max(1);
+        // SAFETY: a fresh private anonymous mapping (zero-filled by the kernel).
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(errno());
+        }
+        Ok(MmapArray {
+            ptr: NonNull::new(p.cast()).ok_or(libc::ENOMEM)?,
+            len,
+            _own: PhantomData,
+        })
+    }
+
+    /// Element `i`, or `None` past the end.
+    #[inline]
+    pub(crate) fn get(&self, i: usize) -> Option<&T> {
+        // SAFETY: `i < len` elements were zero-initialised and are valid `T`s.
+        (i < self.len).then(|| unsafe { &*self.ptr.as_ptr().add(i) })
+    }
+
+    /// Element `i` mutably, or `None` past the end.
+    pub(crate) fn get_mut(&mut self, i: usize) -> Option<&mut T> {
+        // SAFETY: as `get`, with exclusive access through `&mut self`.
+        (i < self.len).then(|| unsafe { &mut *self.ptr.as_ptr().add(i) })
+    }
+
+    /// Number of elements.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+}
+
+impl<T> Drop for MmapArray<T> {
+    fn drop(&mut self) {
+        // SAFETY: drop each element in place, then unmap the array we mapped.
+        unsafe {
+            std::ptr::drop_in_place(std::ptr::slice_from_raw_parts_mut(
+                self.ptr.as_ptr(),
+                self.len,
+            ));
+            libc::munmap(self.ptr.as_ptr().cast(), (self.len * size_of::<T>()).max(1));
+        }
+    }
+}

@@ -1,0 +1,265 @@
+//! The key table: which registration covers each slab, answered in O(1) without a lock.
+//!
+//! Contract: `slots[i]` is `0` (slab `i` of the reservation is not registered) or `id + 1`
+//! where `regs[id]` is the live registration covering slab `i`; it is published (`Release`)
+//! only after the registration's fields are written. A registration's `state` is
+//! `PRIVATE` (keys never handed out), `EXPOSED` (handed out: its fields never change again)
+//! or `REREG` (a grower is re-registering it; `keys_of` waits for that one call).
+//!
+//! Invariants:
+//! - `slots[i] == id + 1  ⇒  regs[id].start <= base + i·SLAB < regs[id].start + regs[id].len`;
+//! - a registration never shrinks, and its slots never point elsewhere while it lives;
+//! - `state == EXPOSED ⇒ (lkey, rkey, start, len)` are final;
+//! - ids are handed out by a counter and never reused for another range, so
+//!   `next_reg <= slabs` (every registration covers at least one slab of its own).
+
+use super::SLAB_SHIFT;
+use super::os::MmapArray;
+use crate::nic::{Lkey, Mr, Rkey};
+use std::cell::UnsafeCell;
+use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicUsize, Ordering};
+
+pub(crate) const PRIVATE: u8 = 0;
+pub(crate) const EXPOSED: u8 = 1;
+pub(crate) const REREG: u8 = 2;
+
+/// The keys of the one registration that covers a byte, and that registration's range.
+///
+/// # Examples
+/// ```
+/// use rdma_pool::arena::{Arena, ArenaConfig, Hugepages};
+/// use rdma_pool::nic::Nic;
+/// let pd = Nic::soft().alloc_pd().unwrap();
+/// let cfg = ArenaConfig { reserve: 1 << 30, chunk: 1 << 26, hugepages: Hugepages::Off, ..Default::default() };
+/// let arena = Arena::new(&pd, cfg).unwrap();
+/// let run = arena.alloc_run(4096, 64).unwrap();
+/// let keys = arena.keys_of(run.as_ptr()).unwrap();
+/// assert!(keys.contains(run.as_ptr() as usize, run.len()));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Keys {
+    /// Local key: use it in the SGEs of local work requests.
+    pub lkey: Lkey,
+    /// Remote key of the pool's region. Without [`ArenaConfig::remote`](super::ArenaConfig)
+    /// it gives a peer no access at all; peers get access through grants.
+    pub rkey: Rkey,
+    /// First byte of the registration.
+    pub addr: usize,
+    /// Bytes in the registration.
+    pub len: usize,
+}
+
+impl Keys {
+    /// Whether `[addr, addr + len)` lies inside this registration.
+    pub fn contains(&self, addr: usize, len: usize) -> bool {
+        addr >= self.addr
+            && addr
+                .checked_add(len)
+                .is_some_and(|end| end <= self.addr + self.len)
+    }
+}
+
+/// One registration: its region and the keys the table hands out.
+pub(crate) struct Reg {
+    state: AtomicU8,
+    live: AtomicBool,
+    huge: AtomicBool,
+    lkey: AtomicU32,
+    rkey: AtomicU32,
+    start: AtomicUsize,
+    len: AtomicUsize,
+    /// Written only by the thread that created the registration or holds `REREG`; dropped by
+    /// the arena's `Drop`.
+    mr: UnsafeCell<MaybeUninit<Mr>>,
+}
+
+// SAFETY: `mr` is touched only under the protocol above (creation, REREG, or `&mut` drop).
+unsafe impl Sync for Reg {}
+
+impl Reg {
+    /// Whether the registration's slabs are hugetlb pages.
+    pub(crate) fn is_huge(&self) -> bool {
+        self.huge.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn range(&self) -> (usize, usize) {
+        (
+            self.start.load(Ordering::Acquire),
+            self.len.load(Ordering::Acquire),
+        )
+    }
+
+    /// `PRIVATE → REREG`: true when this thread may now re-register the region.
+    pub(crate) fn begin_rereg(&self) -> bool {
+        self.state
+            .compare_exchange(PRIVATE, REREG, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// `REREG → PRIVATE`, publishing the fields written meanwhile.
+    pub(crate) fn end_rereg(&self) {
+        self.state.store(PRIVATE, Ordering::Release);
+    }
+
+    /// The region.
+    ///
+    /// # Safety
+    /// The caller holds `REREG` on a live registration.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn mr_mut(&self) -> &mut Mr {
+        // SAFETY: live, and REREG makes this thread the only one touching `mr`.
+        unsafe { (*self.mr.get()).assume_init_mut() }
+    }
+
+    /// Take the region out (the registration is not live until [`Reg::install`]).
+    ///
+    /// # Safety
+    /// As [`Reg::mr_mut`].
+    pub(crate) unsafe fn take(&self) -> Mr {
+        self.live.store(false, Ordering::Relaxed);
+        // SAFETY: live until now; `live == false` keeps `Drop` from reading it again.
+        unsafe { (*self.mr.get()).assume_init_read() }
+    }
+
+    /// Store `mr` and copy its keys and range into the atomics.
+    ///
+    /// # Safety
+    /// The registration is not live, and the caller is its creator or holds `REREG`.
+    pub(crate) unsafe fn install(&self, mr: Mr, huge: bool) {
+        self.refresh(&mr);
+        self.huge.store(huge, Ordering::Relaxed);
+        // SAFETY: not live, so no one else reads `mr`.
+        unsafe { (*self.mr.get()).write(mr) };
+        self.live.store(true, Ordering::Release);
+    }
+
+    /// Copy the keys and range of `mr` into the atomics.
+    pub(crate) fn refresh(&self, mr: &Mr) {
+        self.lkey.store(mr.lkey().0, Ordering::Relaxed);
+        self.rkey.store(mr.rkey().0, Ordering::Relaxed);
+        self.start.store(mr.addr(), Ordering::Release);
+        self.len.store(mr.len(), Ordering::Release);
+    }
+
+    #[inline]
+    fn keys(&self) -> Keys {
+        Keys {
+            lkey: Lkey(self.lkey.load(Ordering::Relaxed)),
+            rkey: Rkey(self.rkey.load(Ordering::Relaxed)),
+            addr: self.start.load(Ordering::Relaxed),
+            len: self.len.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Mark exposed and read the keys; waits out a re-registration in flight.
+    #[cold]
+    fn expose(&self) -> Keys {
+        loop {
+            match self.state.compare_exchange_weak(
+                PRIVATE,
+                EXPOSED,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return self.keys(),
+                Err(EXPOSED) => return self.keys(),
+                Err(_) => std::hint::spin_loop(),
+            }
+        }
+    }
+}
+
+/// The slab → registration map and the registrations.
+pub(crate) struct Table {
+    base: usize,
+    len: usize,
+    slots: MmapArray<AtomicU32>,
+    regs: MmapArray<Reg>,
+    next_reg: AtomicU32,
+}
+
+impl Table {
+    pub(crate) fn new(base: usize, len: usize) -> Result<Table, i32> {
+        let slabs = len >> SLAB_SHIFT;
+        // SAFETY: zero is a valid AtomicU32 and a valid (not live, PRIVATE) Reg.
+        let (slots, regs) = unsafe { (MmapArray::zeroed(slabs)?, MmapArray::zeroed(slabs)?) };
+        Ok(Table {
+            base,
+            len,
+            slots,
+            regs,
+            next_reg: AtomicU32::new(0),
+        })
+    }
+
+    /// The keys of the registration covering `addr`, marking it exposed.
+    #[inline]
+    pub(crate) fn keys_of(&self, addr: usize) -> Option<Keys> {
+        let off = addr.wrapping_sub(self.base);
+        if off >= self.len {
+            return None;
+        }
+        let id = self.slots.get(off >> SLAB_SHIFT)?.load(Ordering::Acquire);
+        if id == 0 {
+            return None;
+        }
+        let reg = self.regs.get(id as usize - 1)?;
+        if reg.state.load(Ordering::Acquire) == EXPOSED {
+            return Some(reg.keys());
+        }
+        Some(reg.expose())
+    }
+
+    /// Registration `id`.
+    pub(crate) fn reg(&self, id: u32) -> &Reg {
+        self.regs
+            .get(id as usize)
+            .expect("registration ids come from new_reg")
+    }
+
+    /// A fresh registration id, or `None` when every slab already has one.
+    pub(crate) fn new_reg(&self) -> Option<u32> {
+        let id = self.next_reg.fetch_add(1, Ordering::Relaxed);
+        ((id as usize) < self.regs.len()).then_some(id)
+    }
+
+    /// Point slabs `[first, first + n)` at registration `id` (`None`: unregistered).
+    pub(crate) fn publish(&self, first: usize, n: usize, id: Option<u32>) {
+        let v = id.map_or(0, |id| id + 1);
+        for i in first..first + n {
+            if let Some(slot) = self.slots.get(i) {
+                slot.store(v, Ordering::Release);
+            }
+        }
+    }
+
+    /// Deregister every live registration (the arena is being dropped).
+    pub(crate) fn drop_all(&mut self) {
+        let n = (self.next_reg.load(Ordering::Relaxed) as usize).min(self.regs.len());
+        for id in 0..n {
+            if let Some(reg) = self.regs.get_mut(id) {
+                if *reg.live.get_mut() {
+                    *reg.live.get_mut() = false;
+                    // SAFETY: live, and `&mut self` excludes every other user.
+                    unsafe { reg.mr.get_mut().assume_init_drop() };
+                }
+            }
+        }
+    }
+
+    /// Debug check of the invariants above.
+    pub(crate) fn validate(&self) -> bool {
+        let slabs = self.len >> SLAB_SHIFT;
+        (0..slabs).all(|i| {
+            let id = self.slots.get(i).map_or(0, |s| s.load(Ordering::Acquire));
+            if id == 0 {
+                return true;
+            }
+            let reg = self.reg(id - 1);
+            let (start, len) = reg.range();
+            let addr = self.base + (i << SLAB_SHIFT);
+            reg.live.load(Ordering::Acquire) && start <= addr && addr < start + len
+        })
+    }
+}
