@@ -193,6 +193,16 @@ impl<T> MmapArray<T> {
         (i < self.len).then(|| unsafe { &*self.ptr.as_ptr().add(i) })
     }
 
+    /// Element `i` without a bounds check.
+    ///
+    /// # Safety
+    /// `i < self.len()`.
+    #[inline]
+    pub(crate) unsafe fn get_unchecked(&self, i: usize) -> &T {
+        // SAFETY: `i < len` (the caller's promise), and those elements are valid `T`s.
+        unsafe { &*self.ptr.as_ptr().add(i) }
+    }
+
     /// Element `i` mutably, or `None` past the end.
     pub(crate) fn get_mut(&mut self, i: usize) -> Option<&mut T> {
         // SAFETY: as `get`, with exclusive access through `&mut self`.

@@ -1,13 +1,17 @@
 //! The key table: which registration covers each slab, answered in O(1) without a lock.
 //!
-//! Contract: `slots[i]` is `0` (slab `i` of the reservation is not registered) or `id + 1`
-//! where `regs[id]` is the live registration covering slab `i`; it is published (`Release`)
-//! only after the registration's fields are written. A registration's `state` is
+//! Contract: `slots[i].meta` holds `0` (slab `i` of the reservation is not registered) or
+//! `id + 1` where `regs[id]` is the live registration covering slab `i`; it is published
+//! (`Release`) only after the registration's fields are written. Once the registration's keys
+//! are handed out, the slot caches them (keys, start, len) and sets `EXPOSED_BIT` in `meta`, so
+//! `keys_of` is one slot read: a load of `meta` and three loads from the same cache line. A
+//! registration's `state` is
 //! `PRIVATE` (keys never handed out), `EXPOSED` (handed out: its fields never change again)
 //! or `REREG` (a grower is re-registering it; `keys_of` waits for that one call).
 //!
 //! Invariants:
-//! - `slots[i] == id + 1  ⇒  regs[id].start <= base + i·SLAB < regs[id].start + regs[id].len`;
+//! - `slots[i].meta & ID == id + 1  ⇒  regs[id].start <= base + i·SLAB < regs[id].start +
+//!   regs[id].len`, and with `EXPOSED_BIT` the slot's cached fields equal the registration's;
 //! - a registration never shrinks, and its slots never point elsewhere while it lives;
 //! - `state == EXPOSED ⇒ (lkey, rkey, start, len)` are final;
 //! - ids are handed out by a counter and never reused for another range, so
@@ -18,11 +22,36 @@ use super::os::MmapArray;
 use crate::nic::{Lkey, Mr, Rkey};
 use std::cell::UnsafeCell;
 use std::mem::MaybeUninit;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 pub(crate) const PRIVATE: u8 = 0;
 pub(crate) const EXPOSED: u8 = 1;
 pub(crate) const REREG: u8 = 2;
+
+/// In `Slot::meta`: the slot caches the final keys and range of its registration.
+const EXPOSED_BIT: u64 = 1 << 63;
+
+/// One slab's entry: the registration covering it and, once exposed, a copy of its keys.
+#[repr(C, align(32))]
+pub(crate) struct Slot {
+    meta: AtomicU64,
+    keys: AtomicU64,
+    start: AtomicUsize,
+    len: AtomicUsize,
+}
+
+impl Slot {
+    #[inline]
+    fn cached(&self) -> Keys {
+        let keys = self.keys.load(Ordering::Relaxed);
+        Keys {
+            lkey: Lkey(keys as u32),
+            rkey: Rkey((keys >> 32) as u32),
+            addr: self.start.load(Ordering::Relaxed),
+            len: self.len.load(Ordering::Relaxed),
+        }
+    }
+}
 
 /// The keys of the one registration that covers a byte, and that registration's range.
 ///
@@ -38,6 +67,7 @@ pub(crate) const REREG: u8 = 2;
 /// assert!(keys.contains(run.as_ptr() as usize, run.len()));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(C)]
 pub struct Keys {
     /// Local key: use it in the SGEs of local work requests.
     pub lkey: Lkey,
@@ -65,8 +95,8 @@ pub(crate) struct Reg {
     state: AtomicU8,
     live: AtomicBool,
     huge: AtomicBool,
-    lkey: AtomicU32,
-    rkey: AtomicU32,
+    /// `lkey | rkey << 32`: one load for both keys.
+    keys: AtomicU64,
     start: AtomicUsize,
     len: AtomicUsize,
     /// Written only by the thread that created the registration or holds `REREG`; dropped by
@@ -136,17 +166,18 @@ impl Reg {
 
     /// Copy the keys and range of `mr` into the atomics.
     pub(crate) fn refresh(&self, mr: &Mr) {
-        self.lkey.store(mr.lkey().0, Ordering::Relaxed);
-        self.rkey.store(mr.rkey().0, Ordering::Relaxed);
+        let keys = mr.lkey().0 as u64 | (mr.rkey().0 as u64) << 32;
+        self.keys.store(keys, Ordering::Relaxed);
         self.start.store(mr.addr(), Ordering::Release);
         self.len.store(mr.len(), Ordering::Release);
     }
 
     #[inline]
     fn keys(&self) -> Keys {
+        let keys = self.keys.load(Ordering::Relaxed);
         Keys {
-            lkey: Lkey(self.lkey.load(Ordering::Relaxed)),
-            rkey: Rkey(self.rkey.load(Ordering::Relaxed)),
+            lkey: Lkey(keys as u32),
+            rkey: Rkey((keys >> 32) as u32),
             addr: self.start.load(Ordering::Relaxed),
             len: self.len.load(Ordering::Relaxed),
         }
@@ -174,7 +205,7 @@ impl Reg {
 pub(crate) struct Table {
     base: usize,
     len: usize,
-    slots: MmapArray<AtomicU32>,
+    slots: MmapArray<Slot>,
     regs: MmapArray<Reg>,
     next_reg: AtomicU32,
 }
@@ -182,7 +213,7 @@ pub(crate) struct Table {
 impl Table {
     pub(crate) fn new(base: usize, len: usize) -> Result<Table, i32> {
         let slabs = len >> SLAB_SHIFT;
-        // SAFETY: zero is a valid AtomicU32 and a valid (not live, PRIVATE) Reg.
+        // SAFETY: zero is a valid (unregistered) Slot and a valid (not live, PRIVATE) Reg.
         let (slots, regs) = unsafe { (MmapArray::zeroed(slabs)?, MmapArray::zeroed(slabs)?) };
         Ok(Table {
             base,
@@ -200,15 +231,45 @@ impl Table {
         if off >= self.len {
             return None;
         }
-        let id = self.slots.get(off >> SLAB_SHIFT)?.load(Ordering::Acquire);
-        if id == 0 {
-            return None;
+        // SAFETY: `off < len` and `slots.len() == len >> SLAB_SHIFT`.
+        let slot = unsafe { self.slots.get_unchecked(off >> SLAB_SHIFT) };
+        let meta = slot.meta.load(Ordering::Acquire);
+        if meta & EXPOSED_BIT != 0 {
+            return Some(slot.cached());
         }
-        let reg = self.regs.get(id as usize - 1)?;
-        if reg.state.load(Ordering::Acquire) == EXPOSED {
-            return Some(reg.keys());
+        self.keys_of_slow(slot, meta)
+    }
+
+    /// First lookup through a slot: expose the registration and cache its keys in the slot.
+    #[cold]
+    fn keys_of_slow(&self, slot: &Slot, mut meta: u64) -> Option<Keys> {
+        loop {
+            if meta & EXPOSED_BIT != 0 {
+                return Some(slot.cached());
+            }
+            let id = meta as u32;
+            if id == 0 {
+                return None;
+            }
+            let keys = self.regs.get(id as usize - 1)?.expose();
+            // The slot may have been unpublished while a re-registration was waited out.
+            let now = slot.meta.load(Ordering::Acquire);
+            if now != meta {
+                meta = now;
+                continue;
+            }
+            slot.keys
+                .store(keys.lkey.0 as u64 | (keys.rkey.0 as u64) << 32, Ordering::Relaxed);
+            slot.start.store(keys.addr, Ordering::Relaxed);
+            slot.len.store(keys.len, Ordering::Relaxed);
+            let _ = slot.meta.compare_exchange(
+                meta,
+                meta | EXPOSED_BIT,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            );
+            return Some(keys);
         }
-        Some(reg.expose())
     }
 
     /// Registration `id`.
@@ -226,10 +287,10 @@ impl Table {
 
     /// Point slabs `[first, first + n)` at registration `id` (`None`: unregistered).
     pub(crate) fn publish(&self, first: usize, n: usize, id: Option<u32>) {
-        let v = id.map_or(0, |id| id + 1);
+        let v = id.map_or(0, |id| id as u64 + 1);
         for i in first..first + n {
             if let Some(slot) = self.slots.get(i) {
-                slot.store(v, Ordering::Release);
+                slot.meta.store(v, Ordering::Release);
             }
         }
     }
@@ -252,14 +313,19 @@ impl Table {
     pub(crate) fn validate(&self) -> bool {
         let slabs = self.len >> SLAB_SHIFT;
         (0..slabs).all(|i| {
-            let id = self.slots.get(i).map_or(0, |s| s.load(Ordering::Acquire));
+            let Some(slot) = self.slots.get(i) else {
+                return false;
+            };
+            let meta = slot.meta.load(Ordering::Acquire);
+            let id = meta as u32;
             if id == 0 {
                 return true;
             }
             let reg = self.reg(id - 1);
             let (start, len) = reg.range();
             let addr = self.base + (i << SLAB_SHIFT);
-            reg.live.load(Ordering::Acquire) && start <= addr && addr < start + len
+            let cached_ok = meta & EXPOSED_BIT == 0 || slot.cached() == reg.keys();
+            reg.live.load(Ordering::Acquire) && start <= addr && addr < start + len && cached_ok
         })
     }
 }

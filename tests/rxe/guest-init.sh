@@ -46,6 +46,10 @@ fail_setup() {
 
 . /etc/rxe.conf
 
+# The test user gets a memlock limit that fits the arena's tests (a few hundred MiB pinned),
+# as a service's /etc/security/limits.conf ("rdma - memlock 1048576") would give it; the
+# scenarios that need a low limit lower it themselves.
+ulimit -l 1048576 || fail_setup "ulimit -l"
 echo "== guest: kernel $(uname -r), $(nproc) cpus, RLIMIT_MEMLOCK $(ulimit -l) KiB"
 echo "== guest package versions:"
 cat /etc/rxe-versions
@@ -148,7 +152,7 @@ else
 		mkdir -p "$dir"
 		chown 1000:1000 "$dir"
 		marker "RXE-BIN-BEGIN $name uptime=$(uptime_s)"
-		as_user "$dir" "/tests/$name" --test-threads=1 $RXE_TEST_ARGS
+		as_user "$dir" "/tests/$name" $RXE_BIN_ARGS $RXE_TEST_ARGS
 		rc=$?
 		marker "RXE-BIN-END $name rc=$rc uptime=$(uptime_s)"
 		[ $rc -eq 0 ] || result=FAIL

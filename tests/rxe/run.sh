@@ -13,6 +13,8 @@
 #   RXE_WORK       initramfs + serial logs      (default: <repo root>/target/rxe)
 #   RXE_TIMEOUT    seconds for one guest boot   (default: 1200)
 #   RXE_TEST_ARGS  extra args for every test binary, split on blanks (e.g. "--nocapture mr_")
+#   RXE_BIN_ARGS   the first args of every binary (default "--test-threads=1"; "--bench" runs a
+#                  criterion bench binary from `cargo bench --no-run`)
 #   RXE_GUEST_ENV  extra VAR=value words for the guest test environment (e.g. "RUST_LOG=debug")
 #   RXE_MEM / RXE_SMP   guest memory / CPUs     (default: 2G / 2)
 #   RXE_ACCEL      QEMU accelerator             (default: tcg; "kvm" where KVM works)
@@ -388,6 +390,7 @@ sq() { printf "'%s'" "${1//\'/\'\\\'\'}"; } # single-quote for sh
 	echo "RXE_MODE=$(sq "$MODE")"
 	echo "RXE_TESTS=$(sq "${names[*]:-}")"
 	echo "RXE_TEST_ARGS=$(sq "${RXE_TEST_ARGS:-}")"
+	echo "RXE_BIN_ARGS=$(sq "${RXE_BIN_ARGS---test-threads=1}")"
 	echo "RXE_GUEST_ENV=$(sq "${RXE_GUEST_ENV:-}")"
 } >"$STAGE/etc/rxe.conf"
 
