@@ -1,9 +1,11 @@
 //! Quick start: two in-process peers on the embedded default NIC (the soft NIC when no RDMA
-//! device is present). Register a buffer, RDMA WRITE into the peer, READ it back, and watch a
-//! wrong rkey be rejected.
+//! device is present). Take a buffer from the pool's arena — registered up front, nothing to
+//! register per buffer — RDMA WRITE it into the peer, READ it back, and watch the peer be
+//! refused when it tries the pool's own rkey.
 //!
 //! Run with `cargo run --example quickstart` (or `bash scripts/demo.sh`).
 
+use rdma_pool::arena::{Arena, ArenaConfig};
 use rdma_pool::nic::{Access, Buffer, Nic, NicKind, QpCaps, WcStatus};
 use std::time::Duration;
 
@@ -32,27 +34,38 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     qp.connect(&peer_qp.endpoint()?)?;
     peer_qp.connect(&qp.endpoint()?)?;
 
-    // Our buffer and the peer's. Registration is what rdma-pool does once, up front, for every
-    // allocation; here it is done by hand.
-    let mut mine = Buffer::new(4096)?;
-    let mut theirs = Buffer::new(4096)?;
+    // Our buffer comes from the arena: registered when its slab was committed, so it is
+    // NIC-ready as it is. The peer registers its buffer by hand.
+    let arena = Arena::new(
+        &pd,
+        ArenaConfig {
+            reserve: 1 << 32,
+            chunk: 1 << 26,
+            ..Default::default()
+        },
+    )?;
+    let run = arena.alloc_run(4096, 4096)?;
+    // SAFETY: the run is ours, mapped and registered while the arena lives.
+    let mine = unsafe { std::slice::from_raw_parts_mut(run.as_ptr(), 4096) };
     let msg = b"zero-copy hello from rdma-pool";
-    mine.as_mut_slice()[..msg.len()].copy_from_slice(msg);
-    // SAFETY: both buffers outlive their regions (dropped at the end of main, after them).
-    let my_mr = unsafe { pd.reg_mr(mine.as_mut_ptr(), mine.len(), Access::LOCAL_WRITE) }?;
+    mine[..msg.len()].copy_from_slice(msg);
+    let keys = arena.keys_of(mine.as_ptr()).expect("arena memory has keys");
+    let mut theirs = Buffer::new(4096)?;
     let remote = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
-    // SAFETY: as above.
+    // SAFETY: `theirs` outlives its region (dropped at the end of main, after it).
     let their_mr = unsafe { peer_pd.reg_mr(theirs.as_mut_ptr(), theirs.len(), remote) }?;
     println!(
-        "registered: lkey {} / peer rkey {}",
-        my_mr.lkey(),
+        "arena buffer at {:p}: lkey {} (region of {} KiB) / peer rkey {}",
+        mine.as_ptr(),
+        keys.lkey,
+        keys.len >> 10,
         their_mr.rkey()
     );
 
     let wait = Duration::from_secs(5);
     qp.post_write(
         1,
-        &[my_mr.sge(0, msg.len())?],
+        &[arena.sge_of(&mine[..msg.len()])?],
         their_mr.addr() as u64,
         their_mr.rkey(),
     )?;
@@ -63,29 +76,32 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         String::from_utf8_lossy(&theirs.as_slice()[..msg.len()])
     );
 
-    mine.as_mut_slice().fill(0);
+    mine.fill(0);
     qp.post_read(
         2,
-        &[my_mr.sge(0, msg.len())?],
+        &[arena.sge_of(&mine[..msg.len()])?],
         their_mr.addr() as u64,
         their_mr.rkey(),
     )?;
     println!("RDMA READ: {:?}", cq.wait_one(wait)?.status);
-    assert_eq!(&mine.as_slice()[..msg.len()], msg);
+    assert_eq!(&mine[..msg.len()], msg);
     println!(
         "read back: {:?}",
-        String::from_utf8_lossy(&mine.as_slice()[..msg.len()])
+        String::from_utf8_lossy(&mine[..msg.len()])
     );
 
-    let wrong = rdma_pool::nic::Rkey(their_mr.rkey().0 ^ 0x100);
-    qp.post_write(3, &[my_mr.sge(0, 8)?], their_mr.addr() as u64, wrong)?;
-    let wc = cq.wait_one(wait)?;
+    // The pool's own regions carry no remote rights: its rkey gives a peer nothing (peers
+    // reach pool memory only through per-buffer grants).
+    peer_qp.post_read(3, &[their_mr.sge(0, 8)?], mine.as_ptr() as u64, keys.rkey)?;
+    let wc = peer_cq.wait_one(wait)?;
     println!(
-        "RDMA WRITE with a wrong rkey {wrong}: {:?} (QP now {:?})",
+        "peer RDMA READ of our buffer with the pool's rkey {}: {:?} (peer QP now {:?})",
+        keys.rkey,
         wc.status,
-        qp.state()?
+        peer_qp.state()?
     );
     assert_eq!(wc.status, WcStatus::RemAccessErr);
+    println!("arena: {:?}", arena.stats());
     if let Some(soft) = peer_nic.as_soft() {
         println!("peer soft NIC counters: {:?}", soft.counters());
     }

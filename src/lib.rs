@@ -7,7 +7,9 @@
 //! This release holds the foundation: [`nic`], the one narrow boundary to the NIC, with two
 //! implementations — real libibverbs (feature `verbs`, on by default) and the in-process
 //! [`nic::soft`] NIC that enforces the verbs memory rules and is the embedded default when no
-//! RDMA device is present. The arena, allocator front ends and grants build on it.
+//! RDMA device is present — and the [`arena`]: one reservation of hugepage slabs registered
+//! before anything is allocated from it, whose keys never change once handed out, with an O(1)
+//! lock-free [`arena::Arena::keys_of`]. The allocator front ends and grants build on it.
 //!
 //! # Examples
 //! Two in-process peers on the soft NIC: register, RDMA WRITE, READ back.

@@ -157,6 +157,18 @@ impl Arena {
     /// # Errors
     /// [`Error::Config`] for an inconsistent configuration (or a device whose `max_mr_size`
     /// is below one slab); [`Error::Os`] when the reservation cannot be made.
+    ///
+    /// # Examples
+    /// ```
+    /// # use rdma_pool::arena::{Arena, ArenaConfig, Hugepages};
+    /// # let pd = rdma_pool::nic::Nic::soft().alloc_pd()?;
+    /// # let cfg = ArenaConfig { reserve: 1 << 30, chunk: 1 << 26, hugepages: Hugepages::Off, ..Default::default() };
+    /// # let arena = Arena::new(&pd, cfg)?;
+    /// assert_eq!(arena.stats().reserved_bytes, 1 << 30);
+    /// assert_eq!(arena.stats().committed_bytes, 0);
+    /// assert!(!arena.access().intersects(rdma_pool::nic::Access::REMOTE));
+    /// # Ok::<(), rdma_pool::arena::Error>(())
+    /// ```
     pub fn new(pd: &Pd, cfg: ArenaConfig) -> Result<Arena, Error> {
         let caps = pd.nic().caps();
         let chunk = cfg.chunk_for(caps.max_mr_size)?;
@@ -232,6 +244,18 @@ impl Arena {
     }
 
     /// The chunk `ptr` lies in: one subtraction and one shift.
+    ///
+    /// # Examples
+    /// ```
+    /// # use rdma_pool::arena::{Arena, ArenaConfig, Hugepages};
+    /// # let pd = rdma_pool::nic::Nic::soft().alloc_pd()?;
+    /// # let cfg = ArenaConfig { reserve: 1 << 30, chunk: 1 << 26, hugepages: Hugepages::Off, ..Default::default() };
+    /// # let arena = Arena::new(&pd, cfg)?;
+    /// let run = arena.alloc_run(4096, 64)?;
+    /// assert_eq!(arena.chunk_of(run.as_ptr()), Some(0));
+    /// assert_eq!(arena.chunk_of(run.as_ptr().wrapping_add(1 << 26)), Some(1));
+    /// # Ok::<(), rdma_pool::arena::Error>(())
+    /// ```
     pub fn chunk_of(&self, ptr: *const u8) -> Option<usize> {
         let off = (ptr as usize).wrapping_sub(self.base);
         (off < self.reserve).then_some(off >> self.chunk_shift)
@@ -242,6 +266,19 @@ impl Arena {
     /// the arena or in memory not handed out. Handing out the keys freezes them: the region
     /// is never re-registered afterwards.
     #[inline]
+    ///
+    /// # Examples
+    /// ```
+    /// # use rdma_pool::arena::{Arena, ArenaConfig, Hugepages};
+    /// # let pd = rdma_pool::nic::Nic::soft().alloc_pd()?;
+    /// # let cfg = ArenaConfig { reserve: 1 << 30, chunk: 1 << 26, hugepages: Hugepages::Off, ..Default::default() };
+    /// # let arena = Arena::new(&pd, cfg)?;
+    /// let run = arena.alloc_run(4096, 64)?;
+    /// let keys = arena.keys_of(run.as_ptr().wrapping_add(100)).unwrap();
+    /// assert!(keys.contains(run.as_ptr() as usize, run.len()));
+    /// assert_eq!(arena.keys_of(&keys as *const _ as *const u8), None); // not arena memory
+    /// # Ok::<(), rdma_pool::arena::Error>(())
+    /// ```
     pub fn keys_of(&self, ptr: *const u8) -> Option<Keys> {
         self.table.keys_of(ptr as usize)
     }
@@ -251,6 +288,20 @@ impl Arena {
     /// # Errors
     /// [`Error::NotRegistered`] when `buf` is not wholly inside one registration of the arena;
     /// [`Error::InvalidArgument`] when it is longer than an SGE can describe (4 GiB − 1).
+    ///
+    /// # Examples
+    /// ```
+    /// # use rdma_pool::arena::{Arena, ArenaConfig, Hugepages};
+    /// # let pd = rdma_pool::nic::Nic::soft().alloc_pd()?;
+    /// # let cfg = ArenaConfig { reserve: 1 << 30, chunk: 1 << 26, hugepages: Hugepages::Off, ..Default::default() };
+    /// # let arena = Arena::new(&pd, cfg)?;
+    /// let run = arena.alloc_run(4096, 64)?;
+    /// // SAFETY: the run is ours while the arena lives.
+    /// let buf = unsafe { std::slice::from_raw_parts(run.as_ptr(), 512) };
+    /// assert_eq!(arena.sge_of(buf)?.length, 512);
+    /// assert!(arena.sge_of(&[0u8; 8]).is_err());
+    /// # Ok::<(), rdma_pool::arena::Error>(())
+    /// ```
     pub fn sge_of(&self, buf: &[u8]) -> Result<Sge, Error> {
         let addr = buf.as_ptr() as usize;
         let keys = self.keys_of(buf.as_ptr()).ok_or(Error::NotRegistered)?;
@@ -267,6 +318,18 @@ impl Arena {
     }
 
     /// A snapshot of the counters, read without a lock.
+    ///
+    /// # Examples
+    /// ```
+    /// # use rdma_pool::arena::{Arena, ArenaConfig, Hugepages};
+    /// # let pd = rdma_pool::nic::Nic::soft().alloc_pd()?;
+    /// # let cfg = ArenaConfig { reserve: 1 << 30, chunk: 1 << 26, hugepages: Hugepages::Off, ..Default::default() };
+    /// # let arena = Arena::new(&pd, cfg)?;
+    /// arena.alloc_run(3 << 20, 64)?;
+    /// let s = arena.stats();
+    /// assert_eq!((s.committed_bytes, s.registered_bytes, s.slabs_small), (4 << 20, 4 << 20, 2));
+    /// # Ok::<(), rdma_pool::arena::Error>(())
+    /// ```
     pub fn stats(&self) -> ArenaStats {
         self.counters.snapshot(self.reserve as u64, self.pages.fork)
     }
@@ -296,6 +359,20 @@ impl Arena {
     /// [`Error::HugepagesUnavailable`] under [`Hugepages::Require`]; [`Error::Os`] when memory
     /// cannot be committed; [`Error::Nic`] when the NIC refuses the registration (the memlock
     /// limit, `max_mr`). On error nothing stays committed.
+    ///
+    /// # Examples
+    /// ```
+    /// # use rdma_pool::arena::{Arena, ArenaConfig, Hugepages};
+    /// # let pd = rdma_pool::nic::Nic::soft().alloc_pd()?;
+    /// # let cfg = ArenaConfig { reserve: 1 << 30, chunk: 1 << 26, hugepages: Hugepages::Off, ..Default::default() };
+    /// # let arena = Arena::new(&pd, cfg)?;
+    /// let a = arena.alloc_run(100, 64)?;
+    /// assert_eq!(a.len(), 2 << 20); // whole slabs
+    /// let big = arena.alloc_run(100 << 20, 4096)?; // larger than a chunk: a region of its own
+    /// assert_eq!(arena.keys_of(big.as_ptr()).unwrap().len, 100 << 20);
+    /// assert!(arena.alloc_run(0, 64).is_err());
+    /// # Ok::<(), rdma_pool::arena::Error>(())
+    /// ```
     pub fn alloc_run(&self, len: usize, align: usize) -> Result<Run, Error> {
         if len == 0 {
             return Err(Error::InvalidArgument("zero-length run"));

@@ -258,8 +258,10 @@ impl Table {
                 meta = now;
                 continue;
             }
-            slot.keys
-                .store(keys.lkey.0 as u64 | (keys.rkey.0 as u64) << 32, Ordering::Relaxed);
+            slot.keys.store(
+                keys.lkey.0 as u64 | (keys.rkey.0 as u64) << 32,
+                Ordering::Relaxed,
+            );
             slot.start.store(keys.addr, Ordering::Relaxed);
             slot.len.store(keys.len, Ordering::Relaxed);
             let _ = slot.meta.compare_exchange(
