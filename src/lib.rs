@@ -39,5 +39,6 @@
 #![warn(missing_docs, unreachable_pub)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod alloc;
 pub mod arena;
 pub mod nic;

@@ -29,7 +29,7 @@ mod config;
 mod error;
 mod fork;
 mod grow;
-mod os;
+pub(crate) mod os;
 mod stats;
 mod table;
 
@@ -216,6 +216,21 @@ impl Arena {
             hugetlb_hint: AtomicBool::new(true),
             last_kind: AtomicU8::new(0),
         })
+    }
+
+    /// First byte of the reservation.
+    pub(crate) fn base(&self) -> usize {
+        self.base
+    }
+
+    /// Bytes reserved.
+    pub(crate) fn reserved(&self) -> usize {
+        self.reserve
+    }
+
+    /// Bytes from the start of the reservation to the end of the last chunk opened.
+    pub(crate) fn span(&self) -> usize {
+        self.lock().next_chunk << self.chunk_shift
     }
 
     /// The PD every region of the arena belongs to.

@@ -227,3 +227,52 @@ impl<T> Drop for MmapArray<T> {
         }
     }
 }
+
+/// One `T` in its own anonymous mapping (a `Box` that never touches the global allocator).
+pub(crate) struct MmapBox<T> {
+    ptr: NonNull<T>,
+}
+
+// SAFETY: owns its `T` like a `Box<T>`.
+unsafe impl<T: Send> Send for MmapBox<T> {}
+// SAFETY: as `Box<T>`.
+unsafe impl<T: Sync> Sync for MmapBox<T> {}
+
+impl<T> MmapBox<T> {
+    /// Map and move `value` in.
+    pub(crate) fn new(value: T) -> Result<Self, (T, i32)> {
+        // SAFETY: zeroed bytes are only a destination for the write below, never read as `T`.
+        let raw = match unsafe { MmapArray::<std::mem::MaybeUninit<T>>::zeroed(1) } {
+            Ok(a) => a,
+            Err(e) => return Err((value, e)),
+        };
+        let ptr = raw.ptr.cast::<T>();
+        std::mem::forget(raw);
+        // SAFETY: a fresh mapping of `size_of::<T>()` bytes, suitably aligned (page-aligned).
+        unsafe { ptr.as_ptr().write(value) };
+        Ok(MmapBox { ptr })
+    }
+
+    /// Leave the value mapped for the rest of the process (memory still in use elsewhere).
+    pub(crate) fn leak(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl<T> std::ops::Deref for MmapBox<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        // SAFETY: initialised in `new`, alive until drop.
+        unsafe { self.ptr.as_ref() }
+    }
+}
+
+impl<T> Drop for MmapBox<T> {
+    fn drop(&mut self) {
+        // SAFETY: drop the value, then unmap what `new` mapped.
+        unsafe {
+            std::ptr::drop_in_place(self.ptr.as_ptr());
+            libc::munmap(self.ptr.as_ptr().cast(), size_of::<T>().max(1));
+        }
+    }
+}

@@ -1,0 +1,102 @@
+//! Size classes: 8-byte steps up to 64 bytes, then eight classes per power of two up to
+//! [`MAX_SMALL`] (1 MiB), so a block wastes at most 12.5% of its size above 64 bytes.
+//!
+//! Invariants: `class_size(class_of(n)) >= n` for `1 <= n <= MAX_SMALL`;
+//! `class_size(c) < class_size(c + 1)`; `class_size(class_of(n)) <= n + n / 8` above 64;
+//! `page_shift(c)` is the smallest power of two of at least 64 KiB that holds eight blocks.
+
+/// Largest size served from size-class pages; larger blocks are slab runs.
+pub const MAX_SMALL: usize = 1 << 20;
+
+/// Number of size classes.
+pub const CLASSES: usize = 8 + 8 * 14;
+
+/// log2 of the smallest page (64 KiB): the granule of the page table.
+pub(crate) const GRANULE_SHIFT: u32 = 16;
+
+/// The class of a request of `size` bytes (`1..=MAX_SMALL`; 0 is served as 1).
+#[inline(always)]
+pub(crate) fn class_of(size: usize) -> usize {
+    if size <= 64 {
+        return (size.max(1) + 7) / 8 - 1;
+    }
+    let b = (usize::BITS - 1 - (size - 1).leading_zeros()) as usize;
+    let sub = ((size - 1) >> (b - 3)) & 7;
+    8 + (b - 6) * 8 + sub
+}
+
+/// Bytes in a block of class `c`.
+#[inline]
+pub const fn class_size(c: usize) -> usize {
+    if c < 8 {
+        (c + 1) * 8
+    } else {
+        let g = (c - 8) / 8 + 1;
+        let s = (c - 8) % 8;
+        (1 << (g + 5)) + ((s + 1) << (g + 2))
+    }
+}
+
+/// The smallest class whose blocks hold `size` bytes at an address aligned to `align`
+/// (a power of two no larger than 64 KiB): blocks sit at multiples of the block size from a
+/// page start aligned to the page size, so the block size must be a multiple of `align`.
+pub(crate) fn class_for(size: usize, align: usize) -> Option<usize> {
+    let size = size.max(1).checked_next_multiple_of(align)?;
+    if size > MAX_SMALL {
+        return None;
+    }
+    (class_of(size)..CLASSES).find(|&c| class_size(c) % align == 0)
+}
+
+/// log2 of the page size for class `c`.
+pub(crate) const fn page_shift(c: usize) -> u32 {
+    let want = class_size(c) * 8;
+    let mut shift = GRANULE_SHIFT;
+    while (1usize << shift) < want {
+        shift += 1;
+    }
+    shift
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes_cover_every_size_with_bounded_waste() {
+        for n in 1..=MAX_SMALL {
+            let c = class_of(n);
+            let s = class_size(c);
+            assert!(s >= n, "{n} → class {c} of {s}");
+            if n > 64 {
+                assert!(s - n <= n / 8, "{n} → {s}");
+            }
+            if c > 0 {
+                assert!(class_size(c - 1) < n, "{n} fits the smaller class {}", c - 1);
+            }
+        }
+        assert_eq!(class_of(MAX_SMALL), CLASSES - 1);
+        assert_eq!(class_size(CLASSES - 1), MAX_SMALL);
+    }
+
+    #[test]
+    fn aligned_classes_are_multiples_of_the_alignment() {
+        for align in [8, 16, 64, 256, 4096, 65536] {
+            for n in [1, 7, 65, 100, 1000, 5000, 70000, 300000] {
+                let c = class_for(n, align).unwrap();
+                assert_eq!(class_size(c) % align, 0);
+                assert!(class_size(c) >= n);
+            }
+        }
+        assert_eq!(class_for(MAX_SMALL + 1, 8), None);
+    }
+
+    #[test]
+    fn pages_hold_at_least_eight_blocks() {
+        for c in 0..CLASSES {
+            let p = 1usize << page_shift(c);
+            assert!(p / class_size(c) >= 8, "class {c}");
+            assert!(p >= 64 << 10 && p <= 8 << 20);
+        }
+    }
+}

@@ -1,0 +1,274 @@
+//! Heaps: one per thread and pool, owning pages of each size class. The allocation and
+//! same-thread free fast paths are a few plain loads and stores, no atomic read-modify-write;
+//! everything else is `#[cold]`.
+//!
+//! Contract: only the thread that claimed a heap (see `tls.rs`) calls its methods, except
+//! `push_notify`, which any thread may call for a page of this heap. A page is in its class
+//! queue (`queue[c]`, doubly linked, `current[c]` first) unless it is full (`in_full`); a full
+//! page returns to the queue when the owner frees into it or pops it from `notify` (a remote
+//! thread freed into it).
+//!
+//! Invariant: `current[c]` is `&EMPTY` or the head of `queue[c]`; every page in `queue[c]` has
+//! class `c`, belongs to this heap and is not `in_full`.
+
+use super::class::CLASSES;
+use super::page::{Block, Page};
+use super::pool::PoolInner;
+use std::ptr::null_mut;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+
+const R: Ordering = Ordering::Relaxed;
+
+static EMPTY: Page = Page::EMPTY;
+
+fn empty() -> *mut Page {
+    &EMPTY as *const Page as *mut Page
+}
+
+/// Fresh blocks carved at a time.
+const EXTEND_BYTES: usize = 4096;
+
+/// A thread's heap in one pool.
+pub(crate) struct Heap {
+    current: [AtomicPtr<Page>; CLASSES],
+    queue: [AtomicPtr<Page>; CLASSES],
+    /// Full pages that received remote frees (a lock-free stack through `notify_next`).
+    notify: AtomicPtr<Page>,
+    /// Token of the owning thread; 0 when unclaimed.
+    pub(crate) owner: AtomicU64,
+    pub(crate) initialised: AtomicBool,
+    pub(crate) pool: AtomicPtr<PoolInner>,
+}
+
+impl Heap {
+    /// Point every class at the empty page (a zeroed heap is set up once, when first claimed).
+    pub(crate) fn init(&self, pool: *const PoolInner) {
+        if self.initialised.load(Ordering::Acquire) {
+            return;
+        }
+        for c in 0..CLASSES {
+            self.current[c].store(empty(), R);
+            self.queue[c].store(null_mut(), R);
+        }
+        self.pool.store(pool as *mut PoolInner, R);
+        self.initialised.store(true, Ordering::Release);
+    }
+
+    fn pool(&self) -> &PoolInner {
+        // SAFETY: a heap lives inside its pool and is used only while the pool lives.
+        unsafe { &*self.pool.load(R) }
+    }
+
+    fn me(&self) -> *mut Heap {
+        self as *const Heap as *mut Heap
+    }
+
+    /// Allocate a block of class `c`: the fast path.
+    #[inline(always)]
+    pub(crate) fn alloc(&self, c: usize) -> *mut u8 {
+        // SAFETY: `c < CLASSES` (callers compute it with `class_of`/`class_for`), and
+        // `current[c]` always points at a live page or at `EMPTY`.
+        let page = unsafe { &*self.current.get_unchecked(c).load(R) };
+        let b = page.free.load(R);
+        if !b.is_null() {
+            // SAFETY: `b` is on this page's free list, which only this thread touches.
+            page.free.store(unsafe { (*b).next }, R);
+            page.used.store(page.used.load(R) + 1, R);
+            return b.cast();
+        }
+        self.alloc_slow(c)
+    }
+
+    /// Like [`Heap::alloc`], the block zeroed (touching fresh memory only for its link word).
+    pub(crate) fn alloc_zeroed(&self, c: usize, len: usize) -> *mut u8 {
+        let p = self.alloc(c);
+        if p.is_null() {
+            return p;
+        }
+        // SAFETY: `current[c]` is the page the block came from (alloc leaves it current).
+        let page = unsafe { &*self.current[c].load(R) };
+        // SAFETY: the block is ours and `len <= class_size(c)` bytes long.
+        unsafe {
+            if page.fresh.load(R) {
+                p.cast::<usize>().write(0);
+            } else {
+                std::ptr::write_bytes(p, 0, len);
+            }
+        }
+        p
+    }
+
+    /// Free a block of a page this heap owns: the fast path.
+    #[inline(always)]
+    pub(crate) fn free_local(&self, page: &Page, p: *mut u8) {
+        let b = p.cast::<Block>();
+        // SAFETY: the block belongs to `page`, owned by this heap.
+        unsafe { (*b).next = page.free.load(R) };
+        page.free.store(b, R);
+        let used = page.used.load(R) - 1;
+        page.used.store(used, R);
+        page.fresh.store(false, R);
+        if used == 0 || page.in_full.load(R) {
+            self.free_slow(page);
+        }
+    }
+
+    /// A page became empty, or a full page got a block back.
+    #[cold]
+    fn free_slow(&self, page: &Page) {
+        let c = page.class.load(R) as usize;
+        let pp = page as *const Page as *mut Page;
+        if page.in_full.load(R) {
+            if page.notified.load(Ordering::Acquire) {
+                // It is (or is about to be) on the notify stack: that pop requeues it.
+                return;
+            }
+            page.in_full.store(false, R);
+            self.enqueue(c, pp);
+        }
+        if page.used.load(R) == 0
+            && self.current[c].load(R) != pp
+            && !page.notified.load(Ordering::Acquire)
+        {
+            self.dequeue(c, pp);
+            self.pool().retire_page(page);
+        }
+    }
+
+    /// Free from another thread (or from a thread without a heap in this pool).
+    pub(crate) fn free_remote(page: &Page, p: *mut u8) {
+        if page.push_thread_free(p.cast()) {
+            let heap = page.heap.load(Ordering::Acquire);
+            // SAFETY: a page's heap lives as long as the pool; the notified flag makes this
+            // thread the only one pushing the page.
+            unsafe { (*heap).push_notify(page) };
+        }
+    }
+
+    fn push_notify(&self, page: &Page) {
+        let pp = page as *const Page as *mut Page;
+        let mut head = self.notify.load(R);
+        loop {
+            page.notify_next.store(head, R);
+            match self
+                .notify
+                .compare_exchange_weak(head, pp, Ordering::Release, Ordering::Relaxed)
+            {
+                Ok(_) => return,
+                Err(h) => head = h,
+            }
+        }
+    }
+
+    /// Requeue the full pages other threads freed into.
+    fn drain_notify(&self) {
+        if self.notify.load(R).is_null() {
+            return;
+        }
+        let mut p = self.notify.swap(null_mut(), Ordering::Acquire);
+        while !p.is_null() {
+            // SAFETY: pages on the stack are pages of this heap.
+            let page = unsafe { &*p };
+            p = page.notify_next.load(R);
+            page.notified.store(false, Ordering::Release);
+            if page.in_full.load(R) {
+                page.in_full.store(false, R);
+                self.enqueue(page.class.load(R) as usize, page as *const Page as *mut Page);
+            }
+        }
+    }
+
+    fn enqueue(&self, c: usize, p: *mut Page) {
+        // SAFETY: `p` is a page of this heap; links are owner-only.
+        let page = unsafe { &*p };
+        let head = self.queue[c].load(R);
+        page.prev.store(null_mut(), R);
+        page.next.store(head, R);
+        if !head.is_null() {
+            // SAFETY: as above.
+            unsafe { (*head).prev.store(p, R) };
+        }
+        self.queue[c].store(p, R);
+        self.current[c].store(p, R);
+    }
+
+    fn dequeue(&self, c: usize, p: *mut Page) {
+        // SAFETY: `p` is in `queue[c]` of this heap.
+        let page = unsafe { &*p };
+        let (prev, next) = (page.prev.load(R), page.next.load(R));
+        if prev.is_null() {
+            self.queue[c].store(next, R);
+        } else {
+            // SAFETY: a page of the same queue.
+            unsafe { (*prev).next.store(next, R) };
+        }
+        if !next.is_null() {
+            // SAFETY: as above.
+            unsafe { (*next).prev.store(prev, R) };
+        }
+        if self.current[c].load(R) == p {
+            let head = self.queue[c].load(R);
+            self.current[c].store(if head.is_null() { empty() } else { head }, R);
+        }
+    }
+
+    /// Mark a page full, unless a remote free raced in (then the caller retries it).
+    fn mark_full(&self, page: &Page) -> bool {
+        page.in_full.store(true, Ordering::SeqCst);
+        if page.thread_free.load(Ordering::SeqCst).is_null() {
+            return true;
+        }
+        page.in_full.store(false, R);
+        false
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn alloc_slow(&self, c: usize) -> *mut u8 {
+        self.drain_notify();
+        loop {
+            let p = self.current[c].load(R);
+            if p == empty() {
+                break;
+            }
+            // SAFETY: a page in this heap's queue.
+            let page = unsafe { &*p };
+            page.collect();
+            if page.free.load(R).is_null() {
+                page.extend(EXTEND_BYTES);
+            }
+            if !page.free.load(R).is_null() {
+                return self.alloc(c);
+            }
+            if self.mark_full(page) {
+                self.dequeue(c, p);
+            }
+        }
+        let Some(page) = self.pool().take_page(c, self.me()) else {
+            return null_mut();
+        };
+        self.enqueue(c, page as *const Page as *mut Page);
+        page.extend(EXTEND_BYTES);
+        self.alloc(c)
+    }
+
+    /// Hand every page back: empty ones to the pool, the others stay with the heap for its next
+    /// owner (called when the owning thread leaves, under the pool registry lock).
+    pub(crate) fn release(&self) {
+        self.drain_notify();
+        for c in 0..CLASSES {
+            let mut p = self.queue[c].load(R);
+            while !p.is_null() {
+                // SAFETY: a page of this heap.
+                let page = unsafe { &*p };
+                let next = page.next.load(R);
+                page.collect();
+                if page.used.load(R) == 0 && !page.notified.load(Ordering::Acquire) {
+                    self.dequeue(c, p);
+                    self.pool().retire_page(page);
+                }
+                p = next;
+            }
+        }
+    }
+}

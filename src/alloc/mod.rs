@@ -1,0 +1,297 @@
+//! The allocator core: size classes, per-thread heaps with a few-instruction fast path,
+//! lock-free cross-thread frees, and [`Pool`], whose every byte is NIC-registered memory of an
+//! [`Arena`].
+//!
+//! Contract:
+//! - blocks up to [`MAX_SMALL`] (and aligned up to 64 KiB) come from pages of one size class,
+//!   carved from arena runs; larger ones are whole slab runs; either way a block never
+//!   straddles two registrations, so `keys_of(ptr)` describes it whole;
+//! - same-thread `alloc`/`free` touch only the thread's heap and the page, with plain loads and
+//!   stores; a free from another thread is one CAS onto the page's `thread_free`, collected by
+//!   the owner; the pages of an exiting thread are handed back (`tls.rs`);
+//! - no NIC call and no lock on the fast paths; the arena grows (registering) only when a heap
+//!   needs a fresh page or a large run is not cached;
+//! - the core's metadata is mapped from the kernel, never taken from the global allocator.
+//!
+//! Layout of the module: `class.rs` (size classes), `page.rs` (pages and their free lists),
+//! `heap.rs` (per-thread heaps: the fast paths), `pool.rs` (shared slow paths), `tls.rs`
+//! (thread caches), `stats.rs`, `api2.rs` (the allocator-api2 front end).
+
+mod api2;
+mod class;
+mod heap;
+mod page;
+mod pool;
+mod stats;
+mod tls;
+
+pub use class::{CLASSES, MAX_SMALL, class_size};
+pub use stats::{ClassStats, PoolStats};
+
+use crate::arena::os::MmapBox;
+use crate::arena::{Arena, ArenaConfig, Error, Keys};
+use crate::nic::{Pd, Sge};
+use class::{class_for, class_of};
+use heap::Heap;
+use page::{LARGE, SMALL};
+use pool::PoolInner;
+use std::alloc::Layout;
+use std::ptr::null_mut;
+use std::sync::atomic::Ordering::Relaxed;
+
+/// Largest alignment served from size-class pages.
+const MAX_SMALL_ALIGN: usize = 1 << 16;
+
+/// A pool of NIC-registered memory: allocate from it through `&Pool` (allocator-api2's
+/// `Allocator`, e.g. `allocator_api2::vec::Vec::new_in(&pool)`) or the raw methods below.
+/// Several pools may live in one process (say, one per device or PD).
+///
+/// Dropping a pool while blocks it handed out are still live does **not** unmap them: the pool
+/// then leaves its arena mapped and registered for the rest of the process (and says so in a
+/// `tracing` warning), so those blocks stay valid memory; without live blocks, dropping
+/// deregisters every region and unmaps the arena.
+///
+/// # Examples
+/// ```
+/// use allocator_api2::vec::Vec;
+/// use rdma_pool::alloc::Pool;
+/// use rdma_pool::nic::Nic;
+/// let pd = Nic::soft().alloc_pd()?;
+/// let pool = Pool::new(&pd)?;
+/// let mut v: Vec<u8, &Pool> = Vec::new_in(&pool);
+/// v.extend_from_slice(b"NIC-ready");
+/// let keys = pool.keys_of(v.as_ptr()).unwrap();
+/// assert!(keys.contains(v.as_ptr() as usize, v.len()));
+/// # Ok::<(), rdma_pool::arena::Error>(())
+/// ```
+pub struct Pool {
+    inner: Option<MmapBox<PoolInner>>,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("arena", &self.inner().arena)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Pool {
+    /// A pool over a fresh arena on `pd` with the default [`ArenaConfig`] (64 GiB reserved,
+    /// hugepages preferred, no remote rights).
+    ///
+    /// # Errors
+    /// As [`Pool::with_config`].
+    pub fn new(pd: &Pd) -> Result<Pool, Error> {
+        Pool::with_config(pd, ArenaConfig::default())
+    }
+
+    /// A pool over a fresh arena configured by `cfg`.
+    ///
+    /// # Errors
+    /// As [`Arena::new`]; [`Error::Config`] when 256 pools are already alive.
+    ///
+    /// # Examples
+    /// ```
+    /// use rdma_pool::alloc::Pool;
+    /// use rdma_pool::arena::{ArenaConfig, Hugepages};
+    /// let pd = rdma_pool::nic::Nic::soft().alloc_pd()?;
+    /// let cfg = ArenaConfig { reserve: 1 << 32, hugepages: Hugepages::Off, ..Default::default() };
+    /// let pool = Pool::with_config(&pd, cfg)?;
+    /// assert_eq!(pool.stats().arena.reserved_bytes, 1 << 32);
+    /// # Ok::<(), rdma_pool::arena::Error>(())
+    /// ```
+    pub fn with_config(pd: &Pd, cfg: ArenaConfig) -> Result<Pool, Error> {
+        let arena = Arena::new(pd, cfg)?;
+        let id = tls::next_id();
+        let inner = PoolInner::new(id, arena).map_err(|errno| Error::Os {
+            what: "mmap of pool metadata",
+            errno,
+        })?;
+        let inner = MmapBox::new(inner).map_err(|(_, errno)| Error::Os {
+            what: "mmap of pool metadata",
+            errno,
+        })?;
+        if !tls::register(id, &*inner) {
+            return Err(Error::Config("too many pools alive (256)"));
+        }
+        Ok(Pool { inner: Some(inner) })
+    }
+
+    #[inline(always)]
+    fn inner(&self) -> &PoolInner {
+        match &self.inner {
+            Some(i) => i,
+            // `inner` is `None` only inside `drop`.
+            None => unreachable!("pool used after drop"),
+        }
+    }
+
+    /// Allocate a block for `layout`: NIC-registered, never straddling two registrations.
+    /// Null when the arena cannot grow (reservation, memlock limit, device limits: see
+    /// [`PoolStats::failed_allocations`]).
+    ///
+    /// # Examples
+    /// ```
+    /// use std::alloc::Layout;
+    /// # let pd = rdma_pool::nic::Nic::soft().alloc_pd().unwrap();
+    /// # let pool = rdma_pool::alloc::Pool::new(&pd).unwrap();
+    /// let p = pool.alloc(Layout::from_size_align(100, 64).unwrap());
+    /// assert!(!p.is_null() && p as usize % 64 == 0);
+    /// assert!(pool.usable_size(p).unwrap() >= 100);
+    /// // SAFETY: `p` came from this pool.
+    /// unsafe { pool.free(p) };
+    /// ```
+    #[inline]
+    pub fn alloc(&self, layout: Layout) -> *mut u8 {
+        let (size, align) = (layout.size(), layout.align());
+        let inner = self.inner();
+        if align <= 8 && size <= MAX_SMALL {
+            let heap = tls::heap_for(inner);
+            if !heap.is_null() {
+                // SAFETY: a heap this thread owns.
+                return unsafe { (*heap).alloc(class_of(size)) };
+            }
+        }
+        self.alloc_slow(layout, false)
+    }
+
+    /// [`Pool::alloc`], zero-filled (fresh pages are not touched twice).
+    pub fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        self.alloc_slow(layout, true)
+    }
+
+    #[cold]
+    fn alloc_slow(&self, layout: Layout, zero: bool) -> *mut u8 {
+        let (size, align) = (layout.size(), layout.align());
+        let inner = self.inner();
+        let class = (align <= MAX_SMALL_ALIGN)
+            .then(|| class_for(size, align))
+            .flatten();
+        if let Some(c) = class {
+            let heap = tls::heap_for(inner);
+            if !heap.is_null() {
+                // SAFETY: a heap this thread owns.
+                let heap = unsafe { &*heap };
+                return if zero {
+                    heap.alloc_zeroed(c, size)
+                } else {
+                    heap.alloc(c)
+                };
+            }
+            // No heap free for this thread: serve it as a large block (degraded, but
+            // registered memory all the same).
+        }
+        inner.alloc_large(size.max(1), align, zero)
+    }
+
+    /// Free a block of this pool. A pointer the pool did not hand out is ignored.
+    ///
+    /// # Safety
+    /// `p` came from this pool's `alloc`/`alloc_zeroed`/`realloc` and is freed once.
+    #[inline]
+    pub unsafe fn free(&self, p: *mut u8) {
+        let inner = self.inner();
+        let Some(page) = inner.page_of(p) else { return };
+        if page.kind.load(Relaxed) == SMALL {
+            let heap = tls::heap_of(inner);
+            if page.heap.load(Relaxed) == heap {
+                // SAFETY: `heap` is this thread's heap and owns the page.
+                unsafe { (*heap).free_local(page, p) };
+            } else {
+                Heap::free_remote(page, p);
+            }
+        } else if page.kind.load(Relaxed) == LARGE && page.start.load(Relaxed) == p as usize {
+            inner.free_large(page);
+        }
+    }
+
+    /// Resize a block, in place when its size class or slab run allows.
+    ///
+    /// # Safety
+    /// `p` came from this pool with `layout`; on success it must no longer be used (unless the
+    /// same pointer is returned). On failure (null) `p` is untouched.
+    pub unsafe fn realloc(&self, p: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if let Some(cap) = self.usable_size(p) {
+            let keep = new_size <= cap && (new_size > cap / 2 || cap <= 64);
+            if keep {
+                return p;
+            }
+        }
+        let Ok(new_layout) = Layout::from_size_align(new_size, layout.align()) else {
+            return null_mut();
+        };
+        let q = self.alloc(new_layout);
+        if !q.is_null() {
+            // SAFETY: both blocks are valid for the copied length and do not overlap.
+            unsafe {
+                std::ptr::copy_nonoverlapping(p, q, layout.size().min(new_size));
+                self.free(p);
+            }
+        }
+        q
+    }
+
+    /// Bytes usable in the block at `p` (at least what was asked for); `None` for a pointer
+    /// that is not the start of a live large block or inside a small-block page.
+    pub fn usable_size(&self, p: *const u8) -> Option<usize> {
+        let page = self.inner().page_of(p)?;
+        match page.kind.load(Relaxed) {
+            SMALL => Some(page.block_size.load(Relaxed) as usize),
+            LARGE if page.start.load(Relaxed) == p as usize => {
+                Some(page.large_len.load(Relaxed))
+            }
+            _ => None,
+        }
+    }
+
+    /// The keys of the registration covering `p` (see [`Arena::keys_of`]).
+    #[inline]
+    pub fn keys_of(&self, p: *const u8) -> Option<Keys> {
+        self.inner().arena.keys_of(p)
+    }
+
+    /// One SGE for `buf` (see [`Arena::sge_of`]).
+    ///
+    /// # Errors
+    /// As [`Arena::sge_of`].
+    pub fn sge_of(&self, buf: &[u8]) -> Result<Sge, Error> {
+        self.inner().arena.sge_of(buf)
+    }
+
+    /// The arena the pool allocates from.
+    pub fn arena(&self) -> &Arena {
+        &self.inner().arena
+    }
+
+    /// Statistics per size class and totals, read without a lock.
+    pub fn stats(&self) -> PoolStats {
+        self.inner().stats()
+    }
+
+    /// Check the invariants of every page and of the arena (at quiescence; for tests).
+    pub fn validate(&self) -> bool {
+        self.inner().validate()
+    }
+
+    /// Blocks handed out and not freed (at quiescence).
+    pub fn live_blocks(&self) -> u64 {
+        self.inner().live_blocks()
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        let Some(inner) = self.inner.take() else { return };
+        tls::unregister(inner.id);
+        tls::forget(&inner);
+        let live = inner.live_blocks();
+        if live > 0 {
+            tracing::warn!(
+                live,
+                "rdma_pool: Pool dropped with live blocks; its memory stays mapped and registered"
+            );
+            inner.leak();
+        }
+    }
+}

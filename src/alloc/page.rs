@@ -1,0 +1,205 @@
+//! Pages: a run of 64 KiB granules cut into blocks of one size class, with a free list for its
+//! owning heap and a lock-free list for frees from other threads.
+//!
+//! Contract: one descriptor per granule of the arena, in a table indexed by
+//! `(addr - base) >> GRANULE_SHIFT`; a page's first granule holds its state, the others are
+//! `TAIL` and point back to it. The owning heap alone touches `free`, `used`, `capacity` and
+//! the queue links (as relaxed loads and stores: plain moves, no atomics in effect); other
+//! threads only push onto `thread_free` and raise `notified`.
+//!
+//! Invariant (at quiescence, for a page in use):
+//! `used + |free| == capacity <= reserved`, and every block is in exactly one of: handed out,
+//! `free`, `thread_free` (counted in `used` until the owner collects it), or the uncarved
+//! tail `[capacity, reserved)`; live blocks are `used - |thread_free|`.
+//! `fresh` ⇒ no block was ever freed into the page, so every byte of a block in `free` is zero
+//! except its first word (the link).
+
+use std::ptr::null_mut;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU32, AtomicUsize, Ordering};
+
+const R: Ordering = Ordering::Relaxed;
+
+/// A free block: its first word links to the next.
+#[repr(C)]
+pub(crate) struct Block {
+    pub(crate) next: *mut Block,
+}
+
+/// Granule kinds.
+pub(crate) const UNUSED: u8 = 0;
+/// Head of a page of small blocks (or an empty page waiting in the pool).
+pub(crate) const SMALL: u8 = 1;
+/// A granule inside a page; `back` granules after its head.
+pub(crate) const TAIL: u8 = 2;
+/// Head of a large block (a slab run handed out whole).
+pub(crate) const LARGE: u8 = 3;
+/// Head of a freed large run kept for reuse.
+pub(crate) const LARGE_FREE: u8 = 4;
+
+/// One granule's descriptor (see the module contract).
+#[repr(C)]
+pub(crate) struct Page {
+    pub(crate) free: AtomicPtr<Block>,
+    pub(crate) thread_free: AtomicPtr<Block>,
+    pub(crate) heap: AtomicPtr<super::heap::Heap>,
+    /// Queue links (the heap's class queue, or the pool's free-page list).
+    pub(crate) next: AtomicPtr<Page>,
+    pub(crate) prev: AtomicPtr<Page>,
+    /// Link in the owning heap's stack of full pages that got remote frees.
+    pub(crate) notify_next: AtomicPtr<Page>,
+    /// First byte of the page (or large run).
+    pub(crate) start: AtomicUsize,
+    /// Bytes of a large run.
+    pub(crate) large_len: AtomicUsize,
+    pub(crate) used: AtomicU32,
+    pub(crate) capacity: AtomicU32,
+    pub(crate) reserved: AtomicU32,
+    pub(crate) block_size: AtomicU32,
+    pub(crate) back: AtomicU32,
+    pub(crate) class: AtomicU8,
+    pub(crate) kind: AtomicU8,
+    pub(crate) shift: AtomicU8,
+    pub(crate) in_full: AtomicBool,
+    pub(crate) notified: AtomicBool,
+    pub(crate) fresh: AtomicBool,
+}
+
+impl Page {
+    /// The empty page every heap's class slot starts at: it has no free block, so the fast
+    /// path needs no null check and falls into the slow path.
+    pub(crate) const EMPTY: Page = Page {
+        free: AtomicPtr::new(null_mut()),
+        thread_free: AtomicPtr::new(null_mut()),
+        heap: AtomicPtr::new(null_mut()),
+        next: AtomicPtr::new(null_mut()),
+        prev: AtomicPtr::new(null_mut()),
+        notify_next: AtomicPtr::new(null_mut()),
+        start: AtomicUsize::new(0),
+        large_len: AtomicUsize::new(0),
+        used: AtomicU32::new(0),
+        capacity: AtomicU32::new(0),
+        reserved: AtomicU32::new(0),
+        block_size: AtomicU32::new(0),
+        back: AtomicU32::new(0),
+        class: AtomicU8::new(0),
+        kind: AtomicU8::new(UNUSED),
+        shift: AtomicU8::new(0),
+        in_full: AtomicBool::new(false),
+        notified: AtomicBool::new(false),
+        fresh: AtomicBool::new(false),
+    };
+
+    /// Set up an empty page for blocks of `class` owned by `heap`.
+    pub(crate) fn init(&self, class: usize, heap: *mut super::heap::Heap) {
+        let bs = super::class::class_size(class);
+        let bytes = 1usize << self.shift.load(R);
+        self.block_size.store(bs as u32, R);
+        self.reserved.store((bytes / bs) as u32, R);
+        self.capacity.store(0, R);
+        self.used.store(0, R);
+        self.free.store(null_mut(), R);
+        self.class.store(class as u8, R);
+        self.in_full.store(false, R);
+        self.next.store(null_mut(), R);
+        self.prev.store(null_mut(), R);
+        self.heap.store(heap, Ordering::Release);
+    }
+
+    /// Carve up to `max_bytes` of fresh blocks (at least one) onto the free list. Returns
+    /// false when the page has none left.
+    pub(crate) fn extend(&self, max_bytes: usize) -> bool {
+        let cap = self.capacity.load(R);
+        let reserved = self.reserved.load(R);
+        if cap >= reserved {
+            return false;
+        }
+        let bs = self.block_size.load(R) as usize;
+        let n = ((max_bytes / bs).max(1) as u32).min(reserved - cap);
+        let start = self.start.load(R) + cap as usize * bs;
+        let mut next = self.free.load(R);
+        for i in (0..n as usize).rev() {
+            let b = (start + i * bs) as *mut Block;
+            // SAFETY: `b` is an uncarved block of this page: committed arena memory that only
+            // the owner touches.
+            unsafe { (*b).next = next };
+            next = b;
+        }
+        self.free.store(next, R);
+        self.capacity.store(cap + n, R);
+        true
+    }
+
+    /// Move the blocks other threads freed onto the free list. Returns how many.
+    pub(crate) fn collect(&self) -> u32 {
+        if self.thread_free.load(R).is_null() {
+            return 0;
+        }
+        let mut list = self.thread_free.swap(null_mut(), Ordering::Acquire);
+        let mut n = 0;
+        while !list.is_null() {
+            // SAFETY: blocks on `thread_free` were pushed whole (link written before the
+            // Release CAS that published them) and now belong to the owner.
+            let next = unsafe { (*list).next };
+            unsafe { (*list).next = self.free.load(R) };
+            self.free.store(list, R);
+            list = next;
+            n += 1;
+        }
+        self.used.store(self.used.load(R) - n, R);
+        self.fresh.store(false, R);
+        n
+    }
+
+    /// Push `b` onto `thread_free` (any thread). Returns true when the page was marked full
+    /// and nobody had notified its heap yet: the caller must push it on the heap's stack.
+    pub(crate) fn push_thread_free(&self, b: *mut Block) -> bool {
+        let mut head = self.thread_free.load(R);
+        loop {
+            // SAFETY: `b` is a block of this page the caller owns until the CAS publishes it.
+            unsafe { (*b).next = head };
+            match self.thread_free.compare_exchange_weak(
+                head,
+                b,
+                Ordering::SeqCst,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => break,
+                Err(h) => head = h,
+            }
+        }
+        // Pairs with `Heap::mark_full`: either it sees this block, or this sees `in_full`.
+        self.in_full.load(Ordering::SeqCst)
+            && self
+                .notified
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+    }
+
+    /// Blocks on `thread_free` (a racy count, for statistics and teardown).
+    pub(crate) fn thread_free_len(&self) -> u32 {
+        let mut n = 0;
+        let mut b = self.thread_free.load(Ordering::Acquire);
+        while !b.is_null() && n < self.reserved.load(R) {
+            n += 1;
+            // SAFETY: read-only walk used at quiescence (teardown) or for approximate stats.
+            b = unsafe { (*b).next };
+        }
+        n
+    }
+
+    /// Debug check of the page invariant (owner or quiescent callers).
+    pub(crate) fn validate(&self) -> bool {
+        let mut free = 0u32;
+        let mut b = self.free.load(R);
+        while !b.is_null() {
+            free += 1;
+            if free > self.reserved.load(R) {
+                return false;
+            }
+            // SAFETY: walking the owner's list.
+            b = unsafe { (*b).next };
+        }
+        let cap = self.capacity.load(R);
+        self.used.load(R) + free == cap && cap <= self.reserved.load(R)
+    }
+}

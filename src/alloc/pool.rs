@@ -1,0 +1,278 @@
+//! The pool's shared state: the arena, the page table, empty pages by size, freed large runs,
+//! and the heaps of the threads using the pool. Everything here is the slow path; the fast
+//! paths live in `heap.rs`.
+//!
+//! Contract: pages are carved from arena runs (so every block lies inside one registration) and
+//! never leave the pool; an empty page goes back to the free list of its size and may then
+//! serve any class of that page size. Large blocks (above `MAX_SMALL`, or aligned above
+//! 64 KiB) are whole slab runs; freed ones are kept by slab count for reuse. All metadata lives
+//! in memory mapped from the kernel, never in the global allocator.
+//!
+//! Invariant: a granule's descriptor is `UNUSED` until its page or run is carved; `TAIL`
+//! granules of a page point back to its head; `LARGE`/`LARGE_FREE` heads hold the run length.
+
+use super::class::{GRANULE_SHIFT, page_shift};
+use super::heap::Heap;
+use super::page::{LARGE, LARGE_FREE, Page, SMALL, TAIL, UNUSED};
+use crate::arena::os::MmapArray;
+use crate::arena::{Arena, SLAB};
+use std::ptr::null_mut;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+const R: Ordering = Ordering::Relaxed;
+
+/// Heaps per pool: threads that may use one pool at the same time.
+pub(crate) const HEAPS: usize = 1024;
+
+/// Distinct page sizes: 64 KiB .. 8 MiB.
+const PAGE_SIZES: usize = 8;
+
+/// Freed large runs are kept in lists by slab count up to this; longer runs share one list.
+const LARGE_LISTS: usize = 64;
+
+/// An intrusive list of descriptors (through `next`), under a lock.
+struct List(Mutex<usize>);
+
+impl List {
+    const fn new() -> List {
+        List(Mutex::new(0))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, usize> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn push(&self, page: &Page) {
+        let mut head = self.lock();
+        page.next.store(*head as *mut Page, R);
+        *head = page as *const Page as usize;
+    }
+
+    /// Pop the first page for which `fits` holds.
+    fn pop_if(&self, fits: impl Fn(&Page) -> bool) -> Option<&Page> {
+        let mut head = self.lock();
+        let mut prev: *const Page = null_mut();
+        let mut p = *head as *const Page;
+        while !p.is_null() {
+            // SAFETY: descriptors on the list live in the pool's page table.
+            let page = unsafe { &*p };
+            let next = page.next.load(R);
+            if fits(page) {
+                if prev.is_null() {
+                    *head = next as usize;
+                } else {
+                    // SAFETY: as above.
+                    unsafe { (*prev).next.store(next, R) };
+                }
+                return Some(page);
+            }
+            prev = p;
+            p = next;
+        }
+        None
+    }
+}
+
+/// The shared state of a [`Pool`](super::Pool).
+pub(crate) struct PoolInner {
+    pub(crate) id: u64,
+    pub(crate) arena: Arena,
+    base: usize,
+    reserve: usize,
+    pages: MmapArray<Page>,
+    free_pages: [List; PAGE_SIZES],
+    large_free: [List; LARGE_LISTS + 1],
+    pub(crate) heaps: MmapArray<Heap>,
+    pub(crate) large_live: AtomicUsize,
+    pub(crate) large_cached: AtomicUsize,
+    pub(crate) failed: AtomicU64,
+}
+
+impl PoolInner {
+    pub(crate) fn new(id: u64, arena: Arena) -> Result<PoolInner, i32> {
+        let base = arena.base();
+        let reserve = arena.reserved();
+        // SAFETY: all-zero descriptors are UNUSED granules; all-zero heaps are unclaimed and
+        // uninitialised.
+        let (pages, heaps) = unsafe {
+            (
+                MmapArray::zeroed(reserve >> GRANULE_SHIFT)?,
+                MmapArray::zeroed(HEAPS)?,
+            )
+        };
+        Ok(PoolInner {
+            id,
+            arena,
+            base,
+            reserve,
+            pages,
+            free_pages: [const { List::new() }; PAGE_SIZES],
+            large_free: [const { List::new() }; LARGE_LISTS + 1],
+            heaps,
+            large_live: AtomicUsize::new(0),
+            large_cached: AtomicUsize::new(0),
+            failed: AtomicU64::new(0),
+        })
+    }
+
+    /// The head descriptor of the page or run holding `p`, if `p` is in the pool.
+    #[inline(always)]
+    pub(crate) fn page_of(&self, p: *const u8) -> Option<&Page> {
+        let off = (p as usize).wrapping_sub(self.base);
+        if off >= self.reserve {
+            return None;
+        }
+        let i = off >> GRANULE_SHIFT;
+        // SAFETY: `off < reserve` and the table has `reserve >> GRANULE_SHIFT` entries.
+        let d = unsafe { self.pages.get_unchecked(i) };
+        if d.kind.load(R) != TAIL {
+            return Some(d);
+        }
+        self.pages.get(i - d.back.load(R) as usize)
+    }
+
+    fn desc(&self, addr: usize) -> &Page {
+        self.pages
+            .get((addr - self.base) >> GRANULE_SHIFT)
+            .expect("arena addresses lie in the page table")
+    }
+
+    /// An empty page for class `c`, owned by `heap`: from the free list of its size, or carved
+    /// from a fresh arena run.
+    pub(crate) fn take_page(&self, c: usize, heap: *mut Heap) -> Option<&Page> {
+        let shift = page_shift(c);
+        let k = (shift - GRANULE_SHIFT) as usize;
+        let page = match self.free_pages[k].pop_if(|_| true) {
+            Some(p) => p,
+            None => self.carve(shift)?,
+        };
+        page.init(c, heap);
+        Some(page)
+    }
+
+    /// Cut a fresh arena run into pages of `1 << shift` bytes; keep one, list the others.
+    #[cold]
+    fn carve(&self, shift: u32) -> Option<&Page> {
+        let bytes = 1usize << shift;
+        let run = match self.arena.alloc_run(bytes.max(SLAB), bytes.max(SLAB)) {
+            Ok(run) => run,
+            Err(_) => {
+                self.failed.fetch_add(1, R);
+                return None;
+            }
+        };
+        let start = run.as_ptr() as usize;
+        let granules = bytes >> GRANULE_SHIFT;
+        let mut first = None;
+        for at in (start..start + run.len()).step_by(bytes) {
+            let head = self.desc(at);
+            for g in 1..granules {
+                let t = self.desc(at + (g << GRANULE_SHIFT));
+                t.back.store(g as u32, R);
+                t.kind.store(TAIL, Ordering::Release);
+            }
+            head.start.store(at, R);
+            head.shift.store(shift as u8, R);
+            head.fresh.store(true, R);
+            head.kind.store(SMALL, Ordering::Release);
+            match first {
+                None => first = Some(head),
+                Some(_) => self.free_pages[(shift - GRANULE_SHIFT) as usize].push(head),
+            }
+        }
+        first
+    }
+
+    /// An empty page goes back to the list of its size.
+    pub(crate) fn retire_page(&self, page: &Page) {
+        page.heap.store(null_mut(), Ordering::Release);
+        let k = (page.shift.load(R) as u32 - GRANULE_SHIFT) as usize;
+        self.free_pages[k].push(page);
+    }
+
+    /// A large block: a whole slab run aligned to `align`, zeroed when `zero`.
+    pub(crate) fn alloc_large(&self, size: usize, align: usize, zero: bool) -> *mut u8 {
+        let Some(len) = size.checked_next_multiple_of(SLAB) else {
+            return null_mut();
+        };
+        let slabs = len / SLAB;
+        let list = &self.large_free[slabs.min(LARGE_LISTS)];
+        let fits = |p: &Page| {
+            let l = p.large_len.load(R);
+            l >= len && l <= 2 * len && p.start.load(R) % align == 0
+        };
+        if let Some(page) = list.pop_if(fits) {
+            let run_len = page.large_len.load(R);
+            self.large_cached.fetch_sub(run_len, R);
+            self.large_live.fetch_add(run_len, R);
+            page.kind.store(LARGE, Ordering::Release);
+            let p = page.start.load(R) as *mut u8;
+            if zero {
+                // SAFETY: the run is ours again and `size <= run_len`.
+                unsafe { std::ptr::write_bytes(p, 0, size) };
+            }
+            return p;
+        }
+        let run = match self.arena.alloc_run(len, align.max(SLAB)) {
+            Ok(run) => run,
+            Err(_) => {
+                self.failed.fetch_add(1, R);
+                return null_mut();
+            }
+        };
+        let head = self.desc(run.as_ptr() as usize);
+        head.start.store(run.as_ptr() as usize, R);
+        head.large_len.store(run.len(), R);
+        head.kind.store(LARGE, Ordering::Release);
+        self.large_live.fetch_add(run.len(), R);
+        // Fresh arena memory is zero.
+        run.as_ptr()
+    }
+
+    /// Keep a freed large run for reuse.
+    pub(crate) fn free_large(&self, page: &Page) {
+        let len = page.large_len.load(R);
+        page.kind.store(LARGE_FREE, Ordering::Release);
+        self.large_live.fetch_sub(len, R);
+        self.large_cached.fetch_add(len, R);
+        self.large_free[(len / SLAB).min(LARGE_LISTS)].push(page);
+    }
+
+    /// Walk the head descriptors of every carved page and run (statistics, teardown).
+    pub(crate) fn for_each_head(&self, mut f: impl FnMut(&Page)) {
+        let span = self.arena.span().min(self.reserve);
+        for i in 0..span >> GRANULE_SHIFT {
+            if let Some(d) = self.pages.get(i) {
+                match d.kind.load(Ordering::Acquire) {
+                    UNUSED | TAIL => {}
+                    _ => f(d),
+                }
+            }
+        }
+    }
+
+    /// Blocks still handed out: small blocks not freed and large runs in use.
+    pub(crate) fn live_blocks(&self) -> u64 {
+        let mut n = 0u64;
+        self.for_each_head(|d| match d.kind.load(R) {
+            SMALL => {
+                n += (d.used.load(R) - d.thread_free_len().min(d.used.load(R))) as u64;
+            }
+            LARGE => n += 1,
+            _ => {}
+        });
+        n
+    }
+
+    /// Debug check of every page's invariant (at quiescence).
+    pub(crate) fn validate(&self) -> bool {
+        let mut ok = true;
+        self.for_each_head(|d| {
+            if d.kind.load(R) == SMALL && !d.heap.load(R).is_null() {
+                ok &= d.validate();
+            }
+        });
+        ok && self.arena.validate()
+    }
+}

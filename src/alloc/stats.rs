@@ -1,0 +1,75 @@
+//! Allocator statistics: per size class and totals, computed from the page table and the
+//! arena's counters without taking a lock. Figures are a racy snapshot while threads run
+//! (each field is read atomically; blocks freed by other threads count as allocated until
+//! their page's owner collects them) and exact at quiescence.
+
+use super::class::{CLASSES, class_size};
+use super::page::{LARGE, LARGE_FREE, SMALL};
+use super::pool::PoolInner;
+use crate::arena::ArenaStats;
+use std::sync::atomic::Ordering::Relaxed;
+
+/// One size class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ClassStats {
+    /// Bytes in a block of the class.
+    pub block_size: u64,
+    /// Blocks handed out (and not yet collected back by their page's owner).
+    pub allocated: u64,
+    /// Blocks carved and free in the class's pages, ready for reuse.
+    pub cached: u64,
+    /// Pages of the class.
+    pub pages: u64,
+}
+
+/// A snapshot of a pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Per size class, smallest first.
+    pub classes: [ClassStats; CLASSES],
+    /// Bytes of small blocks handed out.
+    pub small_allocated_bytes: u64,
+    /// Bytes of large blocks (slab runs) in use.
+    pub large_allocated_bytes: u64,
+    /// Bytes of freed large runs kept for reuse.
+    pub large_cached_bytes: u64,
+    /// Empty pages kept for reuse.
+    pub empty_pages: u64,
+    /// Allocations refused because the arena could not grow (reservation, memlock, NIC).
+    pub failed_allocations: u64,
+    /// The arena below.
+    pub arena: ArenaStats,
+}
+
+impl PoolInner {
+    pub(crate) fn stats(&self) -> PoolStats {
+        let mut classes = [ClassStats::default(); CLASSES];
+        for (c, s) in classes.iter_mut().enumerate() {
+            s.block_size = class_size(c) as u64;
+        }
+        let mut empty_pages = 0;
+        let mut small = 0;
+        self.for_each_head(|d| match d.kind.load(Relaxed) {
+            SMALL if d.heap.load(Relaxed).is_null() => empty_pages += 1,
+            SMALL => {
+                let s = &mut classes[(d.class.load(Relaxed) as usize).min(CLASSES - 1)];
+                let used = d.used.load(Relaxed) as u64;
+                s.pages += 1;
+                s.allocated += used;
+                s.cached += (d.capacity.load(Relaxed) as u64).saturating_sub(used);
+                small += used * s.block_size;
+            }
+            LARGE | LARGE_FREE => {}
+            _ => {}
+        });
+        PoolStats {
+            classes,
+            small_allocated_bytes: small,
+            large_allocated_bytes: self.large_live.load(Relaxed) as u64,
+            large_cached_bytes: self.large_cached.load(Relaxed) as u64,
+            empty_pages,
+            failed_allocations: self.failed.load(Relaxed),
+            arena: self.arena.stats(),
+        }
+    }
+}
