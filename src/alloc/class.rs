@@ -72,7 +72,11 @@ mod tests {
                 assert!(s - n <= n / 8, "{n} → {s}");
             }
             if c > 0 {
-                assert!(class_size(c - 1) < n, "{n} fits the smaller class {}", c - 1);
+                assert!(
+                    class_size(c - 1) < n,
+                    "{n} fits the smaller class {}",
+                    c - 1
+                );
             }
         }
         assert_eq!(class_of(MAX_SMALL), CLASSES - 1);

@@ -173,7 +173,10 @@ impl Heap {
             page.notified.store(false, Ordering::Release);
             if page.in_full.load(R) {
                 page.in_full.store(false, R);
-                self.enqueue(page.class.load(R) as usize, page as *const Page as *mut Page);
+                self.enqueue(
+                    page.class.load(R) as usize,
+                    page as *const Page as *mut Page,
+                );
             }
         }
     }

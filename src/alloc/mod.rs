@@ -238,9 +238,7 @@ impl Pool {
         let page = self.inner().page_of(p)?;
         match page.kind.load(Relaxed) {
             SMALL => Some(page.block_size.load(Relaxed) as usize),
-            LARGE if page.start.load(Relaxed) == p as usize => {
-                Some(page.large_len.load(Relaxed))
-            }
+            LARGE if page.start.load(Relaxed) == p as usize => Some(page.large_len.load(Relaxed)),
             _ => None,
         }
     }
@@ -282,7 +280,9 @@ impl Pool {
 
 impl Drop for Pool {
     fn drop(&mut self) {
-        let Some(inner) = self.inner.take() else { return };
+        let Some(inner) = self.inner.take() else {
+            return;
+        };
         tls::unregister(inner.id);
         tls::forget(&inner);
         let live = inner.live_blocks();

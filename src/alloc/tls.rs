@@ -144,8 +144,7 @@ fn claim(pool: &PoolInner) -> *mut Heap {
     for i in 0..HEAPS {
         let Some(h) = pool.heaps.get(i) else { break };
         if h.owner.load(Ordering::Relaxed) == 0
-            && h
-                .owner
+            && h.owner
                 .compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed)
                 .is_ok()
         {
@@ -160,7 +159,10 @@ fn claim(pool: &PoolInner) -> *mut Heap {
     // Arm the exit guard (registers the thread-exit destructor once).
     let _ = GUARD.try_with(|_| ());
     let placed = CACHE.try_with(|ways| {
-        let way = ways.iter().find(|w| w.id.get() == 0).unwrap_or(&ways[WAYS - 1]);
+        let way = ways
+            .iter()
+            .find(|w| w.id.get() == 0)
+            .unwrap_or(&ways[WAYS - 1]);
         release(way.id.replace(pool.id), way.heap.replace(heap));
     });
     if placed.is_err() {

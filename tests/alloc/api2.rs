@@ -1,0 +1,56 @@
+//! allocator-api2 collections on a `Pool`: `Vec` and hashbrown's `HashMap`.
+
+use super::*;
+use allocator_api2::vec::Vec as PVec;
+use hashbrown::HashMap;
+
+#[test]
+fn vec_grows_shrinks_and_stays_registered() {
+    let _g = serial();
+    let bed = default_bed();
+    let pool = pool_on(&bed.a.pd, Access::empty());
+    let mut v: PVec<u64, &Pool> = PVec::new_in(&pool);
+    for i in 0..300_000u64 {
+        v.push(i * 3);
+        if i.is_power_of_two() {
+            let k = pool.keys_of(v.as_ptr().cast()).unwrap();
+            assert!(
+                k.contains(v.as_ptr() as usize, v.capacity() * 8),
+                "straddles at {i}"
+            );
+        }
+    }
+    assert!(v.iter().enumerate().all(|(i, &x)| x == i as u64 * 3));
+    v.truncate(10);
+    v.shrink_to_fit();
+    assert_eq!(&v[..3], &[0, 3, 6]);
+    let z: PVec<u8, &Pool> = allocator_api2::vec::from_elem_in(0u8, 100_000, &pool);
+    assert!(z.iter().all(|&b| b == 0));
+    drop((v, z));
+    assert_eq!(pool.live_blocks(), 0);
+}
+
+#[test]
+fn hashbrown_map_on_a_pool() {
+    let _g = serial();
+    let bed = default_bed();
+    let pool = pool_on(&bed.a.pd, Access::empty());
+    let mut m: HashMap<u64, PVec<u8, &Pool>, _, &Pool> =
+        HashMap::with_hasher_in(hashbrown::DefaultHashBuilder::default(), &pool);
+    for i in 0..20_000u64 {
+        let mut buf = PVec::with_capacity_in((i % 300) as usize + 1, &pool);
+        buf.resize((i % 300) as usize + 1, i as u8);
+        m.insert(i, buf);
+    }
+    for i in (0..20_000u64).step_by(2) {
+        m.remove(&i);
+    }
+    assert_eq!(m.len(), 10_000);
+    for (k, v) in &m {
+        assert!(v.iter().all(|&b| b == *k as u8));
+        assert!(pool.sge_of(v).is_ok());
+    }
+    drop(m);
+    assert_eq!(pool.live_blocks(), 0);
+    assert!(pool.validate());
+}

@@ -1,0 +1,37 @@
+//! The allocator core (`rdma_pool::alloc`): a model-checked `Pool`, threads freeing each
+//! other's blocks (and posting them to a peer), allocator-api2 collections, steady state
+//! without NIC calls, pool and thread teardown. Runs on two soft NICs, and on `rxe0`/`rxe1` in
+//! the QEMU guest (`RDMA_POOL_TEST_NIC=verbs`).
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod api2;
+mod model;
+mod teardown;
+mod threads;
+
+use common::*;
+use rdma_pool::alloc::Pool;
+use rdma_pool::arena::{ArenaConfig, Hugepages};
+use rdma_pool::nic::*;
+
+/// A pool on `pd`: 16 GiB reserved, hugepages preferred, pool rights `remote`.
+pub fn pool_on(pd: &Pd, remote: Access) -> Pool {
+    Pool::with_config(
+        pd,
+        ArenaConfig {
+            reserve: 1 << 34,
+            chunk: 1 << 28,
+            hugepages: Hugepages::Prefer,
+            remote,
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
+/// A byte pattern that differs per block and per offset.
+pub fn pattern(seed: u64, i: usize) -> u8 {
+    (seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8 ^ (i as u8).wrapping_mul(31)
+}

@@ -1,0 +1,165 @@
+//! Many threads allocating and handing blocks to other threads that free them, with
+//! checksums; every live block is registered, and posting it as the local source of an RDMA
+//! WRITE lands its exact contents at a peer.
+
+use super::*;
+use std::alloc::Layout;
+use std::sync::mpsc;
+
+/// A block in flight between threads: address, length, seed of its pattern.
+#[derive(Clone, Copy)]
+struct Sent(usize, usize, u64);
+
+fn checksum_ok(s: Sent) -> bool {
+    // SAFETY: a live block of `s.1` bytes.
+    (0..s.1).all(|i| unsafe { *(s.0 as *const u8).add(i) } == pattern(s.2, i))
+}
+
+/// `threads` producers each send `per` blocks round-robin to the consumers (the other
+/// producers' threads); every consumer checks and frees what it receives. Returns the blocks
+/// the main thread kept for RDMA.
+fn exchange(pool: &Pool, threads: usize, per: usize) -> Vec<Sent> {
+    let (txs, rxs): (Vec<_>, Vec<_>) = (0..threads).map(|_| mpsc::channel::<Sent>()).unzip();
+    let (keep_tx, keep_rx) = mpsc::channel::<Sent>();
+    let leftovers: Vec<mpsc::Receiver<Sent>> = std::thread::scope(|s| {
+        let mut handles = Vec::new();
+        for (t, rx) in rxs.into_iter().enumerate() {
+            let txs = txs.clone();
+            let keep = keep_tx.clone();
+            handles.push(s.spawn(move || {
+                for i in 0..per {
+                    let len = [24, 64, 200, 1000, 4096, 30_000, 70_000][(i + t) % 7];
+                    let p = pool.alloc(Layout::from_size_align(len, 8).unwrap());
+                    assert!(!p.is_null());
+                    let seed = (t * per + i) as u64;
+                    for j in 0..len {
+                        // SAFETY: a fresh block of `len` bytes.
+                        unsafe { *p.add(j) = pattern(seed, j) };
+                    }
+                    let k = pool.keys_of(p).expect("a live block has keys");
+                    assert!(k.contains(p as usize, len));
+                    let sent = Sent(p as usize, len, seed);
+                    if i % 97 == 0 {
+                        keep.send(sent).unwrap();
+                    } else {
+                        txs[(t + 1 + i % (threads - 1)) % threads]
+                            .send(sent)
+                            .unwrap();
+                    }
+                    // Free what others sent us, as it arrives.
+                    while let Ok(got) = rx.try_recv() {
+                        assert!(checksum_ok(got), "a block changed in flight");
+                        // SAFETY: a live block of the pool, freed once.
+                        unsafe { pool.free(got.0 as *mut u8) };
+                    }
+                }
+                drop(txs);
+                // Everything still addressed to us is freed by the caller.
+                rx
+            }));
+        }
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    drop((txs, keep_tx));
+    drain(pool, leftovers);
+    keep_rx.into_iter().collect()
+}
+
+fn drain(pool: &Pool, rxs: Vec<mpsc::Receiver<Sent>>) {
+    for rx in rxs {
+        for got in rx.try_iter() {
+            assert!(checksum_ok(got));
+            // SAFETY: as above.
+            unsafe { pool.free(got.0 as *mut u8) };
+        }
+    }
+}
+
+#[test]
+fn threads_free_each_others_blocks_and_rdma_sees_exact_bytes() {
+    let _g = serial();
+    let bed = bed();
+    let pool = pool_on(&bed.a.pd, Access::empty());
+    let kept = exchange(&pool, 4, 3000);
+    let (dst_mem, dst) = bed.b.reg_buf(70_000, 0, RW);
+    for &s in &kept {
+        let k = pool.keys_of(s.0 as *const u8).unwrap();
+        let sge = sge(s.0 as u64, s.1 as u32, k.lkey);
+        bed.qa
+            .post_write(9, &[sge], dst.addr() as u64, dst.rkey())
+            .unwrap();
+        assert_eq!(bed.a.wait().status, WcStatus::Success);
+        assert!(
+            (0..s.1).all(|i| dst_mem.as_slice()[i] == pattern(s.2, i)),
+            "the peer got other bytes than the block holds"
+        );
+    }
+    // Default rights: a peer's READ with the pool's rkey is refused.
+    let s = kept[0];
+    let k = pool.keys_of(s.0 as *const u8).unwrap();
+    bed.qb
+        .post_read(10, &[dst.sge(0, 64).unwrap()], s.0 as u64, k.rkey)
+        .unwrap();
+    assert_eq!(bed.b.wait().status, WcStatus::RemAccessErr);
+    for s in kept {
+        // SAFETY: blocks of the pool, freed once.
+        unsafe { pool.free(s.0 as *mut u8) };
+    }
+    assert!(pool.validate());
+    assert_eq!(pool.live_blocks(), 0, "{:?}", pool.stats().arena);
+}
+
+#[test]
+fn with_remote_rights_a_peer_reads_the_same_bytes() {
+    let _g = serial();
+    let bed = bed();
+    let pool = pool_on(&bed.a.pd, Access::REMOTE_READ);
+    let kept = exchange(&pool, 3, 500);
+    let (dst_mem, dst) = bed.b.reg_buf(70_000, 0, RW);
+    for &s in &kept {
+        let k = pool.keys_of(s.0 as *const u8).unwrap();
+        bed.qb
+            .post_read(11, &[dst.sge(0, s.1).unwrap()], s.0 as u64, k.rkey)
+            .unwrap();
+        assert_eq!(bed.b.wait().status, WcStatus::Success);
+        assert!((0..s.1).all(|i| dst_mem.as_slice()[i] == pattern(s.2, i)));
+        // SAFETY: a block of the pool, freed once.
+        unsafe { pool.free(s.0 as *mut u8) };
+    }
+}
+
+#[test]
+fn steady_state_makes_no_nic_calls() {
+    let _g = serial();
+    let bed = default_bed();
+    let soft = bed.a.nic.as_soft().unwrap();
+    let pool = pool_on(&bed.a.pd, Access::empty());
+    let sizes = [8usize, 64, 500, 4096, 50_000, 2 << 20];
+    let churn = |rounds: usize| {
+        for r in 0..rounds {
+            let ps: Vec<*mut u8> = sizes
+                .iter()
+                .map(|&n| pool.alloc(Layout::from_size_align(n + r % 7, 8).unwrap()))
+                .collect();
+            for p in ps {
+                // SAFETY: blocks of the pool, freed once.
+                unsafe { pool.free(p) };
+            }
+        }
+    };
+    churn(100); // warm up: pages and a large run are carved and registered once
+    let before = soft.counters();
+    let arena_regs = pool.stats().arena.regs;
+    churn(20_000);
+    let after = soft.counters();
+    assert_eq!(
+        after.registrations, before.registrations,
+        "registrations in steady state"
+    );
+    assert_eq!(
+        after.reregs, before.reregs,
+        "re-registrations in steady state"
+    );
+    assert_eq!(after.deregistrations, before.deregistrations);
+    assert_eq!(pool.stats().arena.regs, arena_regs);
+}
