@@ -26,7 +26,7 @@ cargo test --no-default-features --lib --tests
 
 echo "== Soft-RoCE (rxe) scenario suite in a QEMU guest"
 # cargo prints "Executable tests/scenarios.rs (target/debug/deps/scenarios-HASH)".
-bins=$(cargo test --no-run --test scenarios --test pinning --test arena 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p')
+bins=$(cargo test --no-run --test scenarios --test pinning --test arena --test alloc 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p')
 [ -n "$bins" ] || { echo "could not find the scenario test binaries" >&2; exit 1; }
 bash tests/rxe/run.sh $bins
 echo "== all checks passed in $(( $(date +%s) - start )) s"

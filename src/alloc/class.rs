@@ -18,7 +18,7 @@ pub(crate) const GRANULE_SHIFT: u32 = 16;
 #[inline(always)]
 pub(crate) fn class_of(size: usize) -> usize {
     if size <= 64 {
-        return (size.max(1) + 7) / 8 - 1;
+        return size.max(1).div_ceil(8) - 1;
     }
     let b = (usize::BITS - 1 - (size - 1).leading_zeros()) as usize;
     let sub = ((size - 1) >> (b - 3)) & 7;
@@ -100,7 +100,7 @@ mod tests {
         for c in 0..CLASSES {
             let p = 1usize << page_shift(c);
             assert!(p / class_size(c) >= 8, "class {c}");
-            assert!(p >= 64 << 10 && p <= 8 << 20);
+            assert!((64 << 10..=8 << 20).contains(&p));
         }
     }
 }

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 
 const R: Ordering = Ordering::Relaxed;
 
-static EMPTY: Page = Page::EMPTY;
+static EMPTY: Page = Page::empty();
 
 fn empty() -> *mut Page {
     &EMPTY as *const Page as *mut Page

@@ -67,27 +67,29 @@ pub(crate) struct Page {
 impl Page {
     /// The empty page every heap's class slot starts at: it has no free block, so the fast
     /// path needs no null check and falls into the slow path.
-    pub(crate) const EMPTY: Page = Page {
-        free: AtomicPtr::new(null_mut()),
-        thread_free: AtomicPtr::new(null_mut()),
-        heap: AtomicPtr::new(null_mut()),
-        next: AtomicPtr::new(null_mut()),
-        prev: AtomicPtr::new(null_mut()),
-        notify_next: AtomicPtr::new(null_mut()),
-        start: AtomicUsize::new(0),
-        large_len: AtomicUsize::new(0),
-        used: AtomicU32::new(0),
-        capacity: AtomicU32::new(0),
-        reserved: AtomicU32::new(0),
-        block_size: AtomicU32::new(0),
-        back: AtomicU32::new(0),
-        class: AtomicU8::new(0),
-        kind: AtomicU8::new(UNUSED),
-        shift: AtomicU8::new(0),
-        in_full: AtomicBool::new(false),
-        notified: AtomicBool::new(false),
-        fresh: AtomicBool::new(false),
-    };
+    pub(crate) const fn empty() -> Page {
+        Page {
+            free: AtomicPtr::new(null_mut()),
+            thread_free: AtomicPtr::new(null_mut()),
+            heap: AtomicPtr::new(null_mut()),
+            next: AtomicPtr::new(null_mut()),
+            prev: AtomicPtr::new(null_mut()),
+            notify_next: AtomicPtr::new(null_mut()),
+            start: AtomicUsize::new(0),
+            large_len: AtomicUsize::new(0),
+            used: AtomicU32::new(0),
+            capacity: AtomicU32::new(0),
+            reserved: AtomicU32::new(0),
+            block_size: AtomicU32::new(0),
+            back: AtomicU32::new(0),
+            class: AtomicU8::new(0),
+            kind: AtomicU8::new(UNUSED),
+            shift: AtomicU8::new(0),
+            in_full: AtomicBool::new(false),
+            notified: AtomicBool::new(false),
+            fresh: AtomicBool::new(false),
+        }
+    }
 
     /// Set up an empty page for blocks of `class` owned by `heap`.
     pub(crate) fn init(&self, class: usize, heap: *mut super::heap::Heap) {

@@ -96,11 +96,12 @@ impl Arena {
                 Access::empty(),
             )
         };
+        let in_force = |mr: &Mr| !mr.is_poisoned() && mr.addr() == start && mr.len() == new_len;
         let grown = match r {
             Ok(()) => true,
             Err(e) => match e.kind {
                 // The new translation is in force even though fork marking failed.
-                ReregErrorKind::DoForkOld => true,
+                ReregErrorKind::DoForkOld if in_force(mr) => true,
                 kind if kind.mr_usable() => false,
                 _ => {
                     add(&self.counters.rereg_cmd_errors, 1);

@@ -331,3 +331,33 @@ impl Table {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nic::{Access, Nic};
+
+    #[test]
+    fn a_slot_caches_the_keys_once_exposed() {
+        let pd = Nic::soft().alloc_pd().unwrap();
+        let mut mem = crate::nic::Buffer::new(4 << 20).unwrap();
+        let base = (mem.as_mut_ptr() as usize).next_multiple_of(super::super::SLAB);
+        let table = Table::new(base, super::super::SLAB).unwrap();
+        // SAFETY: `mem` outlives the region (dropped by `drop_all` below).
+        let mr =
+            unsafe { pd.reg_mr(base as *mut u8, super::super::SLAB, Access::LOCAL_WRITE) }.unwrap();
+        let id = table.new_reg().unwrap();
+        // SAFETY: a fresh id.
+        unsafe { table.reg(id).install(mr, false) };
+        table.publish(0, 1, Some(id));
+        let slot = table.slots.get(0).unwrap();
+        assert_eq!(slot.meta.load(Ordering::Relaxed) & EXPOSED_BIT, 0);
+        let keys = table.keys_of(base + 100).unwrap();
+        assert_ne!(slot.meta.load(Ordering::Relaxed) & EXPOSED_BIT, 0);
+        assert_eq!(slot.cached(), keys);
+        assert_eq!(table.keys_of(base + 200), Some(keys));
+        assert!(table.validate());
+        let mut table = table;
+        table.drop_all();
+    }
+}

@@ -182,6 +182,15 @@ impl ReregError {
         }
     }
 
+    /// `DoForkOld`: the re-registration `raw` is in force, marking the old range failed.
+    pub(crate) fn replaced(raw: crate::nic::types::RawMr, errno: i32) -> ReregError {
+        ReregError {
+            kind: ReregErrorKind::DoForkOld,
+            source: io::Error::from_raw_os_error(errno),
+            replaced: Some(raw),
+        }
+    }
+
     /// The errno value.
     pub fn errno(&self) -> Option<i32> {
         self.source.raw_os_error()

@@ -225,3 +225,65 @@ fn a_full_reservation_is_an_error() {
         "{e}"
     );
 }
+
+#[test]
+fn do_fork_old_keeps_the_new_translation() {
+    let _g = serial();
+    let bed = keep_keys_bed();
+    let arena = arena(&bed, 8 << 20, Hugepages::Off, Access::empty());
+    let a = arena.alloc_run(SLAB, 64).unwrap();
+    bed.a
+        .nic
+        .as_soft()
+        .unwrap()
+        .fail_next_rereg(ReregErrorKind::DoForkOld, 1, libc::EINVAL);
+    let b = arena.alloc_run(SLAB, 64).unwrap();
+    let s = arena.stats();
+    assert_eq!((s.reregs, s.rereg_cmd_errors, s.mrs), (1, 0, 1), "{s:?}");
+    let k = arena.keys_of(b.as_ptr()).unwrap();
+    assert!(k.contains(a.as_ptr() as usize, 2 * SLAB));
+    let (_m, dst) = bed.b.reg_buf(4096, 0, RW);
+    assert_eq!(
+        write_out(&bed, k, b.as_ptr() as usize, 4096, &dst),
+        WcStatus::Success
+    );
+}
+
+#[test]
+fn growth_by_rereg_resumes_after_err_cmd_unless_unsupported() {
+    let _g = serial();
+    for (errno, resumes) in [(libc::EIO, true), (libc::EOPNOTSUPP, false)] {
+        let bed = keep_keys_bed();
+        let soft = bed.a.nic.as_soft().unwrap();
+        let arena = arena(&bed, 8 << 20, Hugepages::Off, Access::empty());
+        arena.alloc_run(SLAB, 64).unwrap();
+        soft.fail_next_rereg(ReregErrorKind::Cmd, 1, errno);
+        arena.alloc_run(SLAB, 64).unwrap();
+        arena.alloc_run(SLAB, 64).unwrap();
+        let s = arena.stats();
+        assert_eq!(s.rereg_cmd_errors, 1);
+        if resumes {
+            assert_eq!((s.reregs, s.fallbacks_to_new_mr, s.mrs), (1, 0, 1), "{s:?}");
+        } else {
+            assert_eq!((s.reregs, s.fallbacks_to_new_mr, s.mrs), (0, 1, 2), "{s:?}");
+        }
+    }
+}
+
+#[test]
+fn dropping_the_arena_deregisters_every_region() {
+    let _g = serial();
+    let bed = rereg_bed(ReregMode::Unsupported);
+    let soft = bed.a.nic.as_soft().unwrap();
+    let arena = arena(&bed, 8 << 20, Hugepages::Off, Access::empty());
+    for _ in 0..5 {
+        let run = arena.alloc_run(SLAB, 64).unwrap();
+        arena.keys_of(run.as_ptr()).unwrap();
+    }
+    let mrs = arena.stats().mrs;
+    assert_eq!(mrs, 5);
+    let before = soft.counters().deregistrations;
+    drop(arena);
+    assert_eq!(soft.counters().deregistrations - before, mrs);
+    soft.validate().unwrap();
+}

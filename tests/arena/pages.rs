@@ -101,3 +101,19 @@ fn vma_count_stays_flat_over_many_slab_commits() {
         s.chunks
     );
 }
+
+#[test]
+fn hugetlb_tails_grow_by_rereg() {
+    let _g = serial();
+    if free_hugepages() < 2 {
+        // Nothing to grow in hugetlb: the other tests cover the refusal path.
+        return;
+    }
+    let bed = rereg_bed(rdma_pool::nic::soft::ReregMode::KeepKeys);
+    let arena = arena(&bed, 64 << 20, Hugepages::Require, Access::empty());
+    let a = arena.alloc_run(SLAB, 64).unwrap();
+    arena.alloc_run(SLAB, 64).unwrap();
+    let s = arena.stats();
+    assert_eq!((s.slabs_hugetlb, s.reregs, s.mrs), (2, 1, 1), "{s:?}");
+    assert_eq!(arena.keys_of(a.as_ptr()).unwrap().len, 2 * SLAB);
+}

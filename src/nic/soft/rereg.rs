@@ -100,11 +100,17 @@ pub(super) fn rereg(
     if old.num_mw.load(Ordering::Acquire) > 0 {
         return Err(ReregError::new(ReregErrorKind::Input, libc::EBUSY));
     }
+    // An injected DO_FORK_OLD happens after the command: the new translation is in force.
+    let mut fork_old = None;
     if let Some((errno, kind)) = dev.injected(Verb::ReregMr) {
-        if !kind.mr_usable() {
-            old.usable = false;
+        if kind == ReregErrorKind::DoForkOld {
+            fork_old = Some(errno);
+        } else {
+            if !kind.mr_usable() {
+                old.usable = false;
+            }
+            return Err(ReregError::new(kind, errno));
         }
-        return Err(ReregError::new(kind, errno));
     }
     if dev.config.rereg == ReregMode::Unsupported {
         // rdma-core's rxe has no rereg_mr: libibverbs reports ERR_CMD with EOPNOTSUPP, after
@@ -173,11 +179,15 @@ pub(super) fn rereg(
     }
     let key = index << 8 | slot.variant as u32;
     bump(&dev.counters.reregs, 1);
-    Ok(RawMr {
+    let raw = RawMr {
         handle: mr,
         lkey: Lkey(key),
         rkey: Rkey(key),
         addr: new.addr,
         len: new.len,
-    })
+    };
+    match fork_old {
+        Some(errno) => Err(ReregError::replaced(raw, errno)),
+        None => Ok(raw),
+    }
 }
