@@ -29,14 +29,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let pool = Pool::new(&pd)?;
     let wait = Duration::from_secs(5);
     let mut offset = 0u64;
-    for (i, text) in ["first message", "a second, longer message", "third"].iter().enumerate() {
+    for (i, text) in ["first message", "a second, longer message", "third"]
+        .iter()
+        .enumerate()
+    {
         // A network buffer is just a Vec in the pool.
         let mut msg: Vec<u8, &Pool> = Vec::new_in(&pool);
         msg.extend_from_slice(text.as_bytes());
         let sge = pool.sge_of(&msg)?;
-        qp.post_write(i as u64, &[sge], landing_mr.addr() as u64 + offset, landing_mr.rkey())?;
+        qp.post_write(
+            i as u64,
+            &[sge],
+            landing_mr.addr() as u64 + offset,
+            landing_mr.rkey(),
+        )?;
         assert_eq!(cq.wait_one(wait)?.status, WcStatus::Success);
-        println!("WRITE from Vec at {:p} (lkey {}): {text:?}", msg.as_ptr(), sge.lkey);
+        println!(
+            "WRITE from Vec at {:p} (lkey {}): {text:?}",
+            msg.as_ptr(),
+            sge.lkey
+        );
         offset += msg.len() as u64;
     }
     let written = &landing.as_slice()[..offset as usize];
@@ -45,10 +57,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // And the other way: READ the peer's bytes into a Vec of the pool.
     let mut back: Vec<u8, &Pool> = Vec::new_in(&pool);
     back.resize(offset as usize, 0);
-    qp.post_read(9, &[pool.sge_of(&back)?], landing_mr.addr() as u64, landing_mr.rkey())?;
+    qp.post_read(
+        9,
+        &[pool.sge_of(&back)?],
+        landing_mr.addr() as u64,
+        landing_mr.rkey(),
+    )?;
     assert_eq!(cq.wait_one(wait)?.status, WcStatus::Success);
     assert_eq!(&back[..], written);
-    println!("READ into Vec at {:p}: {:?}", back.as_ptr(), String::from_utf8_lossy(&back));
+    println!(
+        "READ into Vec at {:p}: {:?}",
+        back.as_ptr(),
+        String::from_utf8_lossy(&back)
+    );
     let regs = nic.as_soft().map(|s| s.counters().registrations);
     println!(
         "registrations on our NIC: {regs:?} (the pool's slabs), buffers posted: 4, pool: {} live blocks",

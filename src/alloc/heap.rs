@@ -109,7 +109,13 @@ impl Heap {
         page.used.store(used, R);
         page.fresh.store(false, R);
         if used == 0 || page.in_full.load(R) {
-            self.free_slow(page);
+            // An emptied current page stays (the alloc/free pair case): decide that inline.
+            let c = page.class.load(R) as usize;
+            // SAFETY: a page's class is below CLASSES.
+            let current = unsafe { self.current.get_unchecked(c) }.load(R);
+            if page.in_full.load(R) || !std::ptr::eq(current, page) {
+                self.free_slow(page);
+            }
         }
     }
 

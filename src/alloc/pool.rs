@@ -74,10 +74,46 @@ impl List {
     }
 }
 
+/// Where the page descriptors are: copied into the `Pool` handle so `free` reaches a
+/// descriptor with one dependent load.
+#[derive(Clone, Copy)]
+pub(crate) struct PageTable {
+    base: usize,
+    reserve: usize,
+    descs: *const Page,
+}
+
+// SAFETY: a read-only view of descriptors that live (in the pool's mapping) as long as the
+// pool; descriptors are atomics.
+unsafe impl Send for PageTable {}
+// SAFETY: as above.
+unsafe impl Sync for PageTable {}
+
+impl PageTable {
+    /// The head descriptor of the page or run holding `p`, if `p` is in the pool.
+    #[inline(always)]
+    pub(crate) fn page_of(&self, p: *const u8) -> Option<&Page> {
+        let off = (p as usize).wrapping_sub(self.base);
+        if off >= self.reserve {
+            return None;
+        }
+        let i = off >> GRANULE_SHIFT;
+        // SAFETY: `off < reserve` and the table has `reserve >> GRANULE_SHIFT` entries, alive
+        // as long as the pool this view was taken from.
+        let d = unsafe { &*self.descs.add(i) };
+        if d.kind.load(R) != TAIL {
+            return Some(d);
+        }
+        // SAFETY: a tail's `back` leads to its head in the same table.
+        Some(unsafe { &*self.descs.add(i - d.back.load(R) as usize) })
+    }
+}
+
 /// The shared state of a [`Pool`](super::Pool).
 pub(crate) struct PoolInner {
     pub(crate) id: u64,
     pub(crate) arena: Arena,
+    pub(crate) table: PageTable,
     base: usize,
     reserve: usize,
     pages: MmapArray<Page>,
@@ -101,9 +137,15 @@ impl PoolInner {
                 MmapArray::zeroed(HEAPS)?,
             )
         };
+        let table = PageTable {
+            base,
+            reserve,
+            descs: pages.get(0).map_or(std::ptr::null(), |d| d as *const Page),
+        };
         Ok(PoolInner {
             id,
             arena,
+            table,
             base,
             reserve,
             pages,
@@ -117,19 +159,8 @@ impl PoolInner {
     }
 
     /// The head descriptor of the page or run holding `p`, if `p` is in the pool.
-    #[inline(always)]
     pub(crate) fn page_of(&self, p: *const u8) -> Option<&Page> {
-        let off = (p as usize).wrapping_sub(self.base);
-        if off >= self.reserve {
-            return None;
-        }
-        let i = off >> GRANULE_SHIFT;
-        // SAFETY: `off < reserve` and the table has `reserve >> GRANULE_SHIFT` entries.
-        let d = unsafe { self.pages.get_unchecked(i) };
-        if d.kind.load(R) != TAIL {
-            return Some(d);
-        }
-        self.pages.get(i - d.back.load(R) as usize)
+        self.table.page_of(p)
     }
 
     fn desc(&self, addr: usize) -> &Page {

@@ -113,11 +113,11 @@ fn token() -> u64 {
 
 /// This thread's heap in `pool`, if it has one (never claims).
 #[inline(always)]
-pub(crate) fn heap_of(pool: &PoolInner) -> *mut Heap {
+pub(crate) fn heap_of(id: u64) -> *mut Heap {
     CACHE
         .try_with(|ways| {
             for w in ways {
-                if w.id.get() == pool.id {
+                if w.id.get() == id {
                     return w.heap.get();
                 }
             }
@@ -129,8 +129,8 @@ pub(crate) fn heap_of(pool: &PoolInner) -> *mut Heap {
 /// This thread's heap in `pool`, claiming one on first use. Null when every heap of the pool
 /// is taken or the thread is exiting.
 #[inline(always)]
-pub(crate) fn heap_for(pool: &PoolInner) -> *mut Heap {
-    let h = heap_of(pool);
+pub(crate) fn heap_for(id: u64, pool: &PoolInner) -> *mut Heap {
+    let h = heap_of(id);
     if !h.is_null() {
         return h;
     }
