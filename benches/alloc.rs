@@ -57,9 +57,9 @@ impl Contender for PoolAdapter {
         self.0.alloc(l)
     }
     #[inline]
-    unsafe fn dealloc(&self, p: *mut u8, _l: Layout) {
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
         // SAFETY: forwarded.
-        unsafe { self.0.free(p) }
+        unsafe { self.0.free_sized(p, l) }
     }
     unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
         // SAFETY: forwarded.

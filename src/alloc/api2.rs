@@ -21,9 +21,9 @@ unsafe impl Allocator for &Pool {
     }
 
     #[inline]
-    unsafe fn deallocate(&self, ptr: NonNull<u8>, _layout: Layout) {
-        // SAFETY: forwarded from the caller (a block of this pool).
-        unsafe { Pool::free(self, ptr.as_ptr()) }
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
+        // SAFETY: forwarded from the caller (a block of this pool with `layout`).
+        unsafe { Pool::free_sized(self, ptr.as_ptr(), layout) }
     }
 
     unsafe fn grow(

@@ -16,9 +16,9 @@ pub(crate) const GRANULE_SHIFT: u32 = 16;
 
 /// The class of a request of `size` bytes (`1..=MAX_SMALL`; 0 is served as 1).
 #[inline(always)]
-pub(crate) fn class_of(size: usize) -> usize {
+pub(crate) const fn class_of(size: usize) -> usize {
     if size <= 64 {
-        return size.max(1).div_ceil(8) - 1;
+        return if size == 0 { 0 } else { size.div_ceil(8) - 1 };
     }
     let b = (usize::BITS - 1 - (size - 1).leading_zeros()) as usize;
     let sub = ((size - 1) >> (b - 3)) & 7;

@@ -14,6 +14,7 @@
 use super::class::CLASSES;
 use super::page::{Block, Page};
 use super::pool::PoolInner;
+use super::tcache::{CACHED_CLASSES, SLOTS, TCache};
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 
@@ -30,6 +31,7 @@ const EXTEND_BYTES: usize = 4096;
 
 /// A thread's heap in one pool.
 pub(crate) struct Heap {
+    tcache: [TCache; CACHED_CLASSES],
     current: [AtomicPtr<Page>; CLASSES],
     queue: [AtomicPtr<Page>; CLASSES],
     /// Full pages that received remote frees (a lock-free stack through `notify_next`).
@@ -63,9 +65,22 @@ impl Heap {
         self as *const Heap as *mut Heap
     }
 
-    /// Allocate a block of class `c`: the fast path.
+    /// Allocate a block of class `c`: the fast path (the thread cache, then the page).
     #[inline(always)]
     pub(crate) fn alloc(&self, c: usize) -> *mut u8 {
+        if c < CACHED_CLASSES {
+            // SAFETY: `c < CACHED_CLASSES`.
+            let p = unsafe { self.tcache.get_unchecked(c) }.pop();
+            if !p.is_null() {
+                return p;
+            }
+        }
+        self.alloc_page(c)
+    }
+
+    /// Allocate a block of class `c` from its current page.
+    #[inline(always)]
+    fn alloc_page(&self, c: usize) -> *mut u8 {
         // SAFETY: `c < CLASSES` (callers compute it with `class_of`/`class_for`), and
         // `current[c]` always points at a live page or at `EMPTY`.
         let page = unsafe { &*self.current.get_unchecked(c).load(R) };
@@ -81,7 +96,8 @@ impl Heap {
 
     /// Like [`Heap::alloc`], the block zeroed (touching fresh memory only for its link word).
     pub(crate) fn alloc_zeroed(&self, c: usize, len: usize) -> *mut u8 {
-        let p = self.alloc(c);
+        // Not from the thread cache: its blocks are dirty, a fresh page's are not.
+        let p = self.alloc_page(c);
         if p.is_null() {
             return p;
         }
@@ -98,9 +114,65 @@ impl Heap {
         p
     }
 
-    /// Free a block of a page this heap owns: the fast path.
+    /// Free a block of a page this heap owns: the fast path (into the thread cache).
     #[inline(always)]
     pub(crate) fn free_local(&self, page: &Page, p: *mut u8) {
+        let c = page.class.load(R) as usize;
+        if c < CACHED_CLASSES {
+            // SAFETY: `c < CACHED_CLASSES`.
+            if unsafe { self.tcache.get_unchecked(c) }.push(p) {
+                return;
+            }
+            self.flush_half(c);
+            // SAFETY: as above; half the stack was just emptied.
+            unsafe { self.tcache.get_unchecked(c) }.push(p);
+            return;
+        }
+        self.free_to_page(page, p);
+    }
+
+    /// Return half of class `c`'s cache to their pages.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn flush_half(&self, c: usize) {
+        self.flush(c, SLOTS / 2);
+    }
+
+    /// Return `n` cached blocks of class `c` to their pages.
+    fn flush(&self, c: usize, n: usize) {
+        let table = self.pool().table;
+        for _ in 0..n {
+            let q = self.tcache[c].pop();
+            if q.is_null() {
+                return;
+            }
+            if let Some(page) = table.page_of(q) {
+                if std::ptr::eq(page.heap.load(R), self) {
+                    self.free_to_page(page, q);
+                } else {
+                    // A block another heap owns, cached by a sized free from this thread.
+                    Heap::free_remote(page, q);
+                }
+            }
+        }
+    }
+
+    /// Cache a block of class `c` freed with its size (any heap's page of this pool): the
+    /// sized-free fast path. False when the cache is full.
+    #[inline(always)]
+    pub(crate) fn cache_sized(&self, c: usize, p: *mut u8) -> bool {
+        // SAFETY: callers pass `c < CACHED_CLASSES`.
+        unsafe { self.tcache.get_unchecked(c) }.push(p)
+    }
+
+    /// Blocks of class `c` in this heap's cache (racy; statistics).
+    pub(crate) fn cached(&self, c: usize) -> u32 {
+        self.tcache.get(c).map_or(0, TCache::len)
+    }
+
+    /// Put a block back on its page's free list.
+    #[inline(always)]
+    fn free_to_page(&self, page: &Page, p: *mut u8) {
         let b = p.cast::<Block>();
         // SAFETY: the block belongs to `page`, owned by this heap.
         unsafe { (*b).next = page.free.load(R) };
@@ -247,7 +319,7 @@ impl Heap {
                 page.extend(EXTEND_BYTES);
             }
             if !page.free.load(R).is_null() {
-                return self.alloc(c);
+                return self.alloc_page(c);
             }
             if self.mark_full(page) {
                 self.dequeue(c, p);
@@ -258,12 +330,15 @@ impl Heap {
         };
         self.enqueue(c, page as *const Page as *mut Page);
         page.extend(EXTEND_BYTES);
-        self.alloc(c)
+        self.alloc_page(c)
     }
 
     /// Hand every page back: empty ones to the pool, the others stay with the heap for its next
     /// owner (called when the owning thread leaves, under the pool registry lock).
     pub(crate) fn release(&self) {
+        for c in 0..CACHED_CLASSES {
+            self.flush(c, SLOTS);
+        }
         self.drain_notify();
         for c in 0..CLASSES {
             let mut p = self.queue[c].load(R);

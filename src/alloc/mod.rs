@@ -14,7 +14,8 @@
 //! - the core's metadata is mapped from the kernel, never taken from the global allocator.
 //!
 //! Layout of the module: `class.rs` (size classes), `page.rs` (pages and their free lists),
-//! `heap.rs` (per-thread heaps: the fast paths), `pool.rs` (shared slow paths), `tls.rs`
+//! `heap.rs` (per-thread heaps: the fast paths), `tcache.rs` (their
+//! caches of freed blocks), `pool.rs` (shared slow paths), `tls.rs`
 //! (thread caches), `stats.rs`, `api2.rs` (the allocator-api2 front end).
 
 mod api2;
@@ -23,6 +24,7 @@ mod heap;
 mod page;
 mod pool;
 mod stats;
+mod tcache;
 mod tls;
 
 pub use class::{CLASSES, MAX_SMALL, class_size};
@@ -39,6 +41,9 @@ use std::alloc::Layout;
 use std::mem::ManuallyDrop;
 use std::ptr::null_mut;
 use std::sync::atomic::Ordering::Relaxed;
+
+/// Largest size freed straight into a thread cache by `free_sized`.
+const CACHED_MAX: usize = class_size(tcache::CACHED_CLASSES - 1);
 
 /// Largest alignment served from size-class pages.
 const MAX_SMALL_ALIGN: usize = 1 << 16;
@@ -132,8 +137,8 @@ impl Pool {
     }
 
     /// Allocate a block for `layout`: NIC-registered, never straddling two registrations.
-    /// Null when the arena cannot grow (reservation, memlock limit, device limits: see
-    /// [`PoolStats::failed_allocations`]).
+    /// Null when the arena cannot grow (reservation, memlock limit, device limits) or when more
+    /// than 1024 threads use the pool at once: see [`PoolStats::failed_allocations`].
     ///
     /// # Examples
     /// ```
@@ -182,8 +187,9 @@ impl Pool {
                     heap.alloc(c)
                 };
             }
-            // No heap free for this thread: serve it as a large block (degraded, but
-            // registered memory all the same).
+            // Every heap of the pool is taken by other threads.
+            inner.failed.fetch_add(1, Relaxed);
+            return null_mut();
         }
         inner.alloc_large(size.max(1), align, zero)
     }
@@ -210,14 +216,57 @@ impl Pool {
         }
     }
 
+    /// Free a block of this pool, given the layout it was allocated (or last reallocated)
+    /// with: a small block goes to this thread's cache without a page lookup.
+    ///
+    /// # Safety
+    /// As [`Pool::free`], and `layout` is the block's layout.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::alloc::Layout;
+    /// # let pd = rdma_pool::nic::Nic::soft().alloc_pd().unwrap();
+    /// # let pool = rdma_pool::alloc::Pool::new(&pd).unwrap();
+    /// let l = Layout::new::<[u64; 4]>();
+    /// let p = pool.alloc(l);
+    /// // SAFETY: `p` came from this pool with `l`.
+    /// unsafe { pool.free_sized(p, l) };
+    /// assert_eq!(pool.live_blocks(), 0);
+    /// ```
+    #[inline]
+    pub unsafe fn free_sized(&self, p: *mut u8, layout: Layout) {
+        let size = layout.size();
+        if layout.align() <= 8 && size <= CACHED_MAX && self.table.contains(p) {
+            let heap = tls::heap_of(self.id);
+            // SAFETY: this thread's heap; `class_of(size) < CACHED_CLASSES`.
+            if !heap.is_null() && unsafe { (*heap).cache_sized(class_of(size), p) } {
+                return;
+            }
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe { self.free(p) }
+    }
+
     /// Resize a block, in place when its size class or slab run allows.
     ///
     /// # Safety
     /// `p` came from this pool with `layout`; on success it must no longer be used (unless the
     /// same pointer is returned). On failure (null) `p` is untouched.
     pub unsafe fn realloc(&self, p: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if let Some(cap) = self.usable_size(p) {
-            let keep = new_size <= cap && (new_size > cap / 2 || cap <= 64);
+        if let Some(page) = self.table.page_of(p) {
+            let keep = match page.kind.load(Relaxed) {
+                // In place only within the block's own class, so that a later sized free
+                // (which trusts the class of the size) puts it back where it belongs.
+                SMALL => {
+                    let c = page.class.load(Relaxed) as usize;
+                    new_size <= class_size(c) && (layout.align() > 8 || class_of(new_size) == c)
+                }
+                LARGE if page.start.load(Relaxed) == p as usize => {
+                    let cap = page.large_len.load(Relaxed);
+                    new_size <= cap && new_size > cap / 2
+                }
+                _ => false,
+            };
             if keep {
                 return p;
             }

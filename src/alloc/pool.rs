@@ -90,6 +90,12 @@ unsafe impl Send for PageTable {}
 unsafe impl Sync for PageTable {}
 
 impl PageTable {
+    /// Whether `p` lies in the pool's reservation.
+    #[inline(always)]
+    pub(crate) fn contains(&self, p: *const u8) -> bool {
+        (p as usize).wrapping_sub(self.base) < self.reserve
+    }
+
     /// The head descriptor of the page or run holding `p`, if `p` is in the pool.
     #[inline(always)]
     pub(crate) fn page_of(&self, p: *const u8) -> Option<&Page> {
@@ -283,8 +289,20 @@ impl PoolInner {
         }
     }
 
+    /// Blocks sitting in the heaps' thread caches, per class.
+    pub(crate) fn cached_in_heaps(&self, c: usize) -> u64 {
+        (0..HEAPS)
+            .filter_map(|i| self.heaps.get(i))
+            .filter(|h| h.initialised.load(Ordering::Acquire))
+            .map(|h| h.cached(c) as u64)
+            .sum()
+    }
+
     /// Blocks still handed out: small blocks not freed and large runs in use.
     pub(crate) fn live_blocks(&self) -> u64 {
+        let cached: u64 = (0..super::tcache::CACHED_CLASSES)
+            .map(|c| self.cached_in_heaps(c))
+            .sum();
         let mut n = 0u64;
         self.for_each_head(|d| match d.kind.load(R) {
             SMALL => {
@@ -293,7 +311,7 @@ impl PoolInner {
             LARGE => n += 1,
             _ => {}
         });
-        n
+        n.saturating_sub(cached)
     }
 
     /// Debug check of every page's invariant (at quiescence).

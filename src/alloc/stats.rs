@@ -62,6 +62,16 @@ impl PoolInner {
             LARGE | LARGE_FREE => {}
             _ => {}
         });
+        for (c, s) in classes
+            .iter_mut()
+            .enumerate()
+            .take(super::tcache::CACHED_CLASSES)
+        {
+            let cached = self.cached_in_heaps(c).min(s.allocated);
+            s.allocated -= cached;
+            s.cached += cached;
+            small -= cached * s.block_size;
+        }
         PoolStats {
             classes,
             small_allocated_bytes: small,

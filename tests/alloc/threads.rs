@@ -49,8 +49,16 @@ fn exchange(pool: &Pool, threads: usize, per: usize) -> Vec<Sent> {
                     // Free what others sent us, as it arrives.
                     while let Ok(got) = rx.try_recv() {
                         assert!(checksum_ok(got), "a block changed in flight");
-                        // SAFETY: a live block of the pool, freed once.
-                        unsafe { pool.free(got.0 as *mut u8) };
+                        let layout = Layout::from_size_align(got.1, 8).unwrap();
+                        // SAFETY: a live block of the pool with that layout, freed once; sized
+                        // frees go through this thread's cache, then back to the owner.
+                        unsafe {
+                            if got.2 % 2 == 0 {
+                                pool.free_sized(got.0 as *mut u8, layout)
+                            } else {
+                                pool.free(got.0 as *mut u8)
+                            }
+                        };
                     }
                 }
                 drop(txs);
