@@ -3,8 +3,9 @@
 //! [`Arena`].
 //!
 //! Contract:
-//! - blocks up to [`MAX_SMALL`] (and aligned up to 64 KiB) come from pages of one size class,
-//!   carved from arena runs; larger ones are whole slab runs; either way a block never
+//! - blocks up to 64 KiB (and aligned up to 64 KiB) come from pages of one size class, carved
+//!   from arena runs; blocks up to [`MAX_SMALL`] are runs of 8 KiB slots in medium slabs,
+//!   resized in place when they can be; larger ones are whole slab runs; either way a block never
 //!   straddles two registrations, so `keys_of(ptr)` describes it whole;
 //! - same-thread `alloc`/`free` touch only the thread's heap and the page, with plain loads and
 //!   stores; a free from another thread is one CAS onto the page's `thread_free`, collected by
@@ -14,13 +15,14 @@
 //! - the core's metadata is mapped from the kernel, never taken from the global allocator.
 //!
 //! Layout of the module: `class.rs` (size classes), `page.rs` (pages and their free lists),
-//! `heap.rs` (per-thread heaps: the fast paths), `tcache.rs` (their
+//! `heap.rs` (per-thread heaps: the fast paths), `medium.rs` (medium blocks), `tcache.rs` (their
 //! caches of freed blocks), `pool.rs` (shared slow paths), `tls.rs`
 //! (thread caches), `stats.rs`, `api2.rs` (the allocator-api2 front end).
 
 mod api2;
 mod class;
 mod heap;
+mod medium;
 mod page;
 mod pool;
 mod stats;
@@ -35,7 +37,8 @@ use crate::arena::{Arena, ArenaConfig, Error, Keys};
 use crate::nic::{Pd, Sge};
 use class::{class_for, class_of};
 use heap::Heap;
-use page::{LARGE, SMALL};
+use medium::{MEDIUM_ALIGN, MEDIUM_MIN};
+use page::{LARGE, MEDIUM, SMALL};
 use pool::{PageTable, PoolInner};
 use std::alloc::Layout;
 use std::mem::ManuallyDrop;
@@ -154,7 +157,7 @@ impl Pool {
     #[inline]
     pub fn alloc(&self, layout: Layout) -> *mut u8 {
         let (size, align) = (layout.size(), layout.align());
-        if align <= 8 && size <= MAX_SMALL {
+        if align <= 8 && size < MEDIUM_MIN {
             let heap = tls::heap_for(self.id, self.inner());
             if !heap.is_null() {
                 // SAFETY: a heap this thread owns.
@@ -173,6 +176,9 @@ impl Pool {
     fn alloc_slow(&self, layout: Layout, zero: bool) -> *mut u8 {
         let (size, align) = (layout.size(), layout.align());
         let inner = self.inner();
+        if (MEDIUM_MIN..=MAX_SMALL).contains(&size) && align <= MEDIUM_ALIGN {
+            return inner.alloc_medium(size, zero);
+        }
         let class = (align <= MAX_SMALL_ALIGN)
             .then(|| class_for(size, align))
             .flatten();
@@ -211,6 +217,8 @@ impl Pool {
             } else {
                 Heap::free_remote(page, p);
             }
+        } else if page.kind.load(Relaxed) == MEDIUM {
+            self.inner().free_medium(p);
         } else if page.kind.load(Relaxed) == LARGE && page.start.load(Relaxed) == p as usize {
             self.inner().free_large(page);
         }
@@ -265,6 +273,11 @@ impl Pool {
                     let cap = page.large_len.load(Relaxed);
                     new_size <= cap && new_size > cap / 2
                 }
+                // Medium blocks grow and shrink in place while their neighbours are free.
+                MEDIUM => {
+                    (MEDIUM_MIN..=MAX_SMALL).contains(&new_size)
+                        && self.inner().resize_medium(p, new_size)
+                }
                 _ => false,
             };
             if keep {
@@ -291,6 +304,7 @@ impl Pool {
         let page = self.inner().page_of(p)?;
         match page.kind.load(Relaxed) {
             SMALL => Some(page.block_size.load(Relaxed) as usize),
+            MEDIUM => Some(self.inner().medium_len(p)).filter(|&n| n > 0),
             LARGE if page.start.load(Relaxed) == p as usize => Some(page.large_len.load(Relaxed)),
             _ => None,
         }

@@ -13,6 +13,7 @@
 
 use super::class::{GRANULE_SHIFT, page_shift};
 use super::heap::Heap;
+use super::medium::{self, MediumSlab, SLOT_SHIFT};
 use super::page::{LARGE, LARGE_FREE, Page, SMALL, TAIL, UNUSED};
 use crate::arena::os::MmapArray;
 use crate::arena::{Arena, SLAB};
@@ -126,6 +127,10 @@ pub(crate) struct PoolInner {
     free_pages: [List; PAGE_SIZES],
     large_free: [List; LARGE_LISTS + 1],
     pub(crate) heaps: MmapArray<Heap>,
+    medium: MmapArray<MediumSlab>,
+    /// `1 +` the first medium slab of the list (0: none), under the medium lock.
+    medium_head: Mutex<usize>,
+    pub(crate) medium_live: AtomicUsize,
     pub(crate) large_live: AtomicUsize,
     pub(crate) large_cached: AtomicUsize,
     pub(crate) failed: AtomicU64,
@@ -137,10 +142,11 @@ impl PoolInner {
         let reserve = arena.reserved();
         // SAFETY: all-zero descriptors are UNUSED granules; all-zero heaps are unclaimed and
         // uninitialised.
-        let (pages, heaps) = unsafe {
+        let (pages, heaps, medium) = unsafe {
             (
                 MmapArray::zeroed(reserve >> GRANULE_SHIFT)?,
                 MmapArray::zeroed(HEAPS)?,
+                MmapArray::zeroed(reserve / SLAB)?,
             )
         };
         let table = PageTable {
@@ -158,6 +164,9 @@ impl PoolInner {
             free_pages: [const { List::new() }; PAGE_SIZES],
             large_free: [const { List::new() }; LARGE_LISTS + 1],
             heaps,
+            medium,
+            medium_head: Mutex::new(0),
+            medium_live: AtomicUsize::new(0),
             large_live: AtomicUsize::new(0),
             large_cached: AtomicUsize::new(0),
             failed: AtomicU64::new(0),
@@ -226,6 +235,94 @@ impl PoolInner {
         page.heap.store(null_mut(), Ordering::Release);
         let k = (page.shift.load(R) as u32 - GRANULE_SHIFT) as usize;
         self.free_pages[k].push(page);
+    }
+
+    /// The medium slab holding `p` and the slot `p` starts.
+    fn medium_slot(&self, p: *const u8) -> Option<(&MediumSlab, usize)> {
+        let off = (p as usize).wrapping_sub(self.base);
+        let slab = self.medium.get(off / SLAB)?;
+        Some((slab, (off % SLAB) >> SLOT_SHIFT))
+    }
+
+    fn medium_lock(&self) -> std::sync::MutexGuard<'_, usize> {
+        self.medium_head.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A medium block of `size` bytes (see `medium.rs`), zeroed when `zero`.
+    pub(crate) fn alloc_medium(&self, size: usize, zero: bool) -> *mut u8 {
+        let n = medium::slots_for(size);
+        loop {
+            {
+                let head = self.medium_lock();
+                let mut cur = *head;
+                while cur != 0 {
+                    let Some(slab) = self.medium.get(cur - 1) else {
+                        break;
+                    };
+                    if let Some(i) = slab.take(n) {
+                        drop(head);
+                        self.medium_live.fetch_add(n << SLOT_SHIFT, R);
+                        let p = (self.base + (cur - 1) * SLAB + (i << SLOT_SHIFT)) as *mut u8;
+                        if zero {
+                            // SAFETY: the block is ours and `size` bytes long.
+                            unsafe { std::ptr::write_bytes(p, 0, size) };
+                        }
+                        return p;
+                    }
+                    cur = slab.next.load(R) as usize;
+                }
+            }
+            // No room: carve a slab, without the lock (the arena may call the NIC).
+            let run = match self.arena.alloc_run(SLAB, SLAB) {
+                Ok(run) => run,
+                Err(_) => {
+                    self.failed.fetch_add(1, R);
+                    return null_mut();
+                }
+            };
+            let start = run.as_ptr() as usize;
+            let descs = (start..start + SLAB)
+                .step_by(1 << GRANULE_SHIFT)
+                .map(|a| (a, self.desc(a) as *const Page));
+            medium::mark(descs, start);
+            let index = (start - self.base) / SLAB;
+            let mut head = self.medium_lock();
+            if let Some(slab) = self.medium.get(index) {
+                slab.next.store(*head as u64, R);
+                *head = index + 1;
+            }
+        }
+    }
+
+    /// Free the medium block at `p`.
+    pub(crate) fn free_medium(&self, p: *const u8) {
+        if let Some((slab, i)) = self.medium_slot(p) {
+            let _head = self.medium_lock();
+            let n = slab.give(i);
+            self.medium_live.fetch_sub(n << SLOT_SHIFT, R);
+        }
+    }
+
+    /// Resize the medium block at `p` in place to `size` bytes, if its neighbours allow.
+    pub(crate) fn resize_medium(&self, p: *const u8, size: usize) -> bool {
+        let Some((slab, i)) = self.medium_slot(p) else {
+            return false;
+        };
+        let n = medium::slots_for(size);
+        let _head = self.medium_lock();
+        let cur = slab.len_at(i);
+        if cur == 0 || !slab.resize(i, n) {
+            return false;
+        }
+        self.medium_live.fetch_add(n << SLOT_SHIFT, R);
+        self.medium_live.fetch_sub(cur << SLOT_SHIFT, R);
+        true
+    }
+
+    /// Bytes usable in the medium block at `p` (0: none starts there).
+    pub(crate) fn medium_len(&self, p: *const u8) -> usize {
+        self.medium_slot(p)
+            .map_or(0, |(slab, i)| slab.len_at(i) << SLOT_SHIFT)
     }
 
     /// A large block: a whole slab run aligned to `align`, zeroed when `zero`.
@@ -311,7 +408,11 @@ impl PoolInner {
             LARGE => n += 1,
             _ => {}
         });
-        n.saturating_sub(cached)
+        let medium: u64 = (0..self.medium.len())
+            .filter_map(|i| self.medium.get(i))
+            .map(MediumSlab::blocks)
+            .sum();
+        (n + medium).saturating_sub(cached)
     }
 
     /// Debug check of every page's invariant (at quiescence).
@@ -322,6 +423,10 @@ impl PoolInner {
                 ok &= d.validate();
             }
         });
-        ok && self.arena.validate()
+        let _head = self.medium_lock();
+        ok && (0..self.medium.len())
+            .filter_map(|i| self.medium.get(i))
+            .all(MediumSlab::validate)
+            && self.arena.validate()
     }
 }

@@ -1,0 +1,137 @@
+//! Medium blocks (above 64 KiB, up to `MAX_SMALL`): runs of 8 KiB slots in 2 MiB slabs,
+//! first fit, grown and shrunk in place when the neighbouring slots are free — so a `Vec`
+//! doubling through these sizes is not copied each time.
+//!
+//! Contract: a medium slab is one arena run (one registration); every granule of it is marked
+//! `MEDIUM` in the page table, with `start` = the slab. All changes happen under the pool's
+//! medium lock; `len` is read without it (`usable_size`). Waste is at most one slot in eight
+//! (a block is at least 8 slots).
+//!
+//! Invariant: for a slab, the set bits of `used` are exactly the union of `[i, i + len[i])`
+//! over the slots `i` with `len[i] != 0`, and those runs do not overlap.
+
+use super::page::{MEDIUM, Page};
+use crate::arena::SLAB;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+
+const R: Ordering = Ordering::Relaxed;
+
+/// log2 of a slot.
+pub(crate) const SLOT_SHIFT: u32 = 13;
+/// Slots per slab.
+pub(crate) const SLOTS: usize = SLAB >> SLOT_SHIFT;
+/// Smallest medium block.
+pub(crate) const MEDIUM_MIN: usize = (64 << 10) + 1;
+/// Largest alignment a medium block honours.
+pub(crate) const MEDIUM_ALIGN: usize = 1 << SLOT_SHIFT;
+
+/// One medium slab's bookkeeping (a table of them, indexed by arena slab, zero-initialised).
+pub(crate) struct MediumSlab {
+    used: [AtomicU64; SLOTS / 64],
+    len: [AtomicU8; SLOTS],
+    /// 1 + index of the next slab with room, 0 at the end (the pool's list).
+    pub(crate) next: AtomicU64,
+}
+
+impl MediumSlab {
+    fn bit(&self, i: usize) -> bool {
+        self.used[i / 64].load(R) >> (i % 64) & 1 == 1
+    }
+
+    fn set(&self, from: usize, to: usize, on: bool) {
+        for i in from..to {
+            let w = &self.used[i / 64];
+            let m = 1u64 << (i % 64);
+            w.store(if on { w.load(R) | m } else { w.load(R) & !m }, R);
+        }
+    }
+
+    /// Whether slots `[from, to)` are all free.
+    fn free_run(&self, from: usize, to: usize) -> bool {
+        to <= SLOTS && (from..to).all(|i| !self.bit(i))
+    }
+
+    /// Take the first run of `n` free slots. Under the medium lock.
+    pub(crate) fn take(&self, n: usize) -> Option<usize> {
+        let mut i = 0;
+        while i + n <= SLOTS {
+            match (i..i + n).find(|&j| self.bit(j)) {
+                None => {
+                    self.set(i, i + n, true);
+                    self.len[i].store(n as u8, R);
+                    return Some(i);
+                }
+                Some(j) => i = j + 1,
+            }
+        }
+        None
+    }
+
+    /// Slots of the block at slot `i` (0: none).
+    pub(crate) fn len_at(&self, i: usize) -> usize {
+        self.len.get(i).map_or(0, |l| l.load(R) as usize)
+    }
+
+    /// Free the block at slot `i`; returns its slots. Under the medium lock.
+    pub(crate) fn give(&self, i: usize) -> usize {
+        let n = self.len_at(i);
+        if n > 0 {
+            self.set(i, i + n, false);
+            self.len[i].store(0, R);
+        }
+        n
+    }
+
+    /// Resize the block at slot `i` to `n` slots in place, if its neighbours allow. Under the
+    /// medium lock.
+    pub(crate) fn resize(&self, i: usize, n: usize) -> bool {
+        let cur = self.len_at(i);
+        if cur == 0 {
+            return false;
+        }
+        if n <= cur {
+            self.set(i + n, i + cur, false);
+        } else if self.free_run(i + cur, i + n) {
+            self.set(i + cur, i + n, true);
+        } else {
+            return false;
+        }
+        self.len[i].store(n as u8, R);
+        true
+    }
+
+    /// Blocks in the slab.
+    pub(crate) fn blocks(&self) -> u64 {
+        self.len.iter().filter(|l| l.load(R) != 0).count() as u64
+    }
+
+    /// The invariant above.
+    pub(crate) fn validate(&self) -> bool {
+        let mut covered = [false; SLOTS];
+        for i in 0..SLOTS {
+            let n = self.len_at(i);
+            for (j, c) in covered.iter_mut().enumerate().skip(i).take(n) {
+                if *c || j >= SLOTS {
+                    return false;
+                }
+                *c = true;
+            }
+        }
+        (0..SLOTS).all(|i| covered[i] == self.bit(i))
+    }
+}
+
+/// Slots for `size` bytes.
+pub(crate) fn slots_for(size: usize) -> usize {
+    size.div_ceil(1 << SLOT_SHIFT)
+}
+
+/// Mark the granules of a fresh medium slab at `start`.
+pub(crate) fn mark(descs: impl Iterator<Item = (usize, *const Page)>, start: usize) {
+    for (_, d) in descs {
+        // SAFETY: descriptors of the pool's page table.
+        let d = unsafe { &*d };
+        d.start.store(start, R);
+        d.kind.store(MEDIUM, Ordering::Release);
+    }
+}
