@@ -7,6 +7,7 @@
 mod common;
 
 mod api2;
+mod medium;
 mod model;
 mod teardown;
 mod threads;
