@@ -64,3 +64,31 @@ fn medium_blocks_resize_in_place_while_neighbours_are_free() {
     assert_eq!(pool.live_blocks(), 0);
     assert!(pool.validate());
 }
+
+#[test]
+fn each_size_goes_to_its_kind_of_block() {
+    let _g = serial();
+    let bed = default_bed();
+    let pool = pool_on(&bed.a.pd, Access::empty());
+    let l = |n, a| Layout::from_size_align(n, a).unwrap();
+    // The largest size-class block and the smallest medium one.
+    let small = pool.alloc(l(64 << 10, 8));
+    assert_eq!(pool.usable_size(small), Some(64 << 10));
+    assert_eq!(pool.stats().medium_allocated_bytes, 0);
+    let medium = pool.alloc(l((64 << 10) + 1, 8));
+    assert_eq!(pool.usable_size(medium), Some(72 << 10));
+    assert_eq!(pool.stats().medium_allocated_bytes, 72 << 10);
+    // Over-aligned small blocks still come from size classes, not slab runs.
+    let aligned = pool.alloc(l(100, 4096));
+    assert_eq!(aligned as usize % 4096, 0);
+    assert_eq!(pool.usable_size(aligned), Some(4096));
+    let big = pool.alloc(l((1 << 20) + 1, 8));
+    assert_eq!(pool.usable_size(big), Some(2 << 20));
+    assert_eq!(pool.stats().large_allocated_bytes, 2 << 20);
+    assert!(format!("{pool:?}").starts_with("Pool"));
+    for p in [small, medium, aligned, big] {
+        // SAFETY: live blocks, freed once.
+        unsafe { pool.free(p) };
+    }
+    assert_eq!(pool.live_blocks(), 0);
+}
