@@ -82,10 +82,22 @@ fn each_size_goes_to_its_kind_of_block() {
     let aligned = pool.alloc(l(100, 4096));
     assert_eq!(aligned as usize % 4096, 0);
     assert_eq!(pool.usable_size(aligned), Some(4096));
+    assert_eq!(
+        pool.usable_size(medium.wrapping_add(8 << 10)),
+        None,
+        "not a block start"
+    );
+    // SAFETY: the block is live and 64 KiB + 1 long.
+    let sge = pool
+        .sge_of(unsafe { std::slice::from_raw_parts(medium, 1000) })
+        .unwrap();
+    assert_eq!((sge.addr, sge.length), (medium as u64, 1000));
+    assert_eq!(sge.lkey, pool.keys_of(medium).unwrap().lkey);
     let big = pool.alloc(l((1 << 20) + 1, 8));
     assert_eq!(pool.usable_size(big), Some(2 << 20));
     assert_eq!(pool.stats().large_allocated_bytes, 2 << 20);
     assert!(format!("{pool:?}").starts_with("Pool"));
+    assert_eq!(pool.live_blocks(), 4);
     for p in [small, medium, aligned, big] {
         // SAFETY: live blocks, freed once.
         unsafe { pool.free(p) };
