@@ -158,7 +158,8 @@ impl Pool {
     pub fn alloc(&self, layout: Layout) -> *mut u8 {
         let (size, align) = (layout.size(), layout.align());
         if align <= 8 && size < MEDIUM_MIN {
-            let heap = tls::heap_for(self.id, self.inner());
+            // The first allocation of a thread claims its heap in the slow path.
+            let heap = tls::heap_of(self.id);
             if !heap.is_null() {
                 // SAFETY: a heap this thread owns.
                 return unsafe { (*heap).alloc(class_of(size)) };
@@ -173,6 +174,7 @@ impl Pool {
     }
 
     #[cold]
+    #[inline(never)]
     fn alloc_slow(&self, layout: Layout, zero: bool) -> *mut u8 {
         let (size, align) = (layout.size(), layout.align());
         let inner = self.inner();
@@ -251,6 +253,13 @@ impl Pool {
                 return;
             }
         }
+        // SAFETY: forwarded from the caller.
+        unsafe { self.free_outlined(p) }
+    }
+
+    /// [`Pool::free`] out of line, so the sized fast path stays a leaf function.
+    #[inline(never)]
+    unsafe fn free_outlined(&self, p: *mut u8) {
         // SAFETY: forwarded from the caller.
         unsafe { self.free(p) }
     }

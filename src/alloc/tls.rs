@@ -138,6 +138,7 @@ pub(crate) fn heap_for(id: u64, pool: &PoolInner) -> *mut Heap {
 }
 
 #[cold]
+#[inline(never)]
 fn claim(pool: &PoolInner) -> *mut Heap {
     let me = token();
     let mut heap = null_mut();
