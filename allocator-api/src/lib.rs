@@ -1,9 +1,150 @@
-//! The nightly `std::alloc::Allocator` front end of rdma-pool.
+//! The nightly `core::alloc::Allocator` front end of rdma-pool.
 //!
 //! This member crate is where code that needs the unstable `allocator_api` feature lives, so the
-//! stable `rdma-pool` crate never depends on nightly. CI builds it with `RUSTC_BOOTSTRAP=1`.
-//! The `Allocator` implementation over the pool arrives with the allocator issue; until then the
-//! crate re-exports the stable crate so dependants can already name it.
-#![warn(missing_docs)]
+//! stable `rdma-pool` crate never depends on nightly; CI builds and tests it with
+//! `RUSTC_BOOTSTRAP=1`. [`Pool`] wraps [`rdma_pool::alloc::Pool`] (the orphan rule keeps the
+//! trait from being implemented on the stable crate's type here) and dereferences to it, so
+//! `std::vec::Vec::new_in(&pool)` and `Box::new_in(x, &pool)` allocate NIC-registered memory
+//! while `keys_of`, `sge_of` and the statistics stay one call away.
+//!
+//! # Examples
+//! ```
+//! #![feature(allocator_api)]
+//! use rdma_pool_allocator_api::Pool;
+//! let pd = rdma_pool::nic::Nic::soft().alloc_pd()?;
+//! let pool = Pool::new(&pd)?;
+//! let mut v = Vec::new_in(&pool);
+//! v.extend_from_slice(b"posted as-is");
+//! assert!(pool.keys_of(v.as_ptr()).is_some());
+//! # Ok::<(), rdma_pool::arena::Error>(())
+//! ```
+#![feature(allocator_api)]
+#![warn(missing_docs, unreachable_pub)]
+#![deny(unsafe_op_in_unsafe_fn)]
 
 pub use rdma_pool;
+
+use core::alloc::{AllocError, Allocator, Layout};
+use core::ptr::NonNull;
+use rdma_pool::arena::{ArenaConfig, Error};
+use rdma_pool::nic::Pd;
+
+/// A [`rdma_pool::alloc::Pool`] that `&Pool` makes a nightly `Allocator`.
+#[derive(Debug)]
+pub struct Pool(rdma_pool::alloc::Pool);
+
+impl Pool {
+    /// A pool over a fresh arena on `pd` (see [`rdma_pool::alloc::Pool::new`]).
+    ///
+    /// # Errors
+    /// As [`rdma_pool::alloc::Pool::new`].
+    pub fn new(pd: &Pd) -> Result<Pool, Error> {
+        rdma_pool::alloc::Pool::new(pd).map(Pool)
+    }
+
+    /// A pool over a fresh arena configured by `cfg`.
+    ///
+    /// # Errors
+    /// As [`rdma_pool::alloc::Pool::with_config`].
+    pub fn with_config(pd: &Pd, cfg: ArenaConfig) -> Result<Pool, Error> {
+        rdma_pool::alloc::Pool::with_config(pd, cfg).map(Pool)
+    }
+
+    /// The stable pool inside.
+    pub fn into_inner(self) -> rdma_pool::alloc::Pool {
+        self.0
+    }
+}
+
+impl From<rdma_pool::alloc::Pool> for Pool {
+    fn from(pool: rdma_pool::alloc::Pool) -> Pool {
+        Pool(pool)
+    }
+}
+
+impl core::ops::Deref for Pool {
+    type Target = rdma_pool::alloc::Pool;
+    fn deref(&self) -> &rdma_pool::alloc::Pool {
+        &self.0
+    }
+}
+
+fn slice(p: *mut u8, len: usize) -> Result<NonNull<[u8]>, AllocError> {
+    NonNull::new(p)
+        .map(|p| NonNull::slice_from_raw_parts(p, len))
+        .ok_or(AllocError)
+}
+
+impl Pool {
+    /// Resize for `grow`/`shrink`: in place when the block allows and is aligned for `new`.
+    ///
+    /// # Safety
+    /// `ptr` is a live block of this pool allocated with `old`.
+    unsafe fn resize(&self, ptr: NonNull<u8>, old: Layout, new: Layout) -> *mut u8 {
+        if (ptr.as_ptr() as usize).is_multiple_of(new.align()) {
+            // SAFETY: forwarded from the caller.
+            return unsafe { self.0.realloc(ptr.as_ptr(), old, new.size()) };
+        }
+        let q = self.0.alloc(new);
+        if !q.is_null() {
+            // SAFETY: distinct blocks, both valid for the copied length.
+            unsafe {
+                core::ptr::copy_nonoverlapping(ptr.as_ptr(), q, old.size().min(new.size()));
+                self.0.free_sized(ptr.as_ptr(), old);
+            }
+        }
+        q
+    }
+}
+
+// SAFETY: blocks stay valid until freed (a dropped pool never unmaps live blocks); the
+// reported length is what was asked for; grow/shrink keep or copy the contents.
+unsafe impl Allocator for &Pool {
+    fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
+        slice(self.0.alloc(layout), layout.size())
+    }
+
+    fn allocate_zeroed(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
+        slice(self.0.alloc_zeroed(layout), layout.size())
+    }
+
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
+        // SAFETY: forwarded from the caller: a block of this pool with `layout`.
+        unsafe { self.0.free_sized(ptr.as_ptr(), layout) }
+    }
+
+    unsafe fn grow(
+        &self,
+        ptr: NonNull<u8>,
+        old: Layout,
+        new: Layout,
+    ) -> Result<NonNull<[u8]>, AllocError> {
+        // SAFETY: forwarded from the caller.
+        slice(unsafe { self.resize(ptr, old, new) }, new.size())
+    }
+
+    unsafe fn grow_zeroed(
+        &self,
+        ptr: NonNull<u8>,
+        old: Layout,
+        new: Layout,
+    ) -> Result<NonNull<[u8]>, AllocError> {
+        // SAFETY: forwarded from the caller.
+        let p = unsafe { self.resize(ptr, old, new) };
+        if !p.is_null() {
+            // SAFETY: the block holds `new.size()` bytes; zero what was not copied.
+            unsafe { core::ptr::write_bytes(p.add(old.size()), 0, new.size() - old.size()) };
+        }
+        slice(p, new.size())
+    }
+
+    unsafe fn shrink(
+        &self,
+        ptr: NonNull<u8>,
+        old: Layout,
+        new: Layout,
+    ) -> Result<NonNull<[u8]>, AllocError> {
+        // SAFETY: forwarded from the caller.
+        slice(unsafe { self.resize(ptr, old, new) }, new.size())
+    }
+}
