@@ -75,28 +75,6 @@ fn slice(p: *mut u8, len: usize) -> Result<NonNull<[u8]>, AllocError> {
         .ok_or(AllocError)
 }
 
-impl Pool {
-    /// Resize for `grow`/`shrink`: in place when the block allows and is aligned for `new`.
-    ///
-    /// # Safety
-    /// `ptr` is a live block of this pool allocated with `old`.
-    unsafe fn resize(&self, ptr: NonNull<u8>, old: Layout, new: Layout) -> *mut u8 {
-        if (ptr.as_ptr() as usize).is_multiple_of(new.align()) {
-            // SAFETY: forwarded from the caller.
-            return unsafe { self.0.realloc(ptr.as_ptr(), old, new.size()) };
-        }
-        let q = self.0.alloc(new);
-        if !q.is_null() {
-            // SAFETY: distinct blocks, both valid for the copied length.
-            unsafe {
-                core::ptr::copy_nonoverlapping(ptr.as_ptr(), q, old.size().min(new.size()));
-                self.0.free_sized(ptr.as_ptr(), old);
-            }
-        }
-        q
-    }
-}
-
 // SAFETY: blocks stay valid until freed (a dropped pool never unmaps live blocks); the
 // reported length is what was asked for; grow/shrink keep or copy the contents.
 unsafe impl Allocator for &Pool {
@@ -120,7 +98,7 @@ unsafe impl Allocator for &Pool {
         new: Layout,
     ) -> Result<NonNull<[u8]>, AllocError> {
         // SAFETY: forwarded from the caller.
-        slice(unsafe { self.resize(ptr, old, new) }, new.size())
+        slice(unsafe { self.0.resize(ptr.as_ptr(), old, new) }, new.size())
     }
 
     unsafe fn grow_zeroed(
@@ -130,7 +108,7 @@ unsafe impl Allocator for &Pool {
         new: Layout,
     ) -> Result<NonNull<[u8]>, AllocError> {
         // SAFETY: forwarded from the caller.
-        let p = unsafe { self.resize(ptr, old, new) };
+        let p = unsafe { self.0.resize(ptr.as_ptr(), old, new) };
         if !p.is_null() {
             // SAFETY: the block holds `new.size()` bytes; zero what was not copied.
             unsafe { core::ptr::write_bytes(p.add(old.size()), 0, new.size() - old.size()) };
@@ -145,6 +123,6 @@ unsafe impl Allocator for &Pool {
         new: Layout,
     ) -> Result<NonNull<[u8]>, AllocError> {
         // SAFETY: forwarded from the caller.
-        slice(unsafe { self.resize(ptr, old, new) }, new.size())
+        slice(unsafe { self.0.resize(ptr.as_ptr(), old, new) }, new.size())
     }
 }

@@ -11,13 +11,11 @@ use std::ptr::NonNull;
 unsafe impl Allocator for &Pool {
     #[inline]
     fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
-        let p = NonNull::new(Pool::alloc(self, layout)).ok_or(AllocError)?;
-        Ok(NonNull::slice_from_raw_parts(p, layout.size()))
+        slice(Pool::alloc(self, layout), layout.size())
     }
 
     fn allocate_zeroed(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
-        let p = NonNull::new(Pool::alloc_zeroed(self, layout)).ok_or(AllocError)?;
-        Ok(NonNull::slice_from_raw_parts(p, layout.size()))
+        slice(Pool::alloc_zeroed(self, layout), layout.size())
     }
 
     #[inline]
@@ -33,7 +31,10 @@ unsafe impl Allocator for &Pool {
         new: Layout,
     ) -> Result<NonNull<[u8]>, AllocError> {
         // SAFETY: forwarded from the caller.
-        unsafe { self.resize(ptr, old, new) }
+        slice(
+            unsafe { Pool::resize(self, ptr.as_ptr(), old, new) },
+            new.size(),
+        )
     }
 
     unsafe fn grow_zeroed(
@@ -43,16 +44,12 @@ unsafe impl Allocator for &Pool {
         new: Layout,
     ) -> Result<NonNull<[u8]>, AllocError> {
         // SAFETY: forwarded from the caller.
-        let p = unsafe { self.resize(ptr, old, new) }?;
-        // SAFETY: the block holds `new.size()` bytes; zero what was not copied.
-        unsafe {
-            std::ptr::write_bytes(
-                p.cast::<u8>().as_ptr().add(old.size()),
-                0,
-                new.size() - old.size(),
-            )
-        };
-        Ok(p)
+        let p = unsafe { Pool::resize(self, ptr.as_ptr(), old, new) };
+        if !p.is_null() {
+            // SAFETY: the block holds `new.size()` bytes; zero what was not copied.
+            unsafe { std::ptr::write_bytes(p.add(old.size()), 0, new.size() - old.size()) };
+        }
+        slice(p, new.size())
     }
 
     unsafe fn shrink(
@@ -62,33 +59,16 @@ unsafe impl Allocator for &Pool {
         new: Layout,
     ) -> Result<NonNull<[u8]>, AllocError> {
         // SAFETY: forwarded from the caller.
-        unsafe { self.resize(ptr, old, new) }
+        slice(
+            unsafe { Pool::resize(self, ptr.as_ptr(), old, new) },
+            new.size(),
+        )
     }
 }
 
-impl Pool {
-    /// Resize for `grow`/`shrink`: in place when the block allows and is aligned for `new`.
-    unsafe fn resize(
-        &self,
-        ptr: NonNull<u8>,
-        old: Layout,
-        new: Layout,
-    ) -> Result<NonNull<[u8]>, AllocError> {
-        let p = if ptr.as_ptr() as usize % new.align() == 0 {
-            // SAFETY: forwarded from the caller.
-            unsafe { Pool::realloc(self, ptr.as_ptr(), old, new.size()) }
-        } else {
-            let q = Pool::alloc(self, new);
-            if !q.is_null() {
-                // SAFETY: distinct blocks, both valid for the copied length.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(ptr.as_ptr(), q, old.size().min(new.size()));
-                    Pool::free(self, ptr.as_ptr());
-                }
-            }
-            q
-        };
-        let p = NonNull::new(p).ok_or(AllocError)?;
-        Ok(NonNull::slice_from_raw_parts(p, new.size()))
-    }
+/// `Ok` for a non-null block of `len` bytes.
+fn slice(p: *mut u8, len: usize) -> Result<NonNull<[u8]>, AllocError> {
+    NonNull::new(p)
+        .map(|p| NonNull::slice_from_raw_parts(p, len))
+        .ok_or(AllocError)
 }

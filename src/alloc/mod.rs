@@ -307,6 +307,40 @@ impl Pool {
         q
     }
 
+    /// Resize a block to `new` (size and alignment), as allocator-api2's `grow`/`shrink`: in
+    /// place when the block allows and is aligned for `new`, else moved with its contents.
+    ///
+    /// # Safety
+    /// As [`Pool::realloc`], with `old` the block's layout.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::alloc::Layout;
+    /// # let pd = rdma_pool::nic::Nic::soft().alloc_pd().unwrap();
+    /// # let pool = rdma_pool::alloc::Pool::new(&pd).unwrap();
+    /// let old = Layout::from_size_align(24, 8).unwrap();
+    /// let p = pool.alloc(old);
+    /// // SAFETY: `p` came from this pool with `old`.
+    /// let q = unsafe { pool.resize(p, old, Layout::from_size_align(24, 256).unwrap()) };
+    /// assert_eq!(q as usize % 256, 0);
+    /// # unsafe { pool.free(q) };
+    /// ```
+    pub unsafe fn resize(&self, p: *mut u8, old: Layout, new: Layout) -> *mut u8 {
+        if p as usize % new.align() == 0 {
+            // SAFETY: forwarded from the caller.
+            return unsafe { self.realloc(p, old, new.size()) };
+        }
+        let q = self.alloc(new);
+        if !q.is_null() {
+            // SAFETY: distinct blocks, both valid for the copied length.
+            unsafe {
+                std::ptr::copy_nonoverlapping(p, q, old.size().min(new.size()));
+                self.free(p);
+            }
+        }
+        q
+    }
+
     /// Bytes usable in the block at `p` (at least what was asked for); `None` for a pointer
     /// that is not the start of a live large block or inside a small-block page.
     pub fn usable_size(&self, p: *const u8) -> Option<usize> {
