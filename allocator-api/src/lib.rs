@@ -108,12 +108,10 @@ unsafe impl Allocator for &Pool {
         new: Layout,
     ) -> Result<NonNull<[u8]>, AllocError> {
         // SAFETY: forwarded from the caller.
-        let p = unsafe { self.0.resize(ptr.as_ptr(), old, new) };
-        if !p.is_null() {
-            // SAFETY: the block holds `new.size()` bytes; zero what was not copied.
-            unsafe { core::ptr::write_bytes(p.add(old.size()), 0, new.size() - old.size()) };
-        }
-        slice(p, new.size())
+        slice(
+            unsafe { self.0.resize_zeroed(ptr.as_ptr(), old, new) },
+            new.size(),
+        )
     }
 
     unsafe fn shrink(

@@ -44,12 +44,10 @@ unsafe impl Allocator for &Pool {
         new: Layout,
     ) -> Result<NonNull<[u8]>, AllocError> {
         // SAFETY: forwarded from the caller.
-        let p = unsafe { Pool::resize(self, ptr.as_ptr(), old, new) };
-        if !p.is_null() {
-            // SAFETY: the block holds `new.size()` bytes; zero what was not copied.
-            unsafe { std::ptr::write_bytes(p.add(old.size()), 0, new.size() - old.size()) };
-        }
-        slice(p, new.size())
+        slice(
+            unsafe { Pool::resize_zeroed(self, ptr.as_ptr(), old, new) },
+            new.size(),
+        )
     }
 
     unsafe fn shrink(

@@ -341,6 +341,21 @@ impl Pool {
         q
     }
 
+    /// [`Pool::resize`] to a larger `new`, the bytes past `old.size()` zeroed (allocator-api2's
+    /// `grow_zeroed`).
+    ///
+    /// # Safety
+    /// As [`Pool::resize`], and `new.size() >= old.size()`.
+    pub unsafe fn resize_zeroed(&self, p: *mut u8, old: Layout, new: Layout) -> *mut u8 {
+        // SAFETY: forwarded from the caller.
+        let q = unsafe { self.resize(p, old, new) };
+        if !q.is_null() {
+            // SAFETY: the block holds `new.size()` bytes; zero what was not copied.
+            unsafe { std::ptr::write_bytes(q.add(old.size()), 0, new.size() - old.size()) };
+        }
+        q
+    }
+
     /// Bytes usable in the block at `p` (at least what was asked for); `None` for a pointer
     /// that is not the start of a live large block or inside a small-block page.
     pub fn usable_size(&self, p: *const u8) -> Option<usize> {
