@@ -41,4 +41,7 @@
 
 pub mod alloc;
 pub mod arena;
+pub mod global;
 pub mod nic;
+
+pub use global::{GlobalPool, keys_of, stats};

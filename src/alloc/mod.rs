@@ -31,6 +31,7 @@ mod tls;
 
 pub use class::{CLASSES, MAX_SMALL, class_size};
 pub use stats::{ClassStats, PoolStats};
+pub(crate) use tls::keys_of_any;
 
 use crate::arena::os::MmapBox;
 use crate::arena::{Arena, ArenaConfig, Error, Keys};
@@ -255,6 +256,41 @@ impl Pool {
         }
         // SAFETY: forwarded from the caller.
         unsafe { self.free_outlined(p) }
+    }
+
+    /// Free a block without touching this thread's heap or cache: a small block goes back the
+    /// way a free from another thread does (one CAS onto its page), a medium or large one as
+    /// usual. For code that may run in the middle of this thread's own allocation (a global
+    /// allocator re-entered from the NIC layer). A pointer the pool did not hand out is ignored.
+    ///
+    /// # Safety
+    /// As [`Pool::free`].
+    pub unsafe fn free_mt(&self, p: *mut u8) {
+        let Some(page) = self.table.page_of(p) else {
+            return;
+        };
+        match page.kind.load(Relaxed) {
+            SMALL => Heap::free_remote(page, p),
+            MEDIUM => self.inner().free_medium(p),
+            LARGE if page.start.load(Relaxed) == p as usize => self.inner().free_large(page),
+            _ => {}
+        }
+    }
+
+    /// True when `p` lies in this pool's reservation (one subtraction and a compare; says
+    /// nothing about whether a block starts there).
+    ///
+    /// # Examples
+    /// ```
+    /// # let pd = rdma_pool::nic::Nic::soft().alloc_pd().unwrap();
+    /// # let pool = rdma_pool::alloc::Pool::new(&pd).unwrap();
+    /// let p = pool.alloc(std::alloc::Layout::new::<u64>());
+    /// assert!(pool.contains(p) && !pool.contains(&0u8));
+    /// # unsafe { pool.free(p) };
+    /// ```
+    #[inline(always)]
+    pub fn contains(&self, p: *const u8) -> bool {
+        self.table.contains(p)
     }
 
     /// [`Pool::free`] out of line, so the sized fast path stays a leaf function.

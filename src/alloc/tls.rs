@@ -9,6 +9,19 @@
 //! `REGISTRY` while alive; releases check it under its lock, so a thread exiting after a pool
 //! was dropped touches nothing.
 //!
+//! Thread-locals done so that the pool can be the global allocator on stable Rust:
+//! - `CACHE` is a const-initialised `thread_local!` without a destructor, read with `try_with`:
+//!   it stays readable while other thread-locals are destroyed and after, so allocation and
+//!   free work at every point of a thread's life;
+//! - the thread-exit hand-back is a pthread key destructor, not a Rust TLS destructor: the key
+//!   is created when a pool is created (outside the allocation path) and armed per thread with
+//!   `pthread_setspecific`, which neither allocates through Rust nor registers anything with
+//!   std. glibc runs key destructors after every C++/Rust TLS destructor, so blocks freed by
+//!   those still go to a live heap; a thread allocating again after the hand-back claims a heap
+//!   again (re-arming the key) for `EXIT_ROUNDS` rounds, then gets none (the caller falls
+//!   back) so that no heap stays owned by a dead thread;
+//! - nothing relies on the main thread's destructors running: its heaps stay owned at exit.
+//!
 //! Invariant: `CACHE[i].id != 0 ⇒` the heap `CACHE[i].heap` of pool `id` is owned by this
 //! thread; at most one way names a pool.
 
@@ -16,8 +29,8 @@ use super::heap::Heap;
 use super::pool::{HEAPS, PoolInner};
 use std::cell::Cell;
 use std::ptr::null_mut;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, Once};
 
 /// Pools a thread keeps a heap in at once.
 const WAYS: usize = 4;
@@ -34,20 +47,56 @@ thread_local! {
     static CACHE: [Way; WAYS] = const {
         [const { Way { id: Cell::new(0), heap: Cell::new(null_mut()) } }; WAYS]
     };
-    static GUARD: Guard = const { Guard };
+    /// Times this thread's heaps were handed back at exit.
+    static EXITS: Cell<u8> = const { Cell::new(0) };
 }
 
-/// Releases this thread's heaps when it exits.
-struct Guard;
+/// Rounds of claim-and-release allowed during thread exit (glibc runs key destructors up to
+/// `PTHREAD_DESTRUCTOR_ITERATIONS` = 4 times).
+const EXIT_ROUNDS: u8 = 3;
 
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let _ = CACHE.try_with(|ways| {
-            for w in ways {
-                release(w.id.replace(0), w.heap.replace(null_mut()));
-            }
-        });
+/// The pthread key whose destructor hands heaps back, plus one; 0 until created.
+static EXIT_KEY: AtomicUsize = AtomicUsize::new(0);
+static EXIT_KEY_ONCE: Once = Once::new();
+
+/// Create the thread-exit key (once per process; called when a pool is created).
+fn create_exit_key() {
+    EXIT_KEY_ONCE.call_once(|| {
+        let mut key: libc::pthread_key_t = 0;
+        // SAFETY: `key` is a valid out-pointer; `on_thread_exit` has the destructor signature.
+        if unsafe { libc::pthread_key_create(&mut key, Some(on_thread_exit)) } == 0 {
+            EXIT_KEY.store(key as usize + 1, Ordering::Release);
+        } else {
+            tracing::warn!(
+                "rdma_pool: no pthread key left; heaps of exiting threads are not handed back"
+            );
+        }
+    });
+}
+
+/// Arm this thread's exit hand-back (idempotent, allocation-free).
+fn arm_exit() {
+    let key = EXIT_KEY.load(Ordering::Acquire);
+    if key != 0 {
+        // SAFETY: a key created by `create_exit_key`, never deleted; the value is a non-null
+        // marker, never dereferenced.
+        unsafe {
+            libc::pthread_setspecific(
+                (key - 1) as libc::pthread_key_t,
+                std::ptr::dangling::<libc::c_void>(),
+            )
+        };
     }
+}
+
+/// The key destructor: hand every heap of this thread back.
+extern "C" fn on_thread_exit(_: *mut libc::c_void) {
+    let _ = EXITS.try_with(|e| e.set(e.get().saturating_add(1)));
+    let _ = CACHE.try_with(|ways| {
+        for w in ways {
+            release(w.id.replace(0), w.heap.replace(null_mut()));
+        }
+    });
 }
 
 /// Live pools: `(id, pool)` pairs, under one lock.
@@ -72,6 +121,7 @@ pub(crate) fn next_id() -> u64 {
 
 /// Record a live pool; false when `MAX_POOLS` are alive.
 pub(crate) fn register(id: u64, pool: *const PoolInner) -> bool {
+    create_exit_key();
     let mut r = registry();
     match r.live.iter_mut().find(|e| e.0 == 0) {
         Some(e) => {
@@ -108,7 +158,7 @@ fn release(id: u64, heap: *mut Heap) {
 
 /// This thread's token (the address of its cache: unique among live threads).
 fn token() -> u64 {
-    CACHE.with(|c| c.as_ptr() as u64)
+    CACHE.try_with(|c| c.as_ptr() as u64).unwrap_or(0)
 }
 
 /// This thread's heap in `pool`, if it has one (never claims).
@@ -141,6 +191,9 @@ pub(crate) fn heap_for(id: u64, pool: &PoolInner) -> *mut Heap {
 #[inline(never)]
 fn claim(pool: &PoolInner) -> *mut Heap {
     let me = token();
+    if me == 0 || EXITS.try_with(|e| e.get()).unwrap_or(EXIT_ROUNDS) >= EXIT_ROUNDS {
+        return null_mut();
+    }
     let mut heap = null_mut();
     for i in 0..HEAPS {
         let Some(h) = pool.heaps.get(i) else { break };
@@ -157,8 +210,7 @@ fn claim(pool: &PoolInner) -> *mut Heap {
     if heap.is_null() {
         return heap;
     }
-    // Arm the exit guard (registers the thread-exit destructor once).
-    let _ = GUARD.try_with(|_| ());
+    arm_exit();
     let placed = CACHE.try_with(|ways| {
         let way = ways
             .iter()
@@ -183,4 +235,14 @@ pub(crate) fn forget(pool: &PoolInner) {
             }
         }
     });
+}
+
+/// The keys of `p` in whichever live pool holds it (one range check per pool, under the
+/// registry lock, which keeps every listed pool alive while it is read).
+pub(crate) fn keys_of_any(p: *const u8) -> Option<crate::arena::Keys> {
+    let r = registry();
+    r.live.iter().filter(|e| e.0 != 0).find_map(|&(_, inner)| {
+        // SAFETY: a registered pool is alive while the registry lock is held.
+        unsafe { &*(inner as *const PoolInner) }.arena.keys_of(p)
+    })
 }

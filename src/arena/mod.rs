@@ -30,6 +30,7 @@ mod error;
 mod fork;
 mod grow;
 pub(crate) mod os;
+pub mod provision;
 mod stats;
 mod table;
 
@@ -170,6 +171,7 @@ impl Arena {
     /// # Ok::<(), rdma_pool::arena::Error>(())
     /// ```
     pub fn new(pd: &Pd, cfg: ArenaConfig) -> Result<Arena, Error> {
+        let _mark = provision::Provisioning::enter();
         let caps = pd.nic().caps();
         let chunk = cfg.chunk_for(caps.max_mr_size)?;
         let base = os::reserve(cfg.reserve, chunk).map_err(|errno| Error::Os {
@@ -389,6 +391,7 @@ impl Arena {
     /// # Ok::<(), rdma_pool::arena::Error>(())
     /// ```
     pub fn alloc_run(&self, len: usize, align: usize) -> Result<Run, Error> {
+        let _mark = provision::Provisioning::enter();
         if len == 0 {
             return Err(Error::InvalidArgument("zero-length run"));
         }
@@ -625,6 +628,7 @@ impl Arena {
 
 impl Drop for Arena {
     fn drop(&mut self) {
+        let _mark = provision::Provisioning::enter();
         self.table.drop_all();
         // SAFETY: every region over the reservation is gone; nothing else uses it.
         unsafe { libc::munmap(self.base as *mut libc::c_void, self.reserve) };

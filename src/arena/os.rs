@@ -257,6 +257,14 @@ impl<T> MmapBox<T> {
     pub(crate) fn leak(self) {
         std::mem::forget(self);
     }
+
+    /// Never unmap: the value lives for the rest of the process.
+    pub(crate) fn into_static(self) -> &'static T {
+        let ptr = self.ptr;
+        std::mem::forget(self);
+        // SAFETY: the mapping is never unmapped now, and the value was initialised in `new`.
+        unsafe { ptr.as_ref() }
+    }
 }
 
 impl<T> std::ops::Deref for MmapBox<T> {

@@ -1,0 +1,170 @@
+//! How a [`GlobalPool`](super::GlobalPool) is set up: [`GlobalConfig`], const-constructible so
+//! that it can sit in a `static`, and the environment overrides, read without allocating.
+//!
+//! Contract: the environment is read once, when the pool initialises, with `getenv` (no Rust
+//! allocation, no lock): `RDMA_POOL_REGISTRATION=pinned|odp|auto` overrides
+//! [`GlobalConfig::registration`], `RDMA_POOL_HUGEPAGES=require|prefer|off` overrides
+//! [`GlobalConfig::hugepages`], and `RDMA_POOL_NIC` picks the device as for
+//! [`Nic::open_default`] when [`GlobalConfig::open`] is `None`. An unknown value is ignored
+//! (and counted in [`GlobalStats::env_ignored`](super::GlobalStats::env_ignored)).
+
+use crate::arena::{ArenaConfig, Error, Hugepages};
+use crate::nic::{self, Access, Nic};
+use std::ffi::CStr;
+
+/// How the pool's memory is registered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Registration {
+    /// Pinned regions (`ibv_reg_mr` without `ON_DEMAND`): every committed page is resident and
+    /// counts against `RLIMIT_MEMLOCK`.
+    Pinned,
+    /// On-demand-paging regions. Not available in this release: the arena registers pinned
+    /// memory only, so asking for ODP makes initialisation fail with [`Error::Config`] (and the
+    /// pool then degrades or fails as [`OnFailure`] says). `Auto` never picks it.
+    Odp,
+    /// The best the device and the process allow: pinned in this release.
+    Auto,
+}
+
+/// What the global pool does when it cannot give out NIC-registered memory (no device could
+/// be opened, registration or the reservation failed, every heap is taken).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OnFailure {
+    /// Serve the request from the system allocator (unregistered memory: `keys_of` is `None`
+    /// for it) and count it in [`GlobalStats`](super::GlobalStats). `GlobalAlloc` then returns
+    /// null only where the system allocator does.
+    Degrade,
+    /// Return null, as an allocator out of memory does (Rust's `handle_alloc_error` then
+    /// aborts the process): for services that must never post unregistered memory.
+    /// Re-entrant allocations of the NIC layer still use the bootstrap region.
+    Fail,
+}
+
+/// The configuration of a [`GlobalPool`](super::GlobalPool).
+///
+/// # Examples
+/// ```
+/// use rdma_pool::global::{GlobalConfig, GlobalPool, OnFailure};
+/// use rdma_pool::arena::Hugepages;
+/// // In a `static`: every field is const-constructible.
+/// static POOL: GlobalPool = GlobalPool::with_config(GlobalConfig {
+///     hugepages: Hugepages::Off,
+///     reserve: 1 << 34,
+///     on_failure: OnFailure::Degrade,
+///     ..GlobalConfig::DEFAULT
+/// });
+/// assert_eq!(POOL.config().reserve, 1 << 34);
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct GlobalConfig {
+    /// Pinned or ODP registration (env `RDMA_POOL_REGISTRATION`). Default `Auto`.
+    pub registration: Registration,
+    /// Hugepage policy (env `RDMA_POOL_HUGEPAGES`). Default `Prefer`.
+    pub hugepages: Hugepages,
+    /// Bytes of address space reserved (a power of two). Default 64 GiB.
+    pub reserve: usize,
+    /// Bytes per chunk (a power of two). Default 1 GiB, clamped to the device's `max_mr_size`.
+    pub chunk: usize,
+    /// Remote rights of the pool's own regions: empty by default (see
+    /// [`ArenaConfig::remote`]; an opt-in for deployments whose peers are all trusted).
+    pub remote: Access,
+    /// Degrade to unregistered memory, or fail. Default `Degrade`.
+    pub on_failure: OnFailure,
+    /// Opens the NIC; `None` uses [`Nic::open_default`] (which honours `RDMA_POOL_NIC`). It
+    /// runs inside the allocator, on the thread of the first allocation: its own allocations
+    /// are served from the bootstrap region.
+    pub open: Option<fn() -> nic::Result<Nic>>,
+}
+
+impl GlobalConfig {
+    /// The defaults: auto registration, hugepages preferred, 64 GiB reserved in 1 GiB chunks,
+    /// no remote rights, degrade on failure, the default NIC.
+    pub const DEFAULT: GlobalConfig = GlobalConfig {
+        registration: Registration::Auto,
+        hugepages: Hugepages::Prefer,
+        reserve: 64 << 30,
+        chunk: 1 << 30,
+        remote: Access::empty(),
+        on_failure: OnFailure::Degrade,
+        open: None,
+    };
+
+    /// This configuration with the environment's overrides applied; the second value counts
+    /// variables that were set to an unknown value (and ignored).
+    pub(crate) fn with_env(mut self) -> (GlobalConfig, u32) {
+        let mut ignored = 0;
+        match getenv(c"RDMA_POOL_REGISTRATION") {
+            None => {}
+            Some(b"pinned") => self.registration = Registration::Pinned,
+            Some(b"odp") => self.registration = Registration::Odp,
+            Some(b"auto") => self.registration = Registration::Auto,
+            Some(_) => ignored += 1,
+        }
+        match getenv(c"RDMA_POOL_HUGEPAGES") {
+            None => {}
+            Some(b"require") => self.hugepages = Hugepages::Require,
+            Some(b"prefer") => self.hugepages = Hugepages::Prefer,
+            Some(b"off") => self.hugepages = Hugepages::Off,
+            Some(_) => ignored += 1,
+        }
+        (self, ignored)
+    }
+
+    /// The arena configuration this asks for.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for ODP registration (not available in this release).
+    pub(crate) fn arena(&self) -> Result<ArenaConfig, Error> {
+        if self.registration == Registration::Odp {
+            return Err(Error::Config(
+                "ODP registration is not available in this release; use pinned or auto",
+            ));
+        }
+        Ok(ArenaConfig {
+            reserve: self.reserve,
+            chunk: self.chunk,
+            hugepages: self.hugepages,
+            remote: self.remote,
+            ..ArenaConfig::default()
+        })
+    }
+}
+
+impl Default for GlobalConfig {
+    fn default() -> Self {
+        GlobalConfig::DEFAULT
+    }
+}
+
+/// The value of an environment variable, borrowed from the environment block (no allocation).
+fn getenv(name: &CStr) -> Option<&'static [u8]> {
+    // SAFETY: `name` is NUL-terminated; the result, when non-null, points into the process's
+    // environment block, which this crate never modifies (a concurrent `setenv` by the program
+    // is its own data race, as with any `getenv`).
+    let p = unsafe { libc::getenv(name.as_ptr()) };
+    // SAFETY: a non-null result is a NUL-terminated string that lives as long as the entry.
+    (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn odp_is_refused_with_a_reason_and_auto_is_pinned() {
+        let odp = GlobalConfig {
+            registration: Registration::Odp,
+            ..GlobalConfig::DEFAULT
+        };
+        assert!(matches!(odp.arena(), Err(Error::Config(_))));
+        let auto = GlobalConfig::DEFAULT.arena().unwrap();
+        assert_eq!(auto.reserve, 64 << 30);
+        assert!(auto.remote.is_empty());
+    }
+
+    #[test]
+    fn getenv_reads_without_std_env() {
+        assert_eq!(getenv(c"RDMA_POOL_SURELY_UNSET_VARIABLE"), None);
+        assert!(getenv(c"PATH").is_some_and(|p| !p.is_empty()));
+    }
+}

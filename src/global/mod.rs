@@ -1,0 +1,629 @@
+//! [`GlobalPool`]: the pool as `#[global_allocator]`, so that every `Vec`, `Box` and `String`
+//! of a program is NIC-registered memory that can be posted as-is.
+//!
+//! ```
+//! #[global_allocator]
+//! static A: rdma_pool::GlobalPool = rdma_pool::GlobalPool::new();
+//! # fn main() {
+//! let v = vec![7u8; 4096];
+//! let keys = rdma_pool::keys_of(v.as_ptr()).expect("every heap block is registered");
+//! assert!(keys.contains(v.as_ptr() as usize, v.len()));
+//! # }
+//! ```
+//!
+//! Contract:
+//! - **Lazy, thread-safe initialisation.** The first allocation (or [`GlobalPool::init`])
+//!   opens the NIC ([`GlobalConfig::open`], else [`Nic::open_default`]), a PD and the arena,
+//!   with the environment's overrides (`config.rs`). Other threads that allocate meanwhile wait
+//!   for it (bounded: after [`INIT_WAIT`] they are served degraded rather than risk waiting on
+//!   a thread the NIC layer itself waits for).
+//! - **Re-entrancy.** Opening the NIC, registering and growing run inside the allocator and
+//!   allocate in turn (handles, errors, the soft NIC's tables, `tracing`). The arena marks such
+//!   code ([`provision`](crate::arena::provision)); allocations made under the mark are served
+//!   from the bootstrap region (`bootstrap.rs`), never from the heap or lock the interrupted
+//!   operation is using, so there is neither recursion nor deadlock; frees under the mark take
+//!   the pool's cross-thread path ([`Pool::free_mt`]). `dealloc` tells pool, bootstrap and
+//!   system blocks apart by address. C code (libibverbs and its providers) allocates with libc
+//!   `malloc`, which does not re-enter: that memory is not registered, and needs not be.
+//! - **Never panic or abort.** When the pool cannot serve a request (initialisation failed, the
+//!   arena cannot grow, every heap is taken) the request is served by the system allocator and
+//!   counted ([`GlobalStats::degraded_allocations`]), or refused under [`OnFailure::Fail`]; so
+//!   `GlobalAlloc` returns null only where the system allocator does. A panic inside
+//!   initialisation is caught and becomes [`GlobalState::Failed`].
+//! - **Thread-locals** are const-initialised without destructors, and the exit hand-back of a
+//!   thread's heap is a pthread key destructor (see `alloc/tls.rs`): allocation and free work
+//!   while thread-locals are destroyed and after. Supported targets are those where std has
+//!   native thread-local destructors (Linux with glibc or musl ≥ 1.2.3); on targets where std
+//!   keeps its own destructor list, a global allocator that registers a TLS destructor makes std
+//!   abort with "global allocator may not use TLS with destructors" — this crate registers
+//!   none, but is built and tested on Linux only.
+//! - **No NIC call on a fast path**: `alloc`/`dealloc` of a ready pool are [`Pool`]'s fast
+//!   paths after one load of the state and one thread-local read.
+//!
+//! Invariant: `state == READY ⇒ slot` holds `Ok(Ready)`; `state == FAILED ⇒ slot` holds the
+//! `Err`; the slot is written once, before the state is published with `Release`.
+
+mod api2;
+mod bootstrap;
+mod config;
+mod stats;
+
+pub use bootstrap::BYTES as BOOTSTRAP_BYTES;
+pub use config::{GlobalConfig, OnFailure, Registration};
+pub use stats::{GlobalState, GlobalStats};
+
+use crate::alloc::Pool;
+use crate::arena::os::MmapBox;
+use crate::arena::provision::{self, Provisioning};
+use crate::arena::{Error, Keys};
+use crate::nic::{Nic, Pd, Sge};
+use stats::Counters;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::UnsafeCell;
+use std::mem::MaybeUninit;
+use std::ptr::{self, null_mut};
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8};
+use std::time::{Duration, Instant};
+
+const UNINIT: u8 = 0;
+const BUSY: u8 = 1;
+const READY: u8 = 2;
+const FAILED: u8 = 3;
+
+/// How long a thread allocating during another thread's initialisation waits for it.
+pub const INIT_WAIT: Duration = Duration::from_secs(2);
+
+/// What a ready global pool holds: mapped from the kernel and never freed, so that
+/// [`keys_of`] can use it from anywhere, even if the `GlobalPool` was not a `static`.
+struct Ready {
+    cfg: GlobalConfig,
+    nic: Nic,
+    pd: Pd,
+    pool: Pool,
+}
+
+/// The first `GlobalPool` that became ready: what [`keys_of`] and [`stats`] consult.
+static INSTANCE: AtomicPtr<Ready> = AtomicPtr::new(null_mut());
+
+/// The state of the first `GlobalPool` that started initialising (for [`stats`]).
+static FIRST_STATE: AtomicU8 = AtomicU8::new(UNINIT);
+static FIRST_CLAIMED: AtomicBool = AtomicBool::new(false);
+
+/// Process-wide counters: every `GlobalPool` counts here (the bootstrap region is one too).
+static COUNTERS: Counters = Counters::new();
+
+/// A pool usable as `#[global_allocator]`; see the [module documentation](self).
+///
+/// # Examples
+/// ```
+/// use rdma_pool::GlobalPool;
+/// use std::alloc::{GlobalAlloc, Layout};
+/// // Usually `#[global_allocator] static A: GlobalPool = GlobalPool::new();`; it can also be
+/// // called directly.
+/// static POOL: GlobalPool = GlobalPool::new();
+/// let l = Layout::from_size_align(256, 64).unwrap();
+/// // SAFETY: a non-zero-size layout; the block is freed with the same layout.
+/// unsafe {
+///     let p = POOL.alloc(l);
+///     assert!(POOL.keys_of(p).is_some());
+///     POOL.dealloc(p, l);
+/// }
+/// ```
+pub struct GlobalPool {
+    config: GlobalConfig,
+    state: AtomicU8,
+    slot: UnsafeCell<MaybeUninit<Result<&'static Ready, Error>>>,
+}
+
+// SAFETY: the slot is written once by the thread that won the UNINIT → BUSY transition and
+// read only after the state says it was published (`Acquire`/`Release`); `Ready` is `Send +
+// Sync` (NIC handles and the pool are).
+unsafe impl Sync for GlobalPool {}
+
+impl Default for GlobalPool {
+    fn default() -> Self {
+        GlobalPool::new()
+    }
+}
+
+impl std::fmt::Debug for GlobalPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GlobalPool")
+            .field("state", &self.state())
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl GlobalPool {
+    /// A global pool with the default configuration ([`GlobalConfig::DEFAULT`]); nothing
+    /// happens until the first allocation.
+    ///
+    /// # Examples
+    /// ```
+    /// #[global_allocator]
+    /// static A: rdma_pool::GlobalPool = rdma_pool::GlobalPool::new();
+    /// # fn main() {}
+    /// ```
+    pub const fn new() -> GlobalPool {
+        GlobalPool::with_config(GlobalConfig::DEFAULT)
+    }
+
+    /// A global pool configured by `config` (the environment may still override parts of it,
+    /// see [`GlobalConfig`]).
+    ///
+    /// # Examples
+    /// ```
+    /// use rdma_pool::global::{GlobalConfig, GlobalPool, Registration};
+    /// static A: GlobalPool = GlobalPool::with_config(GlobalConfig {
+    ///     registration: Registration::Pinned,
+    ///     ..GlobalConfig::DEFAULT
+    /// });
+    /// assert_eq!(A.config().registration, Registration::Pinned);
+    /// ```
+    pub const fn with_config(config: GlobalConfig) -> GlobalPool {
+        GlobalPool {
+            config,
+            state: AtomicU8::new(UNINIT),
+            slot: UnsafeCell::new(MaybeUninit::uninit()),
+        }
+    }
+
+    /// The configuration given at construction (before environment overrides).
+    pub fn config(&self) -> &GlobalConfig {
+        &self.config
+    }
+
+    /// Where the pool is in its life.
+    pub fn state(&self) -> GlobalState {
+        match self.state.load(Acquire) {
+            UNINIT => GlobalState::Uninitialised,
+            BUSY => GlobalState::Initialising,
+            READY => GlobalState::Ready,
+            _ => GlobalState::Failed,
+        }
+    }
+
+    /// The published slot, if any.
+    #[inline(always)]
+    fn slot(&self) -> Option<&Result<&'static Ready, Error>> {
+        if self.state.load(Acquire) >= READY {
+            // SAFETY: READY and FAILED are published after the slot was written, once.
+            Some(unsafe { (*self.slot.get()).assume_init_ref() })
+        } else {
+            None
+        }
+    }
+
+    /// The pool, when ready (never initialises).
+    #[inline(always)]
+    fn ready(&self) -> Option<&Pool> {
+        match self.slot() {
+            Some(Ok(r)) => Some(&r.pool),
+            _ => None,
+        }
+    }
+
+    /// Initialise now (if no allocation did yet) and return the pool: call it at start-up to
+    /// open the NIC before threads are spawned, and to learn why it failed.
+    ///
+    /// # Errors
+    /// Why initialisation failed: the NIC could not be opened, the configuration was refused,
+    /// or the arena could not be created. The pool then degrades (or fails) as configured.
+    ///
+    /// # Examples
+    /// ```
+    /// static POOL: rdma_pool::GlobalPool = rdma_pool::GlobalPool::new();
+    /// let pool = POOL.init().expect("the soft NIC is always there");
+    /// assert!(pool.stats().arena.reserved_bytes > 0);
+    /// ```
+    pub fn init(&self) -> Result<&Pool, &Error> {
+        loop {
+            if let Some(slot) = self.slot() {
+                return slot.as_ref().map(|r| &r.pool);
+            }
+            if !self.try_init() {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// The pool, initialising it first if needed; `None` while another thread initialises it
+    /// (after waiting up to [`INIT_WAIT`]), when this thread is itself initialising or
+    /// provisioning, or when initialisation failed.
+    #[cold]
+    fn get_cold(&self) -> Option<&Pool> {
+        if provision::active() {
+            return self.ready();
+        }
+        let start = Instant::now();
+        loop {
+            match self.slot() {
+                Some(Ok(r)) => return Some(&r.pool),
+                Some(Err(_)) => return None,
+                None => {}
+            }
+            if !self.try_init() {
+                if start.elapsed() > INIT_WAIT {
+                    return None;
+                }
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// Take the UNINIT → BUSY transition and initialise; false when another thread has it.
+    #[cold]
+    #[inline(never)]
+    fn try_init(&self) -> bool {
+        if self
+            .state
+            .compare_exchange(UNINIT, BUSY, Acquire, Relaxed)
+            .is_err()
+        {
+            return self.state.load(Acquire) >= READY;
+        }
+        let first = !FIRST_CLAIMED.swap(true, Relaxed);
+        if first {
+            FIRST_STATE.store(BUSY, Release);
+        }
+        let result = {
+            let _mark = Provisioning::enter();
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.open()))
+                .unwrap_or(Err(Error::Config("initialisation panicked")))
+        };
+        if let Err(e) = &result {
+            tracing::warn!(error = %e, on_failure = ?self.config.on_failure,
+                "rdma_pool: GlobalPool could not initialise; allocations are not registered");
+        }
+        let state = if result.is_ok() { READY } else { FAILED };
+        if let Ok(ready) = &result {
+            let _ = INSTANCE.compare_exchange(
+                null_mut(),
+                *ready as *const Ready as *mut Ready,
+                Release,
+                Relaxed,
+            );
+        }
+        // SAFETY: this thread won UNINIT → BUSY: nobody else writes or reads the slot yet.
+        unsafe { (*self.slot.get()).write(result) };
+        self.state.store(state, Release);
+        if first {
+            FIRST_STATE.store(state, Release);
+        }
+        true
+    }
+
+    /// Open the NIC, a PD and the pool (on the initialising thread, under a provisioning mark).
+    fn open(&self) -> Result<&'static Ready, Error> {
+        let (cfg, ignored) = self.config.with_env();
+        COUNTERS.env_ignored.fetch_add(u64::from(ignored), Relaxed);
+        let arena = cfg.arena()?;
+        let nic = match cfg.open {
+            Some(open) => open()?,
+            None => Nic::open_default()?,
+        };
+        let pd = nic.alloc_pd()?;
+        let pool = Pool::with_config(&pd, arena)?;
+        tracing::info!(nic = %nic.caps().name, ?cfg.registration, ?cfg.hugepages,
+            "rdma_pool: GlobalPool ready");
+        MmapBox::new(Ready { cfg, nic, pd, pool })
+            .map(MmapBox::into_static)
+            .map_err(|(_, errno)| Error::Os {
+                what: "mmap of the global pool's handles",
+                errno,
+            })
+    }
+
+    /// The configuration in force once the pool is ready: [`GlobalPool::config`] with the
+    /// environment's overrides applied.
+    pub fn effective_config(&self) -> Option<GlobalConfig> {
+        match self.slot() {
+            Some(Ok(r)) => Some(r.cfg),
+            _ => None,
+        }
+    }
+
+    /// Why initialisation failed, once it has.
+    pub fn init_error(&self) -> Option<&Error> {
+        self.slot().and_then(|s| s.as_ref().err())
+    }
+
+    /// The pool, once ready (initialising it if needed).
+    ///
+    /// # Errors
+    /// As [`GlobalPool::init`].
+    pub fn pool(&self) -> Result<&Pool, &Error> {
+        self.init()
+    }
+
+    /// The NIC the pool registers with: create CQs on it.
+    ///
+    /// # Errors
+    /// As [`GlobalPool::init`].
+    ///
+    /// # Examples
+    /// ```
+    /// static POOL: rdma_pool::GlobalPool = rdma_pool::GlobalPool::new();
+    /// let nic = POOL.nic().unwrap();
+    /// let cq = nic.create_cq(16).unwrap();
+    /// # drop(cq);
+    /// ```
+    pub fn nic(&self) -> Result<&Nic, &Error> {
+        self.init()?;
+        match self.slot() {
+            Some(Ok(r)) => Ok(&r.nic),
+            Some(Err(e)) => Err(e),
+            None => unreachable!("init returned Ok, so the slot is published"),
+        }
+    }
+
+    /// The protection domain of the pool's registrations: create QPs on it, so that the
+    /// pool's lkeys are valid for them.
+    ///
+    /// # Errors
+    /// As [`GlobalPool::init`].
+    pub fn pd(&self) -> Result<&Pd, &Error> {
+        self.init()?;
+        match self.slot() {
+            Some(Ok(r)) => Ok(&r.pd),
+            Some(Err(e)) => Err(e),
+            None => unreachable!("init returned Ok, so the slot is published"),
+        }
+    }
+
+    /// The keys of the registration covering `p`, if the pool handed it out (bootstrap and
+    /// degraded blocks have none).
+    #[inline]
+    pub fn keys_of(&self, p: *const u8) -> Option<Keys> {
+        self.ready()?.keys_of(p)
+    }
+
+    /// One SGE (with its lkey) for `buf`, a slice of memory the pool handed out.
+    ///
+    /// # Errors
+    /// [`Error::NotRegistered`] when `buf` is not wholly inside one registration of the pool
+    /// (a bootstrap or degraded block, the stack), or why initialisation failed.
+    ///
+    /// # Examples
+    /// ```
+    /// static POOL: rdma_pool::GlobalPool = rdma_pool::GlobalPool::new();
+    /// assert!(matches!(POOL.sge_of(&[1u8, 2, 3]), Err(rdma_pool::arena::Error::NotRegistered)));
+    /// ```
+    pub fn sge_of(&self, buf: &[u8]) -> Result<Sge, Error> {
+        match self.init() {
+            Ok(pool) => pool.sge_of(buf),
+            Err(_) => Err(Error::NotRegistered),
+        }
+    }
+
+    /// A snapshot of the statistics (no lock, no allocation). The counters are process-wide:
+    /// shared by every `GlobalPool` of the process.
+    pub fn stats(&self) -> GlobalStats {
+        COUNTERS.snapshot(self.state(), self.ready().map(|p| p.stats()))
+    }
+
+    // ---- the cold paths of `GlobalAlloc` ----
+
+    /// Serve `layout` when the fast path could not: initialise, provision, degrade.
+    #[cold]
+    #[inline(never)]
+    fn alloc_cold(&self, layout: Layout, zero: bool) -> *mut u8 {
+        if provision::active() {
+            return self.alloc_reentrant(layout, zero);
+        }
+        if let Some(pool) = self.get_cold() {
+            let p = if zero {
+                pool.alloc_zeroed(layout)
+            } else {
+                pool.alloc(layout)
+            };
+            if !p.is_null() {
+                return p;
+            }
+        }
+        self.alloc_degraded(layout, zero)
+    }
+
+    /// An allocation made while this thread calls into the NIC: bootstrap region, then malloc.
+    fn alloc_reentrant(&self, layout: Layout, zero: bool) -> *mut u8 {
+        Counters::bump(&COUNTERS.reentrant);
+        let p = bootstrap::alloc(layout, zero);
+        if !p.is_null() {
+            return p;
+        }
+        Counters::bump(&COUNTERS.overflow);
+        // SAFETY: `layout` has a non-zero size (the `GlobalAlloc` contract).
+        unsafe { system_alloc(layout, zero) }
+    }
+
+    /// The pool could not serve `layout`: the system allocator, or null under `Fail`.
+    fn alloc_degraded(&self, layout: Layout, zero: bool) -> *mut u8 {
+        if self.config.on_failure == OnFailure::Fail {
+            Counters::bump(&COUNTERS.failed);
+            return null_mut();
+        }
+        Counters::bump(&COUNTERS.degraded);
+        COUNTERS
+            .degraded_bytes
+            .fetch_add(layout.size() as u64, Relaxed);
+        // SAFETY: `layout` has a non-zero size (the `GlobalAlloc` contract).
+        unsafe { system_alloc(layout, zero) }
+    }
+
+    /// Free a block the fast path did not: bootstrap, a pool block under a provisioning mark,
+    /// or a system block.
+    #[cold]
+    #[inline(never)]
+    unsafe fn dealloc_cold(&self, p: *mut u8, layout: Layout) {
+        if bootstrap::contains(p) {
+            bootstrap::free(p, layout);
+        } else if let Some(pool) = self.ready().filter(|pool| pool.contains(p)) {
+            // SAFETY: a block of the pool, freed once (the caller's contract).
+            unsafe { pool.free_mt(p) };
+        } else {
+            // SAFETY: neither pool nor bootstrap: a block of the system allocator with `layout`.
+            unsafe { System.dealloc(p, layout) };
+        }
+    }
+
+    /// `realloc` of a block the fast path did not handle.
+    #[cold]
+    #[inline(never)]
+    unsafe fn realloc_cold(&self, p: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let Ok(new) = Layout::from_size_align(new_size, layout.align()) else {
+            return null_mut();
+        };
+        let in_pool = self.ready().is_some_and(|pool| pool.contains(p));
+        if bootstrap::contains(p) && bootstrap::resize_in_place(p, layout, new_size) {
+            return p;
+        }
+        if !in_pool && !bootstrap::contains(p) && provision::active() {
+            // A system block while provisioning: stay there.
+            // SAFETY: forwarded from the caller; a system block with `layout`.
+            return unsafe { System.realloc(p, layout, new_size) };
+        }
+        // Move: into the pool when possible (healing a degraded block), else wherever the
+        // allocation path sends it.
+        // SAFETY: `new` has a non-zero size (the caller's contract).
+        let q = unsafe { self.alloc(new) };
+        if !q.is_null() {
+            if !in_pool && !bootstrap::contains(p) && self.keys_of(q).is_some() {
+                Counters::bump(&COUNTERS.healed);
+            }
+            // SAFETY: distinct live blocks, both valid for the copied length.
+            unsafe {
+                ptr::copy_nonoverlapping(p, q, layout.size().min(new_size));
+                self.dealloc_cold(p, layout);
+            }
+        }
+        q
+    }
+}
+
+/// The system allocator, zeroed or not.
+///
+/// # Safety
+/// `layout` has a non-zero size.
+unsafe fn system_alloc(layout: Layout, zero: bool) -> *mut u8 {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        if zero {
+            System.alloc_zeroed(layout)
+        } else {
+            System.alloc(layout)
+        }
+    }
+}
+
+// SAFETY: every block handed out is valid for its layout until freed: pool blocks (aligned,
+// never straddling registrations), bootstrap blocks (disjoint bump ranges of a static) and
+// system blocks; `dealloc`/`realloc` route each pointer back to where it came from by address.
+unsafe impl GlobalAlloc for GlobalPool {
+    #[inline]
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if let Some(pool) = self.ready()
+            && !provision::active()
+        {
+            let p = pool.alloc(layout);
+            if !p.is_null() {
+                return p;
+            }
+        }
+        self.alloc_cold(layout, false)
+    }
+
+    #[inline]
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        if let Some(pool) = self.ready()
+            && !provision::active()
+        {
+            let p = pool.alloc_zeroed(layout);
+            if !p.is_null() {
+                return p;
+            }
+        }
+        self.alloc_cold(layout, true)
+    }
+
+    #[inline]
+    unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
+        if let Some(pool) = self.ready()
+            && pool.contains(p)
+            && !provision::active()
+        {
+            // SAFETY: a block of the pool with `layout` (the caller's contract).
+            return unsafe { pool.free_sized(p, layout) };
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe { self.dealloc_cold(p, layout) }
+    }
+
+    #[inline]
+    unsafe fn realloc(&self, p: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if let Some(pool) = self.ready()
+            && pool.contains(p)
+            && !provision::active()
+        {
+            // SAFETY: a block of the pool with `layout` (the caller's contract).
+            let q = unsafe { pool.realloc(p, layout, new_size) };
+            if !q.is_null() {
+                return q;
+            }
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe { self.realloc_cold(p, layout, new_size) }
+    }
+}
+
+/// The lkey and rkey of any heap pointer: the registration covering `p` in the global pool
+/// (the first [`GlobalPool`] that initialised), else in any live [`Pool`]. `None` for memory
+/// no pool handed out — the stack, statics, bootstrap or degraded blocks, C `malloc`.
+///
+/// # Examples
+/// ```
+/// use rdma_pool::alloc::Pool;
+/// let pd = rdma_pool::nic::Nic::soft().alloc_pd()?;
+/// let pool = Pool::new(&pd)?;
+/// let p = pool.alloc(std::alloc::Layout::new::<[u8; 64]>());
+/// assert_eq!(rdma_pool::keys_of(p), pool.keys_of(p));
+/// assert!(rdma_pool::keys_of(&0u8).is_none());
+/// # unsafe { pool.free(p) };
+/// # Ok::<(), rdma_pool::arena::Error>(())
+/// ```
+pub fn keys_of<T: ?Sized>(p: *const T) -> Option<Keys> {
+    let p = p.cast::<u8>();
+    if let Some(ready) = instance()
+        && ready.pool.contains(p)
+    {
+        return ready.pool.keys_of(p);
+    }
+    crate::alloc::keys_of_any(p)
+}
+
+/// The statistics of the global pool (the first [`GlobalPool`] that initialised); `None` when
+/// none did.
+///
+/// # Examples
+/// ```
+/// // No `GlobalPool` is the global allocator of doctests.
+/// if let Some(s) = rdma_pool::stats() {
+///     println!("{:?}: {} degraded allocations", s.state, s.degraded_allocations);
+/// }
+/// ```
+pub fn stats() -> Option<GlobalStats> {
+    let state = match FIRST_STATE.load(Acquire) {
+        UNINIT => return None,
+        BUSY => GlobalState::Initialising,
+        READY => GlobalState::Ready,
+        _ => GlobalState::Failed,
+    };
+    Some(COUNTERS.snapshot(state, instance().map(|r| r.pool.stats())))
+}
+
+fn instance() -> Option<&'static Ready> {
+    let p = INSTANCE.load(Acquire);
+    // SAFETY: `INSTANCE` only ever holds a `&'static Ready` (mapped and never unmapped).
+    (!p.is_null()).then(|| unsafe { &*p })
+}

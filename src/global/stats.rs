@@ -1,0 +1,108 @@
+//! What a [`GlobalPool`](super::GlobalPool) did that the pool's own statistics do not show:
+//! its state, and every allocation it served from somewhere other than the pool.
+//!
+//! Contract: counters are relaxed atomics bumped on the cold paths only; a snapshot
+//! ([`GlobalStats`]) is read without a lock and without allocating.
+//!
+//! Invariant (at quiescence): `reentrant_allocations == bootstrap_blocks + bootstrap_overflow`
+//! — every allocation made while the pool provisions is served by the bootstrap region or,
+//! once that is full, by `malloc`.
+
+use super::bootstrap;
+use crate::alloc::PoolStats;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// Where the global pool is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GlobalState {
+    /// Nothing was allocated through it yet.
+    Uninitialised,
+    /// Its first allocation is opening the NIC and the arena.
+    Initialising,
+    /// Serving NIC-registered memory.
+    Ready,
+    /// Initialisation failed ([`GlobalPool::init_error`](super::GlobalPool::init_error) says
+    /// why): every allocation is degraded (or fails, per
+    /// [`OnFailure`](super::OnFailure)).
+    Failed,
+}
+
+/// A snapshot of a [`GlobalPool`](super::GlobalPool)'s statistics.
+#[derive(Debug, Clone)]
+pub struct GlobalStats {
+    /// Where the pool is in its life.
+    pub state: GlobalState,
+    /// The pool's own statistics, once it is ready.
+    pub pool: Option<PoolStats>,
+    /// Allocations served by the system allocator because the pool could not serve them
+    /// (initialisation failed, the arena could not grow, every heap was taken, the thread was
+    /// exiting, or it raced with initialisation): unregistered memory.
+    pub degraded_allocations: u64,
+    /// Bytes of those allocations.
+    pub degraded_bytes: u64,
+    /// Allocations refused (null) under [`OnFailure::Fail`](super::OnFailure::Fail).
+    pub failed_allocations: u64,
+    /// Allocations made while the pool was calling into the NIC (re-entrant).
+    pub reentrant_allocations: u64,
+    /// Of those, blocks served by the bootstrap region.
+    pub bootstrap_blocks: u64,
+    /// Of those, allocations that found the bootstrap region full and went to `malloc`.
+    pub bootstrap_overflow: u64,
+    /// Bytes of live bootstrap blocks.
+    pub bootstrap_live_bytes: usize,
+    /// Bytes of the bootstrap region in use (its bump pointer), out of
+    /// [`BOOTSTRAP_BYTES`](super::BOOTSTRAP_BYTES).
+    pub bootstrap_used_bytes: usize,
+    /// Blocks moved out of the system allocator into the pool by `realloc`.
+    pub healed_reallocations: u64,
+    /// Environment overrides set to a value that was not understood (and ignored).
+    pub env_ignored: u64,
+}
+
+/// The counters behind [`GlobalStats`].
+#[derive(Debug)]
+pub(crate) struct Counters {
+    pub(crate) degraded: AtomicU64,
+    pub(crate) degraded_bytes: AtomicU64,
+    pub(crate) failed: AtomicU64,
+    pub(crate) reentrant: AtomicU64,
+    pub(crate) overflow: AtomicU64,
+    pub(crate) healed: AtomicU64,
+    pub(crate) env_ignored: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) const fn new() -> Counters {
+        Counters {
+            degraded: AtomicU64::new(0),
+            degraded_bytes: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            reentrant: AtomicU64::new(0),
+            overflow: AtomicU64::new(0),
+            healed: AtomicU64::new(0),
+            env_ignored: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn bump(c: &AtomicU64) {
+        c.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self, state: GlobalState, pool: Option<PoolStats>) -> GlobalStats {
+        let (blocks, live, used) = bootstrap::usage();
+        GlobalStats {
+            state,
+            pool,
+            degraded_allocations: self.degraded.load(Relaxed),
+            degraded_bytes: self.degraded_bytes.load(Relaxed),
+            failed_allocations: self.failed.load(Relaxed),
+            reentrant_allocations: self.reentrant.load(Relaxed),
+            bootstrap_blocks: blocks,
+            bootstrap_overflow: self.overflow.load(Relaxed),
+            bootstrap_live_bytes: live,
+            bootstrap_used_bytes: used,
+            healed_reallocations: self.healed.load(Relaxed),
+            env_ignored: self.env_ignored.load(Relaxed),
+        }
+    }
+}
