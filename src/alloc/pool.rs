@@ -331,12 +331,16 @@ impl PoolInner {
             return null_mut();
         };
         let slabs = len / SLAB;
-        let list = &self.large_free[slabs.min(LARGE_LISTS)];
         let fits = |p: &Page| {
             let l = p.large_len.load(R);
             l >= len && l <= 2 * len && p.start.load(R) % align == 0
         };
-        if let Some(page) = list.pop_if(fits) {
+        // A cached run of up to twice the length will do: look in the lists of those lengths.
+        let lists = slabs.min(LARGE_LISTS)..=(2 * slabs).min(LARGE_LISTS);
+        let cached = self.large_free[lists]
+            .iter()
+            .find_map(|list| list.pop_if(fits));
+        if let Some(page) = cached {
             let run_len = page.large_len.load(R);
             self.large_cached.fetch_sub(run_len, R);
             self.large_live.fetch_add(run_len, R);

@@ -90,8 +90,13 @@ static INSTANCE: AtomicPtr<Ready> = AtomicPtr::new(null_mut());
 static FIRST_STATE: AtomicU8 = AtomicU8::new(UNINIT);
 static FIRST_CLAIMED: AtomicBool = AtomicBool::new(false);
 
-/// Process-wide counters: every `GlobalPool` counts here (the bootstrap region is one too).
-static COUNTERS: Counters = Counters::new();
+/// The counters of the first `GlobalPool` that started initialising (for [`stats`]).
+static FIRST_COUNTERS: AtomicPtr<Counters> = AtomicPtr::new(null_mut());
+
+/// Where counts go while a pool has no counters of its own (their mapping failed).
+static ORPHAN: Counters = Counters::new();
+/// What a pool without counters reads.
+static ZERO: Counters = Counters::new();
 
 /// A pool usable as `#[global_allocator]`; see the [module documentation](self).
 ///
@@ -114,6 +119,8 @@ pub struct GlobalPool {
     config: GlobalConfig,
     state: AtomicU8,
     slot: UnsafeCell<MaybeUninit<Result<&'static Ready, Error>>>,
+    /// This pool's counters, mapped (and never unmapped) when initialisation starts.
+    counters: AtomicPtr<Counters>,
 }
 
 // SAFETY: the slot is written once by the thread that won the UNINIT → BUSY transition and
@@ -167,6 +174,7 @@ impl GlobalPool {
             config,
             state: AtomicU8::new(UNINIT),
             slot: UnsafeCell::new(MaybeUninit::uninit()),
+            counters: AtomicPtr::new(null_mut()),
         }
     }
 
@@ -183,6 +191,13 @@ impl GlobalPool {
             READY => GlobalState::Ready,
             _ => GlobalState::Failed,
         }
+    }
+
+    /// This pool's counters (for counting: `ORPHAN` until they are mapped).
+    fn counters(&self) -> &'static Counters {
+        let p = self.counters.load(Acquire);
+        // SAFETY: a non-null pointer is a `&'static Counters` (mapped, never unmapped).
+        if p.is_null() { &ORPHAN } else { unsafe { &*p } }
     }
 
     /// The published slot, if any.
@@ -264,8 +279,14 @@ impl GlobalPool {
         {
             return self.state.load(Acquire) >= READY;
         }
+        let counters = MmapBox::new(Counters::new())
+            .map(MmapBox::into_static)
+            .unwrap_or(&ORPHAN);
+        let counters = counters as *const Counters as *mut Counters;
+        self.counters.store(counters, Release);
         let first = !FIRST_CLAIMED.swap(true, Relaxed);
         if first {
+            FIRST_COUNTERS.store(counters, Release);
             FIRST_STATE.store(BUSY, Release);
         }
         let result = {
@@ -298,7 +319,9 @@ impl GlobalPool {
     /// Open the NIC, a PD and the pool (on the initialising thread, under a provisioning mark).
     fn open(&self) -> Result<&'static Ready, Error> {
         let (cfg, ignored) = self.config.with_env();
-        COUNTERS.env_ignored.fetch_add(u64::from(ignored), Relaxed);
+        self.counters()
+            .env_ignored
+            .fetch_add(u64::from(ignored), Relaxed);
         let arena = cfg.arena()?;
         let nic = match cfg.open {
             Some(open) => open()?,
@@ -398,10 +421,13 @@ impl GlobalPool {
         }
     }
 
-    /// A snapshot of the statistics (no lock, no allocation). The counters are process-wide:
-    /// shared by every `GlobalPool` of the process.
+    /// A snapshot of the statistics (no lock, no allocation). The bootstrap region's figures
+    /// are process-wide (one region serves every pool); the rest are this pool's.
     pub fn stats(&self) -> GlobalStats {
-        COUNTERS.snapshot(self.state(), self.ready().map(|p| p.stats()))
+        let p = self.counters.load(Acquire);
+        // SAFETY: a non-null pointer is a `&'static Counters`.
+        let counters = if p.is_null() { &ZERO } else { unsafe { &*p } };
+        counters.snapshot(self.state(), self.ready().map(|p| p.stats()))
     }
 
     // ---- the cold paths of `GlobalAlloc` ----
@@ -428,12 +454,12 @@ impl GlobalPool {
 
     /// An allocation made while this thread calls into the NIC: bootstrap region, then malloc.
     fn alloc_reentrant(&self, layout: Layout, zero: bool) -> *mut u8 {
-        Counters::bump(&COUNTERS.reentrant);
+        Counters::bump(&self.counters().reentrant);
         let p = bootstrap::alloc(layout, zero);
         if !p.is_null() {
             return p;
         }
-        Counters::bump(&COUNTERS.overflow);
+        Counters::bump(&self.counters().overflow);
         // SAFETY: `layout` has a non-zero size (the `GlobalAlloc` contract).
         unsafe { system_alloc(layout, zero) }
     }
@@ -441,11 +467,11 @@ impl GlobalPool {
     /// The pool could not serve `layout`: the system allocator, or null under `Fail`.
     fn alloc_degraded(&self, layout: Layout, zero: bool) -> *mut u8 {
         if self.config.on_failure == OnFailure::Fail {
-            Counters::bump(&COUNTERS.failed);
+            Counters::bump(&self.counters().failed);
             return null_mut();
         }
-        Counters::bump(&COUNTERS.degraded);
-        COUNTERS
+        Counters::bump(&self.counters().degraded);
+        self.counters()
             .degraded_bytes
             .fetch_add(layout.size() as u64, Relaxed);
         // SAFETY: `layout` has a non-zero size (the `GlobalAlloc` contract).
@@ -476,7 +502,11 @@ impl GlobalPool {
             return null_mut();
         };
         let in_pool = self.ready().is_some_and(|pool| pool.contains(p));
-        if bootstrap::contains(p) && bootstrap::resize_in_place(p, layout, new_size) {
+        // A bootstrap block stays put only while provisioning; otherwise it moves to the pool.
+        if bootstrap::contains(p)
+            && provision::active()
+            && bootstrap::resize_in_place(p, layout, new_size)
+        {
             return p;
         }
         if !in_pool && !bootstrap::contains(p) && provision::active() {
@@ -490,7 +520,7 @@ impl GlobalPool {
         let q = unsafe { self.alloc(new) };
         if !q.is_null() {
             if !in_pool && !bootstrap::contains(p) && self.keys_of(q).is_some() {
-                Counters::bump(&COUNTERS.healed);
+                Counters::bump(&self.counters().healed);
             }
             // SAFETY: distinct live blocks, both valid for the copied length.
             unsafe {
@@ -619,7 +649,14 @@ pub fn stats() -> Option<GlobalStats> {
         READY => GlobalState::Ready,
         _ => GlobalState::Failed,
     };
-    Some(COUNTERS.snapshot(state, instance().map(|r| r.pool.stats())))
+    let counters = FIRST_COUNTERS.load(Acquire);
+    // SAFETY: set (to a `&'static Counters`) before `FIRST_STATE` leaves UNINIT.
+    let counters = if counters.is_null() {
+        &ZERO
+    } else {
+        unsafe { &*counters }
+    };
+    Some(counters.snapshot(state, instance().map(|r| r.pool.stats())))
 }
 
 fn instance() -> Option<&'static Ready> {

@@ -1,0 +1,174 @@
+//! `GlobalPool`s used directly (not as the global allocator), one per failure mode.
+
+use crate::common::serial;
+use rdma_pool::GlobalPool;
+use rdma_pool::arena::{Error, Hugepages};
+use rdma_pool::global::{GlobalConfig, GlobalState, OnFailure, Registration};
+use rdma_pool::nic::{self, Nic, Verb};
+use std::alloc::{GlobalAlloc, Layout};
+use std::sync::Barrier;
+
+fn soft() -> nic::Result<Nic> {
+    Ok(Nic::soft())
+}
+
+fn no_device() -> nic::Result<Nic> {
+    Err(nic::Error::NoDevice)
+}
+
+fn panics() -> nic::Result<Nic> {
+    panic!("a NIC opener that panics")
+}
+
+const SMALL: GlobalConfig = GlobalConfig {
+    reserve: 1 << 30,
+    chunk: 1 << 24,
+    hugepages: Hugepages::Off,
+    open: Some(soft),
+    ..GlobalConfig::DEFAULT
+};
+
+/// Allocate `layout` from `pool`, write and check it, report whether it has keys, free it.
+fn round_trip(pool: &GlobalPool, layout: Layout) -> bool {
+    // SAFETY: non-zero-size layouts; each block is freed once with its layout.
+    unsafe {
+        let p = pool.alloc(layout);
+        assert!(!p.is_null());
+        std::ptr::write_bytes(p, 0x5A, layout.size());
+        let q = pool.realloc(p, layout, layout.size() * 2);
+        assert!(!q.is_null());
+        assert!(
+            std::slice::from_raw_parts(q, layout.size())
+                .iter()
+                .all(|&b| b == 0x5A)
+        );
+        let keyed = pool.keys_of(q).is_some();
+        pool.dealloc(
+            q,
+            Layout::from_size_align(layout.size() * 2, layout.align()).unwrap(),
+        );
+        keyed
+    }
+}
+
+#[test]
+fn injected_registration_failures_degrade_then_registration_resumes() {
+    static P: GlobalPool = GlobalPool::with_config(SMALL);
+    let soft = P.nic().unwrap().as_soft().expect("a soft NIC").clone();
+    let big = Layout::from_size_align(6 << 20, 64).unwrap();
+    assert!(round_trip(&P, big));
+    let before = P.stats();
+    // Every registration fails for a while: fresh slabs cannot be registered.
+    soft.fail_next(Verb::RegMr, 1000, libc::ENOMEM);
+    let mut blocks = Vec::new();
+    for _ in 0..8 {
+        // SAFETY: a non-zero-size layout.
+        let p = unsafe { P.alloc(big) };
+        assert!(!p.is_null(), "degraded, not refused");
+        blocks.push(p);
+    }
+    let unkeyed = blocks.iter().filter(|&&p| P.keys_of(p).is_none()).count();
+    assert!(unkeyed >= 6, "{unkeyed} of 8 unregistered");
+    let during = P.stats();
+    assert!(during.degraded_allocations >= before.degraded_allocations + unkeyed as u64);
+    for p in blocks {
+        // SAFETY: blocks of `P` with `big`.
+        unsafe { P.dealloc(p, big) };
+    }
+    soft.fail_next(Verb::RegMr, 0, 0);
+    // Registration works again.
+    let fresh = Layout::from_size_align(40 << 20, 4096).unwrap();
+    assert!(round_trip(&P, fresh));
+    assert_eq!(P.stats().state, GlobalState::Ready);
+}
+
+#[test]
+fn rereg_failures_fall_back_without_breaking_anything() {
+    static P: GlobalPool = GlobalPool::with_config(SMALL);
+    let soft = P.nic().unwrap().as_soft().expect("a soft NIC").clone();
+    soft.fail_next_rereg(nic::ReregErrorKind::Input, 5, libc::EINVAL);
+    for n in 1..40usize {
+        assert!(round_trip(&P, Layout::from_size_align(n << 18, 8).unwrap()));
+    }
+    assert_eq!(P.stats().degraded_allocations, 0);
+}
+
+#[test]
+fn a_nic_that_cannot_be_opened_degrades_every_allocation() {
+    static P: GlobalPool = GlobalPool::with_config(GlobalConfig {
+        open: Some(no_device),
+        ..SMALL
+    });
+    for size in [1usize, 100, 70_000, 3 << 20] {
+        assert!(!round_trip(&P, Layout::from_size_align(size, 16).unwrap()));
+    }
+    assert_eq!(P.state(), GlobalState::Failed);
+    assert!(matches!(
+        P.init_error(),
+        Some(Error::Nic(nic::Error::NoDevice))
+    ));
+    assert!(P.init().is_err() && P.nic().is_err() && P.pd().is_err());
+    let s = P.stats();
+    assert!(s.degraded_allocations >= 8 && s.pool.is_none());
+}
+
+#[test]
+fn a_panicking_opener_is_caught() {
+    static P: GlobalPool = GlobalPool::with_config(GlobalConfig {
+        open: Some(panics),
+        ..SMALL
+    });
+    assert!(!round_trip(&P, Layout::new::<[u8; 48]>()));
+    assert!(matches!(P.init_error(), Some(Error::Config(_))));
+}
+
+#[test]
+fn the_fail_policy_returns_null_instead_of_unregistered_memory() {
+    static P: GlobalPool = GlobalPool::with_config(GlobalConfig {
+        open: Some(no_device),
+        on_failure: OnFailure::Fail,
+        ..SMALL
+    });
+    let before = P.stats().failed_allocations;
+    // SAFETY: a non-zero-size layout.
+    let p = unsafe { P.alloc(Layout::new::<u64>()) };
+    assert!(p.is_null());
+    assert_eq!(P.stats().failed_allocations, before + 1);
+}
+
+#[test]
+fn odp_registration_is_refused_with_a_reason() {
+    let _env = serial(); // not while the environment test's child reads the same variables
+    static P: GlobalPool = GlobalPool::with_config(GlobalConfig {
+        registration: Registration::Odp,
+        ..SMALL
+    });
+    if std::env::var_os("RDMA_POOL_REGISTRATION").is_none() {
+        assert!(matches!(P.init(), Err(Error::Config(_))));
+        assert!(!round_trip(&P, Layout::new::<[u8; 64]>()));
+    }
+}
+
+#[test]
+fn threads_racing_the_first_allocation_all_get_registered_memory() {
+    static P: GlobalPool = GlobalPool::with_config(SMALL);
+    const N: usize = 8;
+    let go = Barrier::new(N);
+    let keyed = std::thread::scope(|s| {
+        let go = &go;
+        let handles: Vec<_> = (0..N)
+            .map(|i| {
+                s.spawn(move || {
+                    go.wait();
+                    round_trip(&P, Layout::from_size_align(64 + i * 1000, 8).unwrap())
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .collect::<Vec<_>>()
+    });
+    assert!(keyed.iter().all(|&k| k), "{keyed:?}");
+    assert_eq!(P.stats().degraded_allocations, 0);
+}
