@@ -54,7 +54,7 @@ fn round_trip(pool: &GlobalPool, layout: Layout) -> bool {
 #[test]
 fn injected_registration_failures_degrade_then_registration_resumes() {
     static P: GlobalPool = GlobalPool::with_config(SMALL);
-    let soft = P.nic().unwrap().as_soft().expect("a soft NIC").clone();
+    let soft = P.nic().unwrap().as_soft().expect("a soft NIC");
     let big = Layout::from_size_align(6 << 20, 64).unwrap();
     assert!(round_trip(&P, big));
     let before = P.stats();
@@ -85,7 +85,7 @@ fn injected_registration_failures_degrade_then_registration_resumes() {
 #[test]
 fn rereg_failures_fall_back_without_breaking_anything() {
     static P: GlobalPool = GlobalPool::with_config(SMALL);
-    let soft = P.nic().unwrap().as_soft().expect("a soft NIC").clone();
+    let soft = P.nic().unwrap().as_soft().expect("a soft NIC");
     soft.fail_next_rereg(nic::ReregErrorKind::Input, 5, libc::EINVAL);
     for n in 1..40usize {
         assert!(round_trip(&P, Layout::from_size_align(n << 18, 8).unwrap()));
