@@ -5,7 +5,9 @@
 //! `RUSTC_BOOTSTRAP=1`. [`Pool`] wraps [`rdma_pool::alloc::Pool`] (the orphan rule keeps the
 //! trait from being implemented on the stable crate's type here) and dereferences to it, so
 //! `std::vec::Vec::new_in(&pool)` and `Box::new_in(x, &pool)` allocate NIC-registered memory
-//! while `keys_of`, `sge_of` and the statistics stay one call away.
+//! while `keys_of`, `sge_of` and the statistics stay one call away. [`GlobalPool`] does the same
+//! for [`rdma_pool::GlobalPool`]: usable as `#[global_allocator]` itself, and `&GlobalPool` is an
+//! `Allocator` too.
 //!
 //! # Examples
 //! ```
@@ -122,5 +124,114 @@ unsafe impl Allocator for &Pool {
     ) -> Result<NonNull<[u8]>, AllocError> {
         // SAFETY: forwarded from the caller.
         slice(unsafe { self.0.resize(ptr.as_ptr(), old, new) }, new.size())
+    }
+}
+
+/// A [`rdma_pool::GlobalPool`] that is also a nightly `Allocator` (through `&GlobalPool`), and a
+/// `GlobalAlloc` itself, so the same static can be the `#[global_allocator]`.
+///
+/// # Examples
+/// ```
+/// #![feature(allocator_api)]
+/// use rdma_pool_allocator_api::GlobalPool;
+/// static POOL: GlobalPool = GlobalPool::new();
+/// let b = Box::new_in([1u64; 16], &POOL);
+/// assert!(POOL.keys_of(b.as_ptr().cast()).is_some());
+/// ```
+#[derive(Debug, Default)]
+pub struct GlobalPool(rdma_pool::GlobalPool);
+
+impl GlobalPool {
+    /// See [`rdma_pool::GlobalPool::new`].
+    pub const fn new() -> GlobalPool {
+        GlobalPool(rdma_pool::GlobalPool::new())
+    }
+
+    /// See [`rdma_pool::GlobalPool::with_config`].
+    pub const fn with_config(config: rdma_pool::global::GlobalConfig) -> GlobalPool {
+        GlobalPool(rdma_pool::GlobalPool::with_config(config))
+    }
+}
+
+impl core::ops::Deref for GlobalPool {
+    type Target = rdma_pool::GlobalPool;
+    fn deref(&self) -> &rdma_pool::GlobalPool {
+        &self.0
+    }
+}
+
+// SAFETY: forwards every call to the stable `GlobalPool`, which upholds the contract.
+unsafe impl core::alloc::GlobalAlloc for GlobalPool {
+    #[inline]
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.0.alloc(layout) }
+    }
+
+    #[inline]
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.0.alloc_zeroed(layout) }
+    }
+
+    #[inline]
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.0.dealloc(ptr, layout) }
+    }
+
+    #[inline]
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.0.realloc(ptr, layout, new_size) }
+    }
+}
+
+use allocator_api2::alloc::Allocator as Api2;
+
+// SAFETY: forwards to the allocator-api2 implementation of the stable `&GlobalPool`, whose
+// contract is the same (zero-size requests included).
+unsafe impl Allocator for &GlobalPool {
+    fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
+        Api2::allocate(&&self.0, layout).map_err(|_| AllocError)
+    }
+
+    fn allocate_zeroed(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
+        Api2::allocate_zeroed(&&self.0, layout).map_err(|_| AllocError)
+    }
+
+    unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
+        // SAFETY: forwarded from the caller.
+        unsafe { Api2::deallocate(&&self.0, ptr, layout) }
+    }
+
+    unsafe fn grow(
+        &self,
+        ptr: NonNull<u8>,
+        old: Layout,
+        new: Layout,
+    ) -> Result<NonNull<[u8]>, AllocError> {
+        // SAFETY: forwarded from the caller.
+        unsafe { Api2::grow(&&self.0, ptr, old, new) }.map_err(|_| AllocError)
+    }
+
+    unsafe fn grow_zeroed(
+        &self,
+        ptr: NonNull<u8>,
+        old: Layout,
+        new: Layout,
+    ) -> Result<NonNull<[u8]>, AllocError> {
+        // SAFETY: forwarded from the caller.
+        unsafe { Api2::grow_zeroed(&&self.0, ptr, old, new) }.map_err(|_| AllocError)
+    }
+
+    unsafe fn shrink(
+        &self,
+        ptr: NonNull<u8>,
+        old: Layout,
+        new: Layout,
+    ) -> Result<NonNull<[u8]>, AllocError> {
+        // SAFETY: forwarded from the caller.
+        unsafe { Api2::shrink(&&self.0, ptr, old, new) }.map_err(|_| AllocError)
     }
 }
