@@ -7,18 +7,57 @@
 //!   (per block, batches of 1024 handed over through a channel);
 //! - `vec_growth_1m/*`: an allocator-api2 `Vec<u8>` grown to 1 MiB by 4 KiB appends.
 //!
-//! The pool runs on the soft NIC, every byte it hands out registered.
+//! Contenders: `rdma_pool` (a `Pool` called directly), `global_pool` (the `GlobalPool` that is
+//! this binary's `#[global_allocator]`, through `GlobalAlloc`), mimalloc, jemalloc and the system
+//! allocator. The pools run on the soft NIC, every byte they hand out registered. The harness's
+//! own allocations go through the global pool for every contender alike.
 
 use allocator_api2::alloc::{AllocError, Allocator};
 use allocator_api2::vec::Vec as AVec;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use rdma_pool::GlobalPool;
 use rdma_pool::alloc::Pool;
+use rdma_pool::global::GlobalConfig;
 use rdma_pool::nic::Nic;
 use rdma_pool::nic::soft::{MemlockLimit, SoftConfig};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::ptr::NonNull;
 use std::time::{Duration, Instant};
+
+/// The global allocator of this bench binary, on a soft NIC without a memlock limit.
+#[global_allocator]
+static GLOBAL: GlobalPool = GlobalPool::with_config(GlobalConfig {
+    open: Some(unlimited_soft),
+    ..GlobalConfig::DEFAULT
+});
+
+fn unlimited_soft() -> rdma_pool::nic::Result<Nic> {
+    Ok(Nic::soft_with(SoftConfig {
+        memlock: MemlockLimit::Unlimited,
+        ..Default::default()
+    }))
+}
+
+/// The global pool behind the adapter: the very `GlobalAlloc` calls `Box` and `Vec` make.
+struct ViaGlobal;
+
+impl Contender for ViaGlobal {
+    #[inline]
+    fn alloc(&self, l: Layout) -> *mut u8 {
+        // SAFETY: non-zero layouts only.
+        unsafe { GlobalAlloc::alloc(&GLOBAL, l) }
+    }
+    #[inline]
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        // SAFETY: forwarded.
+        unsafe { GlobalAlloc::dealloc(&GLOBAL, p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
+        // SAFETY: forwarded.
+        unsafe { GlobalAlloc::realloc(&GLOBAL, p, l, n) }
+    }
+}
 
 /// What every contender offers: `GlobalAlloc`'s three calls.
 trait Contender: Sync {
@@ -94,13 +133,16 @@ unsafe impl Allocator for Api<'_> {
 }
 
 fn contenders() -> Vec<(&'static str, Box<dyn Contender>)> {
-    let nic = Nic::soft_with(SoftConfig {
-        memlock: MemlockLimit::Unlimited,
-        ..Default::default()
-    });
+    let nic = unlimited_soft().unwrap();
     let pd = nic.alloc_pd().unwrap();
+    assert!(
+        GLOBAL.init().is_ok(),
+        "the global pool must be ready: {:?}",
+        GLOBAL.init_error()
+    );
     vec![
         ("rdma_pool", Box::new(PoolAdapter(Pool::new(&pd).unwrap()))),
+        ("global_pool", Box::new(ViaGlobal)),
         ("mimalloc", Box::new(mimalloc::MiMalloc)),
         ("jemalloc", Box::new(tikv_jemallocator::Jemalloc)),
         ("system", Box::new(System)),

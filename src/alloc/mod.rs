@@ -155,7 +155,7 @@ impl Pool {
     /// // SAFETY: `p` came from this pool.
     /// unsafe { pool.free(p) };
     /// ```
-    #[inline]
+    #[inline(always)]
     pub fn alloc(&self, layout: Layout) -> *mut u8 {
         let (size, align) = (layout.size(), layout.align());
         if align <= 8 && size < MEDIUM_MIN {
@@ -246,8 +246,21 @@ impl Pool {
     /// ```
     #[inline]
     pub unsafe fn free_sized(&self, p: *mut u8, layout: Layout) {
+        if self.table.contains(p) {
+            // SAFETY: forwarded from the caller; `p` is in the reservation.
+            unsafe { self.free_sized_in(p, layout) }
+        }
+    }
+
+    /// [`Pool::free_sized`] of a pointer known to be in the pool's reservation (see
+    /// [`Pool::contains`]): the front end's check is not repeated.
+    ///
+    /// # Safety
+    /// As [`Pool::free_sized`], and `self.contains(p)`.
+    #[inline(always)]
+    pub(crate) unsafe fn free_sized_in(&self, p: *mut u8, layout: Layout) {
         let size = layout.size();
-        if layout.align() <= 8 && size <= CACHED_MAX && self.table.contains(p) {
+        if layout.align() <= 8 && size <= CACHED_MAX {
             let heap = tls::heap_of(self.id);
             // SAFETY: this thread's heap; `class_of(size) < CACHED_CLASSES`.
             if !heap.is_null() && unsafe { (*heap).cache_sized(class_of(size), p) } {
@@ -256,25 +269,6 @@ impl Pool {
         }
         // SAFETY: forwarded from the caller.
         unsafe { self.free_outlined(p) }
-    }
-
-    /// Free a block without touching this thread's heap or cache: a small block goes back the
-    /// way a free from another thread does (one CAS onto its page), a medium or large one as
-    /// usual. For code that may run in the middle of this thread's own allocation (a global
-    /// allocator re-entered from the NIC layer). A pointer the pool did not hand out is ignored.
-    ///
-    /// # Safety
-    /// As [`Pool::free`].
-    pub unsafe fn free_mt(&self, p: *mut u8) {
-        let Some(page) = self.table.page_of(p) else {
-            return;
-        };
-        match page.kind.load(Relaxed) {
-            SMALL => Heap::free_remote(page, p),
-            MEDIUM => self.inner().free_medium(p),
-            LARGE if page.start.load(Relaxed) == p as usize => self.inner().free_large(page),
-            _ => {}
-        }
     }
 
     /// True when `p` lies in this pool's reservation (one subtraction and a compare; says
@@ -291,6 +285,17 @@ impl Pool {
     #[inline(always)]
     pub fn contains(&self, p: *const u8) -> bool {
         self.table.contains(p)
+    }
+
+    /// A bitwise copy of this handle that is never dropped: for a front end that keeps the hot
+    /// fields (id, page table) next to its own state, one indirection closer.
+    ///
+    /// # Safety
+    /// The copy must not be used after `self` is dropped, and must never be dropped itself.
+    pub(crate) unsafe fn alias(&self) -> ManuallyDrop<Pool> {
+        // SAFETY: `Pool` is a handle (an id, a copy of the page table, a pointer); the caller
+        // keeps the original alive and never drops the copy, so `inner` is dropped once.
+        ManuallyDrop::new(unsafe { std::ptr::read(self) })
     }
 
     /// [`Pool::free`] out of line, so the sized fast path stays a leaf function.

@@ -203,8 +203,8 @@ impl PoolInner {
         let bytes = 1usize << shift;
         let run = match self.arena.alloc_run(bytes.max(SLAB), bytes.max(SLAB)) {
             Ok(run) => run,
-            Err(_) => {
-                self.failed.fetch_add(1, R);
+            Err(e) => {
+                self.count_failure(&e);
                 return None;
             }
         };
@@ -228,6 +228,13 @@ impl PoolInner {
             }
         }
         first
+    }
+
+    /// Count a failed arena run, unless it was a re-entrant request (served elsewhere).
+    fn count_failure(&self, e: &crate::arena::Error) {
+        if !matches!(e, crate::arena::Error::Reentrant) {
+            self.failed.fetch_add(1, R);
+        }
     }
 
     /// An empty page goes back to the list of its size.
@@ -275,8 +282,8 @@ impl PoolInner {
             // No room: carve a slab, without the lock (the arena may call the NIC).
             let run = match self.arena.alloc_run(SLAB, SLAB) {
                 Ok(run) => run,
-                Err(_) => {
-                    self.failed.fetch_add(1, R);
+                Err(e) => {
+                    self.count_failure(&e);
                     return null_mut();
                 }
             };
@@ -354,8 +361,8 @@ impl PoolInner {
         }
         let run = match self.arena.alloc_run(len, align.max(SLAB)) {
             Ok(run) => run,
-            Err(_) => {
-                self.failed.fetch_add(1, R);
+            Err(e) => {
+                self.count_failure(&e);
                 return null_mut();
             }
         };

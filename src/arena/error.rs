@@ -44,6 +44,11 @@ pub enum Error {
     /// The pointer or slice is not (wholly) inside one registration of this arena.
     #[error("not inside one registration of the arena")]
     NotRegistered,
+    /// The arena was asked to grow while this thread is already provisioning (calling into
+    /// the NIC): an allocation made by the NIC layer itself, which must be served elsewhere
+    /// (see [`provision`](super::provision)).
+    #[error("the arena cannot grow from inside its own provisioning")]
+    Reentrant,
     /// The NIC refused a registration.
     #[error(transparent)]
     Nic(#[from] nic::Error),

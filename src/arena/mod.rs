@@ -391,6 +391,9 @@ impl Arena {
     /// # Ok::<(), rdma_pool::arena::Error>(())
     /// ```
     pub fn alloc_run(&self, len: usize, align: usize) -> Result<Run, Error> {
+        if provision::active() {
+            return Err(Error::Reentrant);
+        }
         let _mark = provision::Provisioning::enter();
         if len == 0 {
             return Err(Error::InvalidArgument("zero-length run"));

@@ -19,11 +19,13 @@
 //!   a thread the NIC layer itself waits for).
 //! - **Re-entrancy.** Opening the NIC, registering and growing run inside the allocator and
 //!   allocate in turn (handles, errors, the soft NIC's tables, `tracing`). The arena marks such
-//!   code ([`provision`](crate::arena::provision)); allocations made under the mark are served
-//!   from the bootstrap region (`bootstrap.rs`), never from the heap or lock the interrupted
-//!   operation is using, so there is neither recursion nor deadlock; frees under the mark take
-//!   the pool's cross-thread path ([`Pool::free_mt`]). `dealloc` tells pool, bootstrap and
-//!   system blocks apart by address. C code (libibverbs and its providers) allocates with libc
+//!   code ([`provision`](crate::arena::provision)) and refuses to grow under the mark, so there
+//!   is no recursion into another registration; an allocation under the mark is served by the
+//!   pool when it can do so without growing (its fast paths hold no lock and no half-updated
+//!   state across a NIC call), else from the bootstrap region (`bootstrap.rs`), as is everything
+//!   allocated while the pool initialises; nothing waits on a lock the interrupted operation
+//!   holds, so there is no deadlock. `dealloc` tells pool, bootstrap and system blocks apart by
+//!   address. C code (libibverbs and its providers) allocates with libc
 //!   `malloc`, which does not re-enter: that memory is not registered, and needs not be.
 //! - **Never panic or abort.** When the pool cannot serve a request (initialisation failed, the
 //!   arena cannot grow, every heap is taken) the request is served by the system allocator and
@@ -60,9 +62,9 @@ use crate::nic::{Nic, Pd, Sge};
 use stats::Counters;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::UnsafeCell;
-use std::mem::MaybeUninit;
+use std::mem::{ManuallyDrop, MaybeUninit};
 use std::ptr::{self, null_mut};
-use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8};
 use std::time::{Duration, Instant};
 
@@ -119,7 +121,10 @@ pub struct GlobalPool {
     config: GlobalConfig,
     state: AtomicU8,
     slot: UnsafeCell<MaybeUninit<Result<&'static Ready, Error>>>,
-    /// This pool's counters, mapped (and never unmapped) when initialisation starts.
+    /// A copy of the ready pool's handle (of `Ready::pool`, never dropped), kept here so that
+    /// the fast paths read the pool's id and page table from this static, written before READY.
+    hot: UnsafeCell<MaybeUninit<ManuallyDrop<Pool>>>,
+    /// This pool's counters, mapped (and never unmapped) on first use.
     counters: AtomicPtr<Counters>,
 }
 
@@ -174,6 +179,7 @@ impl GlobalPool {
             config,
             state: AtomicU8::new(UNINIT),
             slot: UnsafeCell::new(MaybeUninit::uninit()),
+            hot: UnsafeCell::new(MaybeUninit::uninit()),
             counters: AtomicPtr::new(null_mut()),
         }
     }
@@ -193,11 +199,35 @@ impl GlobalPool {
         }
     }
 
-    /// This pool's counters (for counting: `ORPHAN` until they are mapped).
+    /// This pool's counters, mapped on first use (`ORPHAN` if that mapping fails).
+    #[inline]
     fn counters(&self) -> &'static Counters {
         let p = self.counters.load(Acquire);
+        if p.is_null() {
+            return self.map_counters();
+        }
         // SAFETY: a non-null pointer is a `&'static Counters` (mapped, never unmapped).
-        if p.is_null() { &ORPHAN } else { unsafe { &*p } }
+        unsafe { &*p }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn map_counters(&self) -> &'static Counters {
+        let Ok(mapped) = MmapBox::new(Counters::new()) else {
+            return &ORPHAN;
+        };
+        let fresh = &*mapped as *const Counters as *mut Counters;
+        match self
+            .counters
+            .compare_exchange(null_mut(), fresh, AcqRel, Acquire)
+        {
+            Ok(_) => mapped.into_static(),
+            Err(theirs) => {
+                drop(mapped);
+                // SAFETY: published by the winner: a `&'static Counters`.
+                unsafe { &*theirs }
+            }
+        }
     }
 
     /// The published slot, if any.
@@ -211,12 +241,14 @@ impl GlobalPool {
         }
     }
 
-    /// The pool, when ready (never initialises).
+    /// The pool, when ready (never initialises): one load of the state.
     #[inline(always)]
     fn ready(&self) -> Option<&Pool> {
-        match self.slot() {
-            Some(Ok(r)) => Some(&r.pool),
-            _ => None,
+        if self.state.load(Acquire) == READY {
+            // SAFETY: `hot` is written before READY is published, and never again.
+            Some(unsafe { (*self.hot.get()).assume_init_ref() })
+        } else {
+            None
         }
     }
 
@@ -279,11 +311,7 @@ impl GlobalPool {
         {
             return self.state.load(Acquire) >= READY;
         }
-        let counters = MmapBox::new(Counters::new())
-            .map(MmapBox::into_static)
-            .unwrap_or(&ORPHAN);
-        let counters = counters as *const Counters as *mut Counters;
-        self.counters.store(counters, Release);
+        let counters = self.counters() as *const Counters as *mut Counters;
         let first = !FIRST_CLAIMED.swap(true, Relaxed);
         if first {
             FIRST_COUNTERS.store(counters, Release);
@@ -300,6 +328,9 @@ impl GlobalPool {
         }
         let state = if result.is_ok() { READY } else { FAILED };
         if let Ok(ready) = &result {
+            // SAFETY: `ready.pool` is never dropped (it is mapped for good), and neither is the
+            // copy; nobody reads `hot` before READY is published below.
+            unsafe { (*self.hot.get()).write(ready.pool.alias()) };
             let _ = INSTANCE.compare_exchange(
                 null_mut(),
                 *ready as *const Ready as *mut Ready,
@@ -478,16 +509,12 @@ impl GlobalPool {
         unsafe { system_alloc(layout, zero) }
     }
 
-    /// Free a block the fast path did not: bootstrap, a pool block under a provisioning mark,
-    /// or a system block.
+    /// Free a block that is not the pool's: a bootstrap or a system block.
     #[cold]
     #[inline(never)]
     unsafe fn dealloc_cold(&self, p: *mut u8, layout: Layout) {
         if bootstrap::contains(p) {
             bootstrap::free(p, layout);
-        } else if let Some(pool) = self.ready().filter(|pool| pool.contains(p)) {
-            // SAFETY: a block of the pool, freed once (the caller's contract).
-            unsafe { pool.free_mt(p) };
         } else {
             // SAFETY: neither pool nor bootstrap: a block of the system allocator with `layout`.
             unsafe { System.dealloc(p, layout) };
@@ -525,7 +552,7 @@ impl GlobalPool {
             // SAFETY: distinct live blocks, both valid for the copied length.
             unsafe {
                 ptr::copy_nonoverlapping(p, q, layout.size().min(new_size));
-                self.dealloc_cold(p, layout);
+                self.dealloc(p, layout);
             }
         }
         q
@@ -551,11 +578,9 @@ unsafe fn system_alloc(layout: Layout, zero: bool) -> *mut u8 {
 // never straddling registrations), bootstrap blocks (disjoint bump ranges of a static) and
 // system blocks; `dealloc`/`realloc` route each pointer back to where it came from by address.
 unsafe impl GlobalAlloc for GlobalPool {
-    #[inline]
+    #[inline(always)]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if let Some(pool) = self.ready()
-            && !provision::active()
-        {
+        if let Some(pool) = self.ready() {
             let p = pool.alloc(layout);
             if !p.is_null() {
                 return p;
@@ -566,9 +591,7 @@ unsafe impl GlobalAlloc for GlobalPool {
 
     #[inline]
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        if let Some(pool) = self.ready()
-            && !provision::active()
-        {
+        if let Some(pool) = self.ready() {
             let p = pool.alloc_zeroed(layout);
             if !p.is_null() {
                 return p;
@@ -577,14 +600,13 @@ unsafe impl GlobalAlloc for GlobalPool {
         self.alloc_cold(layout, true)
     }
 
-    #[inline]
+    #[inline(always)]
     unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
         if let Some(pool) = self.ready()
             && pool.contains(p)
-            && !provision::active()
         {
-            // SAFETY: a block of the pool with `layout` (the caller's contract).
-            return unsafe { pool.free_sized(p, layout) };
+            // SAFETY: a block of the pool (it is in its reservation) with `layout`.
+            return unsafe { pool.free_sized_in(p, layout) };
         }
         // SAFETY: forwarded from the caller.
         unsafe { self.dealloc_cold(p, layout) }
@@ -594,7 +616,6 @@ unsafe impl GlobalAlloc for GlobalPool {
     unsafe fn realloc(&self, p: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         if let Some(pool) = self.ready()
             && pool.contains(p)
-            && !provision::active()
         {
             // SAFETY: a block of the pool with `layout` (the caller's contract).
             let q = unsafe { pool.realloc(p, layout, new_size) };

@@ -42,7 +42,8 @@ pub struct GlobalStats {
     pub degraded_bytes: u64,
     /// Allocations refused (null) under [`OnFailure::Fail`](super::OnFailure::Fail).
     pub failed_allocations: u64,
-    /// Allocations made while the pool was calling into the NIC (re-entrant).
+    /// Allocations made while the pool was calling into the NIC (re-entrant) that the pool
+    /// could not serve without growing, or made before it was ready.
     pub reentrant_allocations: u64,
     /// Of those, blocks served by the bootstrap region.
     pub bootstrap_blocks: u64,

@@ -2,6 +2,7 @@
 
 use crate::common::serial;
 use rdma_pool::GlobalPool;
+use rdma_pool::arena::provision::Provisioning;
 use rdma_pool::arena::{Error, Hugepages};
 use rdma_pool::global::{GlobalConfig, GlobalState, OnFailure, Registration};
 use rdma_pool::nic::{self, Nic, Verb};
@@ -170,5 +171,47 @@ fn threads_racing_the_first_allocation_all_get_registered_memory() {
             .collect::<Vec<_>>()
     });
     assert!(keyed.iter().all(|&k| k), "{keyed:?}");
+    assert_eq!(P.stats().degraded_allocations, 0);
+}
+
+#[test]
+fn allocations_made_while_provisioning_before_the_pool_is_ready_use_the_bootstrap_region() {
+    static P: GlobalPool = GlobalPool::with_config(SMALL);
+    let l = Layout::from_size_align(200, 16).unwrap();
+    let mark = Provisioning::enter();
+    let before = P.stats();
+    // SAFETY: non-zero-size layouts; each block is freed once with its layout.
+    unsafe {
+        let a = P.alloc(l);
+        let b = P.alloc_zeroed(l);
+        assert!(!a.is_null() && !b.is_null() && a as usize % 16 == 0);
+        assert!(std::slice::from_raw_parts(b, 200).iter().all(|&x| x == 0));
+        // Not initialised by re-entrant calls, and the blocks have no keys.
+        assert_eq!(P.state(), GlobalState::Uninitialised);
+        assert!(rdma_pool::keys_of(a).is_none());
+        // Served by the bootstrap region, or by malloc when the region is full (both by
+        // address, never as pool blocks).
+        let s = P.stats();
+        assert_eq!(
+            s.reentrant_allocations,
+            before.reentrant_allocations + 2,
+            "{s:?}"
+        );
+        assert!(s.bootstrap_blocks + s.bootstrap_overflow >= before.bootstrap_blocks + 2);
+        a.write_bytes(0xC3, 200);
+        drop(mark);
+        // Outside the mark the pool initialises; a bootstrap block that grows moves into it.
+        let a2 = P.realloc(a, l, 5000);
+        assert!(P.keys_of(a2).is_some());
+        assert!(
+            std::slice::from_raw_parts(a2, 200)
+                .iter()
+                .all(|&x| x == 0xC3)
+        );
+        P.dealloc(a2, Layout::from_size_align(5000, 16).unwrap());
+        // Freeing a bootstrap block is recognised (handing it to malloc's free would crash).
+        P.dealloc(b, l);
+    }
+    assert_eq!(P.state(), GlobalState::Ready);
     assert_eq!(P.stats().degraded_allocations, 0);
 }
