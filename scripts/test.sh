@@ -29,7 +29,7 @@ cargo test --no-default-features --lib --tests
 
 echo "== Soft-RoCE (rxe) scenario suite in a QEMU guest"
 # cargo prints "Executable tests/scenarios.rs (target/debug/deps/scenarios-HASH)".
-bins=$(cargo test --no-run --test scenarios --test pinning --test arena --test alloc 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p')
+bins=$(cargo test --no-run --test scenarios --test pinning --test arena --test alloc --test global --test global_faults 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p')
 [ -n "$bins" ] || { echo "could not find the scenario test binaries" >&2; exit 1; }
 # The allocator's proptest model runs on the soft NIC in either place: a few cases in the
 # emulated guest, the full 100k operations on the host above.

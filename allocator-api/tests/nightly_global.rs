@@ -42,7 +42,8 @@ fn grow_to_a_new_alignment_keeps_the_contents() {
     let p = (&A).allocate(old).unwrap().cast::<u8>();
     // SAFETY: `p` is a live block of `old`; it is grown once and freed once with `new`.
     unsafe {
-        p.as_ptr().copy_from_nonoverlapping(b"twenty-four bytes here!!".as_ptr(), 24);
+        p.as_ptr()
+            .copy_from_nonoverlapping(b"twenty-four bytes here!!".as_ptr(), 24);
         let q = (&A).grow_zeroed(p, old, new).unwrap().cast::<u8>();
         assert_eq!(q.as_ptr() as usize % 4096, 0);
         let bytes = std::slice::from_raw_parts(q.as_ptr(), 100_000);
