@@ -4,15 +4,25 @@
 //! NIC up front, so any buffer can be posted as-is and a peer can be granted (and denied) remote
 //! access to exactly one buffer.
 //!
-//! This release holds the foundation: [`nic`], the one narrow boundary to the NIC, with two
-//! implementations — real libibverbs (feature `verbs`, on by default) and the in-process
-//! [`nic::soft`] NIC that enforces the verbs memory rules and is the embedded default when no
-//! RDMA device is present — and the [`arena`]: one reservation of hugepage slabs registered
-//! before anything is allocated from it, whose keys never change once handed out, with an O(1)
-//! lock-free [`arena::Arena::keys_of`]. The allocator front ends and grants build on it.
+//! ```
+//! #[global_allocator]
+//! static A: rdma_pool::GlobalPool = rdma_pool::GlobalPool::new();
+//! # fn main() {}
+//! ```
+//! makes every heap allocation of a program registered memory: [`keys_of`] gives the keys of
+//! any heap pointer, [`GlobalPool::pd`] the protection domain to create QPs in, [`stats`] what
+//! the pool did (see [`global`]).
+//!
+//! Underneath: [`nic`], the one narrow boundary to the NIC, with two implementations — real
+//! libibverbs (feature `verbs`, on by default) and the in-process [`nic::soft`] NIC that
+//! enforces the verbs memory rules and is the embedded default when no RDMA device is present —
+//! the [`arena`]: one reservation of hugepage slabs registered before anything is allocated
+//! from it, whose keys never change once handed out, with an O(1) lock-free
+//! [`arena::Arena::keys_of`]; and the allocator core [`alloc::Pool`], which [`GlobalPool`] and
+//! the allocator-api2 front end (`Vec::new_in(&pool)`) put in front of it.
 //!
 //! # Examples
-//! Two in-process peers on the soft NIC: register, RDMA WRITE, READ back.
+//! The raw verbs layer: two in-process peers on the soft NIC, register, RDMA WRITE.
 //! ```
 //! use rdma_pool::nic::{Access, Nic, QpCaps, WcStatus};
 //! use std::time::Duration;
