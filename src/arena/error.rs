@@ -46,7 +46,8 @@ pub enum Error {
     NotRegistered,
     /// The arena was asked to grow while this thread is already provisioning (calling into
     /// the NIC): an allocation made by the NIC layer itself, which must be served elsewhere
-    /// (see [`provision`](super::provision)).
+    /// (see [`provision`](super::provision)); or a `GlobalPool` was asked for its pool from
+    /// inside its own initialisation.
     #[error("the arena cannot grow from inside its own provisioning")]
     Reentrant,
     /// The NIC refused a registration.

@@ -112,3 +112,9 @@ pub(crate) fn usage() -> (u64, usize, usize) {
         TOP.load(Relaxed),
     )
 }
+
+/// The invariants of the module contract.
+pub(crate) fn validate() -> bool {
+    let top = TOP.load(Relaxed);
+    top <= BYTES && LIVE_BYTES.load(Relaxed) <= top
+}

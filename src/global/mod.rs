@@ -42,7 +42,14 @@
 //! - **No NIC call on a fast path**: `alloc`/`dealloc` of a ready pool are [`Pool`]'s fast
 //!   paths after one load of the state and one thread-local read.
 //!
-//! Invariant: `state == READY ⇒ slot` holds `Ok(Ready)`; `state == FAILED ⇒ slot` holds the
+//! - **Initialisation runs under a provisioning mark** from the state transition to its
+//!   publication, so everything it allocates (the NIC's handles, `tracing`) goes to the bootstrap
+//!   region; [`GlobalPool::init`] called from inside it (say, by the opener) answers
+//!   [`Error::Reentrant`] rather than wait for itself. With `panic = "abort"` a panic in the
+//!   opener aborts; otherwise it is caught.
+//!
+//! Invariant (checked by [`GlobalPool::validate`]): `state == READY ⇒ slot` holds `Ok(Ready)`
+//! and `hot` a copy of its pool handle (`hot.arena() == ready.pool.arena()`); `state == FAILED ⇒ slot` holds the
 //! `Err`; the slot is written once, before the state is published with `Release`.
 
 mod api2;
@@ -85,6 +92,38 @@ struct Ready {
     pool: Pool,
 }
 
+/// What [`GlobalPool::init`] answers when called from inside the pool's own initialisation.
+static REENTRANT: Error = Error::Reentrant;
+
+thread_local! {
+    /// The `GlobalPool` this thread is initialising (its address), 0 for none.
+    static INIT_OWNER: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Marks this thread as the one initialising a pool, until dropped.
+struct InitOwner(usize);
+
+impl InitOwner {
+    fn enter(pool: &GlobalPool) -> InitOwner {
+        let prev = INIT_OWNER
+            .try_with(|o| o.replace(pool as *const GlobalPool as usize))
+            .unwrap_or(0);
+        InitOwner(prev)
+    }
+
+    fn is(pool: &GlobalPool) -> bool {
+        INIT_OWNER
+            .try_with(|o| o.get() == pool as *const GlobalPool as usize)
+            .unwrap_or(false)
+    }
+}
+
+impl Drop for InitOwner {
+    fn drop(&mut self) {
+        let _ = INIT_OWNER.try_with(|o| o.set(self.0));
+    }
+}
+
 /// The first `GlobalPool` that became ready: what [`keys_of`] and [`stats`] consult.
 static INSTANCE: AtomicPtr<Ready> = AtomicPtr::new(null_mut());
 
@@ -101,6 +140,10 @@ static ORPHAN: Counters = Counters::new();
 static ZERO: Counters = Counters::new();
 
 /// A pool usable as `#[global_allocator]`; see the [module documentation](self).
+///
+/// Meant to live in a `static`. Its NIC, PD and arena are mapped for the rest of the process
+/// once initialised (blocks it handed out may be live anywhere), so a `GlobalPool` that is
+/// dropped leaves them registered rather than pull memory from under its users.
 ///
 /// # Examples
 /// ```
@@ -270,6 +313,10 @@ impl GlobalPool {
             if let Some(slot) = self.slot() {
                 return slot.as_ref().map(|r| &r.pool);
             }
+            if InitOwner::is(self) {
+                // Called from inside this pool's own initialisation (say, by the opener).
+                return Err(&REENTRANT);
+            }
             if !self.try_init() {
                 std::thread::yield_now();
             }
@@ -311,17 +358,18 @@ impl GlobalPool {
         {
             return self.state.load(Acquire) >= READY;
         }
+        // Everything from here to the publication allocates under the mark: those allocations
+        // (the NIC's, `tracing`'s) go to the bootstrap region, never back into this function.
+        let _mark = Provisioning::enter();
+        let _owner = InitOwner::enter(self);
         let counters = self.counters() as *const Counters as *mut Counters;
         let first = !FIRST_CLAIMED.swap(true, Relaxed);
         if first {
             FIRST_COUNTERS.store(counters, Release);
             FIRST_STATE.store(BUSY, Release);
         }
-        let result = {
-            let _mark = Provisioning::enter();
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.open()))
-                .unwrap_or(Err(Error::Config("initialisation panicked")))
-        };
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.open()))
+            .unwrap_or(Err(Error::Config("initialisation panicked")));
         if let Err(e) = &result {
             tracing::warn!(error = %e, on_failure = ?self.config.on_failure,
                 "rdma_pool: GlobalPool could not initialise; allocations are not registered");
@@ -368,6 +416,31 @@ impl GlobalPool {
                 what: "mmap of the global pool's handles",
                 errno,
             })
+    }
+
+    /// Check the invariants of the module contract, of the bootstrap region and of the pool
+    /// itself (at quiescence; for tests).
+    ///
+    /// # Examples
+    /// ```
+    /// static POOL: rdma_pool::GlobalPool = rdma_pool::GlobalPool::new();
+    /// assert!(POOL.validate());
+    /// POOL.init().unwrap();
+    /// assert!(POOL.validate());
+    /// ```
+    pub fn validate(&self) -> bool {
+        let ok = match (self.slot(), self.ready()) {
+            (Some(Ok(r)), Some(hot)) => {
+                std::ptr::eq(hot.arena(), r.pool.arena()) && r.pool.validate()
+            }
+            (Some(Err(_)), None) => true,
+            (None, None) => matches!(
+                self.state(),
+                GlobalState::Uninitialised | GlobalState::Initialising
+            ),
+            _ => false,
+        };
+        ok && bootstrap::validate()
     }
 
     /// The configuration in force once the pool is ready: [`GlobalPool::config`] with the

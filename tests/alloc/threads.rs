@@ -171,3 +171,41 @@ fn steady_state_makes_no_nic_calls() {
     assert_eq!(after.deregistrations, before.deregistrations);
     assert_eq!(pool.stats().arena.regs, arena_regs);
 }
+
+#[test]
+fn blocks_freed_in_a_row_by_another_thread_go_back_in_chains_and_are_reused() {
+    let _g = serial();
+    let (_nic, pd) = soft_pd(Default::default());
+    let pool = pool_on(&pd, Access::empty());
+    let l = std::alloc::Layout::from_size_align(256, 8).unwrap();
+    let c = rdma_pool::alloc::CLASSES;
+    let pages_of = |pool: &Pool| -> u64 { pool.stats().classes[..c].iter().map(|k| k.pages).sum() };
+    let mut pages = 0;
+    for round in 0..5 {
+        // This thread allocates in order; another frees them, with their size, in the same
+        // order: its cache flushes them back to this thread's pages a chain at a time.
+        let blocks: Vec<usize> = (0..4000).map(|_| pool.alloc(l) as usize).collect();
+        assert!(blocks.iter().all(|&p| p != 0));
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                // A thread with a heap of its own in the pool (it allocated once), so that
+                // sized frees go through its cache.
+                let own = pool.alloc(l);
+                // SAFETY: a live block of `pool` with `l`.
+                unsafe { pool.free_sized(own, l) };
+                for &p in &blocks {
+                    // SAFETY: live blocks of `pool` with `l`, freed once.
+                    unsafe { pool.free_sized(p as *mut u8, l) };
+                }
+            });
+        });
+        assert_eq!(pool.live_blocks(), 0, "round {round}");
+        assert!(pool.validate());
+        // Every round reuses the first round's pages.
+        if round == 0 {
+            pages = pages_of(&pool);
+        } else {
+            assert_eq!(pages_of(&pool), pages, "round {round}");
+        }
+    }
+}

@@ -81,6 +81,7 @@ fn injected_registration_failures_degrade_then_registration_resumes() {
     let fresh = Layout::from_size_align(40 << 20, 4096).unwrap();
     assert!(round_trip(&P, fresh));
     assert_eq!(P.stats().state, GlobalState::Ready);
+    assert!(P.validate());
 }
 
 #[test]
@@ -172,6 +173,7 @@ fn threads_racing_the_first_allocation_all_get_registered_memory() {
     });
     assert!(keyed.iter().all(|&k| k), "{keyed:?}");
     assert_eq!(P.stats().degraded_allocations, 0);
+    assert!(P.validate());
 }
 
 #[test]
@@ -214,4 +216,21 @@ fn allocations_made_while_provisioning_before_the_pool_is_ready_use_the_bootstra
     }
     assert_eq!(P.state(), GlobalState::Ready);
     assert_eq!(P.stats().degraded_allocations, 0);
+    assert!(P.validate());
+}
+
+#[test]
+fn a_pool_asked_for_itself_while_initialising_says_so_instead_of_waiting() {
+    static P: GlobalPool = GlobalPool::with_config(GlobalConfig {
+        open: Some(asks_for_itself),
+        ..SMALL
+    });
+    fn asks_for_itself() -> nic::Result<Nic> {
+        // From inside the opener: neither a deadlock nor a recursive initialisation.
+        assert!(matches!(P.init(), Err(Error::Reentrant)));
+        assert!(P.nic().is_err());
+        Ok(Nic::soft())
+    }
+    assert!(P.init().is_ok(), "{:?}", P.init_error());
+    assert!(round_trip(&P, Layout::new::<[u8; 100]>()));
 }
