@@ -268,7 +268,31 @@ impl Pool {
             }
         }
         // SAFETY: forwarded from the caller.
-        unsafe { self.free_outlined(p) }
+        unsafe { self.free_sized_slow(p, layout) }
+    }
+
+    /// A sized free the cache could not take at once: make room (flushing half of it, remote
+    /// blocks a page-chain per CAS), or claim a heap for a thread that only frees, so that its
+    /// frees are batched too; anything else goes the unsized way.
+    #[cold]
+    #[inline(never)]
+    unsafe fn free_sized_slow(&self, p: *mut u8, layout: Layout) {
+        if layout.align() <= 8 && layout.size() <= CACHED_MAX {
+            let heap = tls::heap_for(self.id, self.inner());
+            if !heap.is_null() {
+                // SAFETY: this thread's heap.
+                let heap = unsafe { &*heap };
+                let c = class_of(layout.size());
+                if !heap.cache_sized(c, p) {
+                    heap.flush_half(c);
+                    let cached = heap.cache_sized(c, p);
+                    debug_assert!(cached, "half the cache was just emptied");
+                }
+                return;
+            }
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe { self.free(p) }
     }
 
     /// True when `p` lies in this pool's reservation (one subtraction and a compare; says
@@ -296,13 +320,6 @@ impl Pool {
         // SAFETY: `Pool` is a handle (an id, a copy of the page table, a pointer); the caller
         // keeps the original alive and never drops the copy, so `inner` is dropped once.
         ManuallyDrop::new(unsafe { std::ptr::read(self) })
-    }
-
-    /// [`Pool::free`] out of line, so the sized fast path stays a leaf function.
-    #[inline(never)]
-    unsafe fn free_outlined(&self, p: *mut u8) {
-        // SAFETY: forwarded from the caller.
-        unsafe { self.free(p) }
     }
 
     /// Resize a block, in place when its size class or slab run allows.
