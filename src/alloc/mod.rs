@@ -266,33 +266,39 @@ impl Pool {
             if !heap.is_null() && unsafe { (*heap).cache_sized(class_of(size), p) } {
                 return;
             }
+            // SAFETY: forwarded from the caller; a small block (`size <= CACHED_MAX`).
+            return unsafe { self.free_sized_slow(p, size) };
         }
         // SAFETY: forwarded from the caller.
-        unsafe { self.free_sized_slow(p, layout) }
+        unsafe { self.free_outlined(p) }
     }
 
-    /// A sized free the cache could not take at once: make room (flushing half of it, remote
-    /// blocks a page-chain per CAS), or claim a heap for a thread that only frees, so that its
-    /// frees are batched too; anything else goes the unsized way.
-    #[cold]
+    /// [`Pool::free`] out of line, so the sized fast path stays a leaf function.
     #[inline(never)]
-    unsafe fn free_sized_slow(&self, p: *mut u8, layout: Layout) {
-        if layout.align() <= 8 && layout.size() <= CACHED_MAX {
-            let heap = tls::heap_for(self.id, self.inner());
-            if !heap.is_null() {
-                // SAFETY: this thread's heap.
-                let heap = unsafe { &*heap };
-                let c = class_of(layout.size());
-                if !heap.cache_sized(c, p) {
-                    heap.flush_half(c);
-                    let cached = heap.cache_sized(c, p);
-                    debug_assert!(cached, "half the cache was just emptied");
-                }
-                return;
-            }
-        }
+    unsafe fn free_outlined(&self, p: *mut u8) {
         // SAFETY: forwarded from the caller.
         unsafe { self.free(p) }
+    }
+
+    /// A sized free of a small block (aligned to at most 8, `size <= CACHED_MAX`) the cache
+    /// could not take at once: make room (flushing half of it, remote blocks a page-chain per
+    /// CAS), or claim a heap for a thread that only frees, so that its frees are batched too.
+    #[cold]
+    #[inline(never)]
+    unsafe fn free_sized_slow(&self, p: *mut u8, size: usize) {
+        let heap = tls::heap_for(self.id, self.inner());
+        if heap.is_null() {
+            // SAFETY: forwarded from the caller.
+            return unsafe { self.free(p) };
+        }
+        // SAFETY: this thread's heap.
+        let heap = unsafe { &*heap };
+        let c = class_of(size);
+        if !heap.cache_sized(c, p) {
+            heap.flush_half(c);
+            let cached = heap.cache_sized(c, p);
+            debug_assert!(cached, "half the cache was just emptied");
+        }
     }
 
     /// True when `p` lies in this pool's reservation (one subtraction and a compare; says
@@ -309,6 +315,12 @@ impl Pool {
     #[inline(always)]
     pub fn contains(&self, p: *const u8) -> bool {
         self.table.contains(p)
+    }
+
+    /// `(base, reserve)` of the pool's reservation: [`Pool::contains`] is
+    /// `p - base < reserve`.
+    pub(crate) fn span(&self) -> (usize, usize) {
+        self.table.span()
     }
 
     /// A bitwise copy of this handle that is never dropped: for a front end that keeps the hot

@@ -91,6 +91,11 @@ unsafe impl Send for PageTable {}
 unsafe impl Sync for PageTable {}
 
 impl PageTable {
+    /// `(base, reserve)`: the reservation's first address and length.
+    pub(crate) fn span(&self) -> (usize, usize) {
+        (self.base, self.reserve)
+    }
+
     /// Whether `p` lies in the pool's reservation.
     #[inline(always)]
     pub(crate) fn contains(&self, p: *const u8) -> bool {

@@ -72,7 +72,7 @@ use std::cell::UnsafeCell;
 use std::mem::{ManuallyDrop, MaybeUninit};
 use std::ptr::{self, null_mut};
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize};
 use std::time::{Duration, Instant};
 
 const UNINIT: u8 = 0;
@@ -167,6 +167,11 @@ pub struct GlobalPool {
     /// A copy of the ready pool's handle (of `Ready::pool`, never dropped), kept here so that
     /// the fast paths read the pool's id and page table from this static, written before READY.
     hot: UnsafeCell<MaybeUninit<ManuallyDrop<Pool>>>,
+    /// The ready pool's reservation, `(0, 0)` before: `dealloc` tests `p - base < reserve`
+    /// without loading the state (a reserve of 0 contains nothing — the empty sentinel).
+    /// `reserve` is stored last, with `Release`, after `hot`.
+    base: AtomicUsize,
+    reserve: AtomicUsize,
     /// This pool's counters, mapped (and never unmapped) on first use.
     counters: AtomicPtr<Counters>,
 }
@@ -223,6 +228,8 @@ impl GlobalPool {
             state: AtomicU8::new(UNINIT),
             slot: UnsafeCell::new(MaybeUninit::uninit()),
             hot: UnsafeCell::new(MaybeUninit::uninit()),
+            base: AtomicUsize::new(0),
+            reserve: AtomicUsize::new(0),
             counters: AtomicPtr::new(null_mut()),
         }
     }
@@ -323,6 +330,20 @@ impl GlobalPool {
         }
     }
 
+    /// The pool, if it is ready and `p` lies in its reservation: two loads and a compare, no
+    /// load of the state.
+    #[inline(always)]
+    fn owner_of(&self, p: *const u8) -> Option<&Pool> {
+        let reserve = self.reserve.load(Acquire);
+        let base = self.base.load(Relaxed);
+        if (p as usize).wrapping_sub(base) < reserve {
+            // SAFETY: a non-zero `reserve` was published (Release) after `hot` was written.
+            Some(unsafe { (*self.hot.get()).assume_init_ref() })
+        } else {
+            None
+        }
+    }
+
     /// The pool, initialising it first if needed; `None` while another thread initialises it
     /// (after waiting up to [`INIT_WAIT`]), when this thread is itself initialising or
     /// provisioning, or when initialisation failed.
@@ -379,6 +400,9 @@ impl GlobalPool {
             // SAFETY: `ready.pool` is never dropped (it is mapped for good), and neither is the
             // copy; nobody reads `hot` before READY is published below.
             unsafe { (*self.hot.get()).write(ready.pool.alias()) };
+            let (base, reserve) = ready.pool.span();
+            self.base.store(base, Relaxed);
+            self.reserve.store(reserve, Release);
             let _ = INSTANCE.compare_exchange(
                 null_mut(),
                 *ready as *const Ready as *mut Ready,
@@ -601,7 +625,7 @@ impl GlobalPool {
         let Ok(new) = Layout::from_size_align(new_size, layout.align()) else {
             return null_mut();
         };
-        let in_pool = self.ready().is_some_and(|pool| pool.contains(p));
+        let in_pool = self.owner_of(p).is_some();
         // A bootstrap block stays put only while provisioning; otherwise it moves to the pool.
         if bootstrap::contains(p)
             && provision::active()
@@ -675,9 +699,7 @@ unsafe impl GlobalAlloc for GlobalPool {
 
     #[inline(always)]
     unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
-        if let Some(pool) = self.ready()
-            && pool.contains(p)
-        {
+        if let Some(pool) = self.owner_of(p) {
             // SAFETY: a block of the pool (it is in its reservation) with `layout`.
             return unsafe { pool.free_sized_in(p, layout) };
         }
@@ -687,9 +709,7 @@ unsafe impl GlobalAlloc for GlobalPool {
 
     #[inline]
     unsafe fn realloc(&self, p: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if let Some(pool) = self.ready()
-            && pool.contains(p)
-        {
+        if let Some(pool) = self.owner_of(p) {
             // SAFETY: a block of the pool with `layout` (the caller's contract).
             let q = unsafe { pool.realloc(p, layout, new_size) };
             if !q.is_null() {
