@@ -150,3 +150,32 @@ fn the_send_queue_depth_is_enforced_behind_a_waiting_send() {
     let e = qa.post_send(3, &[smr.sge(0, 8).unwrap()]).unwrap_err();
     assert_eq!(e.errno(), Some(libc::ENOMEM));
 }
+
+#[test]
+fn keys_past_the_first_chunks_of_the_table_work_and_are_recycled() {
+    // The key table allocates its slots a chunk of 1024 at a time: regions past the first
+    // chunks get distinct keys, move data, and their keys are handed out again once freed.
+    let bed = soft_bed(SoftConfig::default());
+    let mut a = buf(4096, 7);
+    let mrs: Vec<Mr> = (0..2500)
+        .map(|_| reg_in(&bed.a.pd, &mut a, Access::LOCAL_WRITE).unwrap())
+        .collect();
+    let keys: std::collections::HashSet<u32> = mrs.iter().map(|m| m.lkey().0).collect();
+    assert_eq!(keys.len(), 2500);
+    let (_dst, dst_mr) = bed
+        .b
+        .reg_buf(4096, 0, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let last = mrs.last().unwrap();
+    assert_eq!(
+        write(&bed, last, 4096, dst_mr.addr() as u64, dst_mr.rkey()),
+        WcStatus::Success
+    );
+    let soft = bed.a.nic.as_soft().unwrap();
+    soft.validate().unwrap();
+    drop(mrs);
+    soft.validate().unwrap();
+    let again = reg_in(&bed.a.pd, &mut a, Access::LOCAL_WRITE).unwrap();
+    // A recycled index (1..=2500), not the next fresh one, under a new variant.
+    assert!((again.lkey().0 >> 8) <= 2500 && !keys.contains(&again.lkey().0));
+    soft.validate().unwrap();
+}

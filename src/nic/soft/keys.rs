@@ -7,14 +7,19 @@
 //! only by registration and deregistration. A data transfer holds its slot's read lock while it
 //! copies, so a deregistration waits for in-flight DMA, as hardware does.
 //!
-//! Invariants: `|free| + |occupied| == capacity - 1` (index 0 is never used);
+//! Slots live in chunks of `CHUNK`, allocated when an index in them is first handed out (a
+//! table sized for `max_mr + max_mw` costs memory only for the keys in use); indices are
+//! handed out lowest first, recycled ones before fresh ones.
+//!
+//! Invariants: `|recycled| + (capacity - next) + |occupied| == capacity - 1` (index 0 is
+//! never used);
 //! `mr.num_mw == |{ mw : mw.bound.mr_index == mr's index }|`.
 
 use super::mem;
 use super::pin::PinnedPages;
 use crate::nic::types::{Access, MwType};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// Per-page ODP residency of a region: a page is present for reading, and maybe for writing.
 pub(super) enum Residency {
@@ -211,9 +216,19 @@ pub(super) struct Slot {
 }
 
 pub(super) struct KeyTable {
-    slots: Box<[RwLock<Slot>]>,
-    free: Mutex<Vec<u32>>,
+    /// Slot chunks, each allocated on first use (chunk 0, holding the never-used index 0,
+    /// at once).
+    chunks: Box<[OnceLock<Chunk>]>,
+    capacity: u32,
+    /// Free indices: recycled ones, and the first never handed out.
+    free: Mutex<(Vec<u32>, u32)>,
 }
+
+/// Slots per chunk.
+const CHUNK: u32 = 1024;
+
+/// `CHUNK` slots (fewer in the last chunk).
+type Chunk = Box<[RwLock<Slot>]>;
 
 /// Why a key lookup failed (mapped to a completion status or errno by the caller).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -252,23 +267,60 @@ pub(super) enum KeyFault {
 
 impl KeyTable {
     pub(super) fn new(capacity: u32) -> KeyTable {
-        let cap = capacity.clamp(2, 1 << 24);
-        let slots = (0..cap)
-            .map(|i| {
-                RwLock::new(Slot {
-                    variant: (i.wrapping_mul(37) & 0xff) as u8,
-                    obj: None,
-                })
-            })
+        let capacity = capacity.clamp(2, 1 << 24);
+        let chunks: Box<[OnceLock<_>]> = (0..capacity.div_ceil(CHUNK))
+            .map(|_| OnceLock::new())
             .collect();
-        // Pop from the end: low indices first.
-        let free = Mutex::new((1..cap).rev().collect());
-        KeyTable { slots, free }
+        let table = KeyTable {
+            chunks,
+            capacity,
+            free: Mutex::new((Vec::new(), 1)),
+        };
+        table.chunk(0);
+        table
+    }
+
+    /// Chunk `c`, allocated if it was not yet.
+    fn chunk(&self, c: u32) -> &[RwLock<Slot>] {
+        self.chunks[c as usize].get_or_init(|| {
+            (c * CHUNK..((c + 1) * CHUNK).min(self.capacity))
+                .map(|i| {
+                    RwLock::new(Slot {
+                        variant: (i.wrapping_mul(37) & 0xff) as u8,
+                        obj: None,
+                    })
+                })
+                .collect()
+        })
+    }
+
+    /// The slot at `index`; index 0 (never handed out, always empty) for an index out of
+    /// range or in a chunk never allocated.
+    fn slot(&self, index: u32) -> &RwLock<Slot> {
+        let first = &self.chunk(0)[0];
+        if index >= self.capacity {
+            return first;
+        }
+        match self.chunks[(index / CHUNK) as usize].get() {
+            Some(chunk) => &chunk[(index % CHUNK) as usize],
+            None => first,
+        }
     }
 
     /// Put `obj` in a free slot; returns its key, or `None` when the table is full.
     pub(super) fn insert(&self, obj: KeyObj) -> Option<u32> {
-        let index = self.free.lock().unwrap_or_else(|e| e.into_inner()).pop()?;
+        let index = {
+            let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+            match free.0.pop() {
+                Some(i) => i,
+                None if free.1 < self.capacity => {
+                    free.1 += 1;
+                    free.1 - 1
+                }
+                None => return None,
+            }
+        };
+        self.chunk(index / CHUNK);
         let mut slot = self.write(index);
         slot.variant = slot.variant.wrapping_add(1);
         slot.obj = Some(obj);
@@ -291,30 +343,32 @@ impl KeyTable {
         self.free
             .lock()
             .unwrap_or_else(|e| e.into_inner())
+            .0
             .push(index);
         Ok(obj)
     }
 
     /// Index 0 is never handed out, so an out-of-range index reads as an empty slot.
     pub(super) fn read(&self, index: u32) -> RwLockReadGuard<'_, Slot> {
-        let slot = self.slots.get(index as usize).unwrap_or(&self.slots[0]);
-        slot.read().unwrap_or_else(|e| e.into_inner())
+        self.slot(index).read().unwrap_or_else(|e| e.into_inner())
     }
 
     pub(super) fn write(&self, index: u32) -> RwLockWriteGuard<'_, Slot> {
-        let slot = self.slots.get(index as usize).unwrap_or(&self.slots[0]);
-        slot.write().unwrap_or_else(|e| e.into_inner())
+        self.slot(index).write().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Check the invariants of the module contract; returns what is violated.
     pub(super) fn validate(&self) -> Result<(), String> {
-        let free = self.free.lock().unwrap_or_else(|e| e.into_inner()).len();
+        let free = {
+            let free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+            free.0.len() + (self.capacity - free.1) as usize
+        };
         let occupied = self.occupied();
-        if free + occupied.len() != self.slots.len() - 1 {
+        if free + occupied.len() != self.capacity as usize - 1 {
             return Err(format!(
                 "|free| {free} + |occupied| {} != capacity - 1 {}",
                 occupied.len(),
-                self.slots.len() - 1
+                self.capacity - 1
             ));
         }
         let mut bound = std::collections::HashMap::<u32, u32>::new();
@@ -342,7 +396,8 @@ impl KeyTable {
 
     /// Every occupied index (cold: tests and ODP invalidation).
     pub(super) fn occupied(&self) -> Vec<u32> {
-        (1..self.slots.len() as u32)
+        (1..self.capacity)
+            .filter(|&i| self.chunks[(i / CHUNK) as usize].get().is_some())
             .filter(|&i| self.read(i).obj.is_some())
             .collect()
     }

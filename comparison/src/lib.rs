@@ -1,0 +1,87 @@
+//! mimalloc-bench-style whole-program workloads, re-implemented in Rust, run with a given
+//! `#[global_allocator]`: one binary per allocator (`with_rdma_pool`, `with_mimalloc`,
+//! `with_jemalloc`, `with_system`) calls [`main`], and the `compare` binary runs them all back
+//! to back and writes the table.
+//!
+//! A run is `with_<allocator> <workload> <threads> [<scale>]`; it prints one line,
+//! `RESULT <allocator> <workload> <threads> <seconds> <peak_kib> <checksum> [<notes>]`, where
+//! the peak is the process's `VmHWM` plus its `HugetlbPages` (hugetlb pages are not part of
+//! RSS) and the checksum is a function of what the workload computed, equal for every
+//! allocator (the runner checks it).
+#![warn(missing_docs, unreachable_pub)]
+
+pub mod workloads;
+
+use std::time::Instant;
+
+/// Peak memory in KiB: `VmHWM + HugetlbPages` from `/proc/self/status`.
+pub fn peak_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| -> u64 {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    field("VmHWM:") + field("HugetlbPages:")
+}
+
+/// Parse the arguments, run the workload, print the `RESULT` line. `notes` adds
+/// allocator-specific facts (e.g. degraded allocations) after the run.
+pub fn main(allocator: &str, notes: impl Fn() -> Option<String>) {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let usage = || -> ! {
+        eprintln!(
+            "usage: with_{allocator} <workload> <threads> [<scale>]\nworkloads: {}",
+            workloads::NAMES.join(" ")
+        );
+        std::process::exit(2)
+    };
+    let (Some(name), Some(threads)) = (args.first(), args.get(1).and_then(|t| t.parse().ok()))
+    else {
+        usage()
+    };
+    let scale: f64 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(1.0);
+    let Some(run) = workloads::by_name(name) else {
+        usage()
+    };
+    let start = Instant::now();
+    let checksum = run(threads, scale);
+    let secs = start.elapsed().as_secs_f64();
+    if std::env::var_os("COMPARE_SMAPS").is_some() {
+        print_largest_mappings();
+    }
+    println!(
+        "RESULT {allocator} {name} {threads} {secs:.6} {} {checksum:016x} {}",
+        peak_kib(),
+        notes().unwrap_or_default()
+    );
+}
+
+/// With `COMPARE_SMAPS` set: the ten mappings with the most resident memory, to stderr (what
+/// a peak-memory ratio is made of).
+fn print_largest_mappings() {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap_or_default();
+    let mut rows: Vec<(u64, String)> = Vec::new();
+    let mut name = String::new();
+    for line in smaps.lines() {
+        let first = line.split_whitespace().next().unwrap_or("");
+        if first.contains('-') && first.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+            name = line.to_string();
+        } else if let Some(kib) = line.strip_prefix("Rss:") {
+            let kib = kib
+                .trim()
+                .trim_end_matches(" kB")
+                .trim()
+                .parse()
+                .unwrap_or(0);
+            rows.push((kib, name.clone()));
+        }
+    }
+    rows.sort_by_key(|r| std::cmp::Reverse(r.0));
+    for (kib, name) in rows.iter().take(10) {
+        eprintln!("{kib:>8} KiB  {name}");
+    }
+}

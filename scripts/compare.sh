@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The comparison suite (README, "Comparison suite"): builds the workload binaries in release mode
+# — one per allocator as #[global_allocator]: rdma-pool's GlobalPool on the soft NIC, mimalloc,
+# jemalloc, glibc — runs every workload with every allocator back to back, repeated, and writes
+# the markdown table (with the machine it ran on) to comparison/RESULTS.md and into the README.
+# Arguments go to the runner: --threads N (the …N workloads; default: the cores), --repeats R
+# (default 3), --scale F (1 = the originals' parameters), --only a,b.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/deps.sh
+# Huge pages, as for the tests, where we may reserve them: rdma-pool prefers them.
+if [ "$(id -u)" -eq 0 ] && [ -w /proc/sys/vm/nr_hugepages ]; then
+    [ "$(cat /proc/sys/vm/nr_hugepages)" -ge 8 ] || echo 8 > /proc/sys/vm/nr_hugepages || true
+fi
+cargo build --release -p rdma-pool-comparison --bins
+exec target/release/compare --out comparison/RESULTS.md --readme README.md "$@"
