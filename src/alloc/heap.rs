@@ -138,47 +138,26 @@ impl Heap {
         self.flush(c, SLOTS / 2);
     }
 
-    /// Return `n` cached blocks of class `c` to their pages. Blocks of another heap's page
-    /// that come in a row (blocks freed in the order they were allocated) go back as one
-    /// chain, with one CAS.
+    /// Return `n` cached blocks of class `c` to their pages (all of this heap: only blocks of
+    /// its own pages are cached).
     fn flush(&self, c: usize, n: usize) {
         let table = self.pool().table;
-        // A chain of remote blocks of one page: (page, first, last).
-        let mut chain: Option<(&Page, *mut Block, *mut Block)> = None;
         for _ in 0..n {
             let q = self.tcache[c].pop();
             if q.is_null() {
-                break;
+                return;
             }
-            let Some(page) = table.page_of(q) else {
-                continue;
-            };
-            if std::ptr::eq(page.heap.load(R), self) {
-                self.free_to_page(page, q);
-                continue;
-            }
-            // A block another heap owns, cached by a sized free from this thread.
-            let b = q.cast::<Block>();
-            match &mut chain {
-                Some((cp, first, _)) if std::ptr::eq(*cp, page) => {
-                    // SAFETY: `b` is ours (just popped); it becomes the chain's head.
-                    unsafe { (*b).next = *first };
-                    *first = b;
-                }
-                _ => {
-                    if let Some((cp, first, last)) = chain.take() {
-                        Heap::free_remote_list(cp, first, last);
-                    }
-                    chain = Some((page, b, b));
+            if let Some(page) = table.page_of(q) {
+                if std::ptr::eq(page.heap.load(R), self) {
+                    self.free_to_page(page, q);
+                } else {
+                    Heap::free_remote(page, q);
                 }
             }
-        }
-        if let Some((cp, first, last)) = chain {
-            Heap::free_remote_list(cp, first, last);
         }
     }
 
-    /// Cache a block of class `c` freed with its size (any heap's page of this pool): the
+    /// Cache a block of class `c` of one of this heap's pages, freed with its size: the
     /// sized-free fast path. False when the cache is full.
     #[inline(always)]
     pub(crate) fn cache_sized(&self, c: usize, p: *mut u8) -> bool {

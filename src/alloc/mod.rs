@@ -262,43 +262,41 @@ impl Pool {
         let size = layout.size();
         if layout.align() <= 8 && size <= CACHED_MAX {
             let heap = tls::heap_of(self.id);
-            // SAFETY: this thread's heap; `class_of(size) < CACHED_CLASSES`.
-            if !heap.is_null() && unsafe { (*heap).cache_sized(class_of(size), p) } {
-                return;
+            // SAFETY: `p` is in the reservation (the caller's contract).
+            let page = unsafe { self.table.page_of_unchecked(p) };
+            if page.heap.load(Relaxed) == heap && !heap.is_null() {
+                // SAFETY: this thread's heap; `class_of(size) < CACHED_CLASSES`.
+                if unsafe { (*heap).cache_sized(class_of(size), p) } {
+                    return;
+                }
+                // SAFETY: as above.
+                return unsafe { self.free_sized_slow(heap, p, size) };
             }
-            // SAFETY: forwarded from the caller; a small block (`size <= CACHED_MAX`).
-            return unsafe { self.free_sized_slow(p, size) };
         }
         // SAFETY: forwarded from the caller.
         unsafe { self.free_outlined(p) }
     }
 
-    /// [`Pool::free`] out of line, so the sized fast path stays a leaf function.
+    /// [`Pool::free`] out of line, so the sized fast path stays a leaf function. A block of
+    /// another thread's page goes back to that page, never into this thread's cache: two
+    /// threads then never end up writing blocks of one cache line (passive false sharing).
     #[inline(never)]
     unsafe fn free_outlined(&self, p: *mut u8) {
         // SAFETY: forwarded from the caller.
         unsafe { self.free(p) }
     }
 
-    /// A sized free of a small block (aligned to at most 8, `size <= CACHED_MAX`) the cache
-    /// could not take at once: make room (flushing half of it, remote blocks a page-chain per
-    /// CAS), or claim a heap for a thread that only frees, so that its frees are batched too.
+    /// A sized free of a block of this thread's page when its cache is full: flush half the
+    /// cache, then cache the block.
     #[cold]
     #[inline(never)]
-    unsafe fn free_sized_slow(&self, p: *mut u8, size: usize) {
-        let heap = tls::heap_for(self.id, self.inner());
-        if heap.is_null() {
-            // SAFETY: forwarded from the caller.
-            return unsafe { self.free(p) };
-        }
-        // SAFETY: this thread's heap.
+    unsafe fn free_sized_slow(&self, heap: *mut Heap, p: *mut u8, size: usize) {
+        // SAFETY: this thread's heap (the caller's contract).
         let heap = unsafe { &*heap };
         let c = class_of(size);
-        if !heap.cache_sized(c, p) {
-            heap.flush_half(c);
-            let cached = heap.cache_sized(c, p);
-            debug_assert!(cached, "half the cache was just emptied");
-        }
+        heap.flush_half(c);
+        let cached = heap.cache_sized(c, p);
+        debug_assert!(cached, "half the cache was just emptied");
     }
 
     /// True when `p` lies in this pool's reservation (one subtraction and a compare; says

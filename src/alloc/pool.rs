@@ -105,19 +105,28 @@ impl PageTable {
     /// The head descriptor of the page or run holding `p`, if `p` is in the pool.
     #[inline(always)]
     pub(crate) fn page_of(&self, p: *const u8) -> Option<&Page> {
-        let off = (p as usize).wrapping_sub(self.base);
-        if off >= self.reserve {
+        if !self.contains(p) {
             return None;
         }
-        let i = off >> GRANULE_SHIFT;
-        // SAFETY: `off < reserve` and the table has `reserve >> GRANULE_SHIFT` entries, alive
-        // as long as the pool this view was taken from.
+        // SAFETY: just checked.
+        Some(unsafe { self.page_of_unchecked(p) })
+    }
+
+    /// [`PageTable::page_of`] of a pointer known to be in the reservation.
+    ///
+    /// # Safety
+    /// `self.contains(p)`.
+    #[inline(always)]
+    pub(crate) unsafe fn page_of_unchecked(&self, p: *const u8) -> &Page {
+        let i = (p as usize).wrapping_sub(self.base) >> GRANULE_SHIFT;
+        // SAFETY: `p` is in the reservation and the table has `reserve >> GRANULE_SHIFT`
+        // entries, alive as long as the pool this view was taken from.
         let d = unsafe { &*self.descs.add(i) };
         if d.kind.load(R) != TAIL {
-            return Some(d);
+            return d;
         }
         // SAFETY: a tail's `back` leads to its head in the same table.
-        Some(unsafe { &*self.descs.add(i - d.back.load(R) as usize) })
+        unsafe { &*self.descs.add(i - d.back.load(R) as usize) }
     }
 }
 

@@ -173,7 +173,7 @@ fn steady_state_makes_no_nic_calls() {
 }
 
 #[test]
-fn blocks_freed_in_a_row_by_another_thread_go_back_in_chains_and_are_reused() {
+fn blocks_freed_by_another_thread_go_back_to_their_pages_and_are_reused() {
     let _g = serial();
     let (_nic, pd) = soft_pd(Default::default());
     let pool = pool_on(&pd, Access::empty());
@@ -182,8 +182,8 @@ fn blocks_freed_in_a_row_by_another_thread_go_back_in_chains_and_are_reused() {
     let pages_of = |pool: &Pool| -> u64 { pool.stats().classes[..c].iter().map(|k| k.pages).sum() };
     let mut pages = 0;
     for round in 0..5 {
-        // This thread allocates in order; another frees them, with their size, in the same
-        // order: its cache flushes them back to this thread's pages a chain at a time.
+        // This thread allocates; another frees them, with their size: they go back to this
+        // thread's pages (not into the other thread's cache) and are allocated again here.
         let blocks: Vec<usize> = (0..4000).map(|_| pool.alloc(l) as usize).collect();
         assert!(blocks.iter().all(|&p| p != 0));
         std::thread::scope(|s| {
@@ -208,4 +208,36 @@ fn blocks_freed_in_a_row_by_another_thread_go_back_in_chains_and_are_reused() {
             assert_eq!(pages_of(&pool), pages, "round {round}");
         }
     }
+}
+
+#[test]
+fn a_block_freed_by_another_thread_is_never_handed_to_that_thread() {
+    // Passive false sharing (mimalloc-bench's cache-scratch): main allocates two adjacent
+    // one-byte objects, a worker frees one with its size and allocates the same size. If the
+    // freed block came back to the worker, two threads would write one cache line.
+    let _g = serial();
+    let (_nic, pd) = soft_pd(Default::default());
+    let pool = pool_on(&pd, Access::empty());
+    let l = std::alloc::Layout::from_size_align(1, 1).unwrap();
+    let (a, b) = (pool.alloc(l) as usize, pool.alloc(l) as usize);
+    assert!(a.abs_diff(b) < 64, "adjacent blocks of one page");
+    let pool = &pool;
+    let got = std::thread::scope(|s| {
+        s.spawn(move || {
+            // The worker has a heap of its own (it allocated before).
+            let warm = pool.alloc(l);
+            // SAFETY: live blocks of `pool` with `l`, each freed once.
+            unsafe {
+                pool.free_sized(warm, l);
+                pool.free_sized(a as *mut u8, l);
+            }
+            (0..64).map(|_| pool.alloc(l) as usize).collect::<Vec<_>>()
+        })
+        .join()
+        .unwrap()
+    });
+    assert!(
+        got.iter().all(|&p| p.abs_diff(b) >= 64),
+        "a block next to main's came back"
+    );
 }

@@ -1,14 +1,14 @@
 //! `collections`: what a Rust service's heap traffic looks like — per thread, requests are
 //! parsed into `String`s, indexed in a `HashMap<String, Vec<u64>>` that grows and is pruned,
-//! responses are built with `format!` and `Vec` growth, and every 64th request's map is
-//! cloned (a snapshot) and dropped. Not from mimalloc-bench; added because this is the traffic
+//! responses are built with `format!` and `Vec` growth, and every 4096th request the map is
+//! cloned (a snapshot) and dropped. 1,000,000 requests per thread. Not from mimalloc-bench; added because this is the traffic
 //! a `#[global_allocator]` of an RDMA service sees.
 
 use super::{Rng, mix, scaled};
 use std::collections::HashMap;
 
 pub(crate) fn run(threads: usize, scale: f64) -> u64 {
-    let requests = scaled(200_000, scale);
+    let requests = scaled(1_000_000, scale);
     let handles: Vec<_> = (0..threads)
         .map(|t| {
             std::thread::spawn(move || {
@@ -29,10 +29,12 @@ pub(crate) fn run(threads: usize, scale: f64) -> u64 {
                         response.push(',');
                     }
                     sum = mix(sum, response.len() as u64);
-                    if index.len() > 20_000 {
-                        index.retain(|k, _| !k.ends_with('7'));
+                    if index.len() > 5_000 {
+                        // Prune a tenth: the keys ending in a digit that cycles.
+                        let d = char::from(b'0' + (i % 10) as u8);
+                        index.retain(|k, _| !k.ends_with(d));
                     }
-                    if i % 64 == 0 {
+                    if i % 4096 == 0 {
                         let snapshot = index.clone();
                         sum = mix(sum, snapshot.len() as u64);
                     }

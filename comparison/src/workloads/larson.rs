@@ -3,7 +3,7 @@
 //! 5000; a thread replaces a random one of its blocks 500,000 times (touching two bytes of
 //! each new block), then hands its blocks to a fresh thread — so every generation frees what
 //! the previous one (or main) allocated. The original runs for 5 s and reports throughput; this
-//! one runs a fixed 10 generations per thread slot (scaled) and is timed.
+//! one runs a fixed 100 generations per thread slot (scaled) and is timed.
 
 use super::{Rng, mix, scaled};
 
@@ -19,7 +19,7 @@ fn block(rng: &mut Rng) -> Vec<u8> {
 }
 
 pub(crate) fn run(threads: usize, scale: f64) -> u64 {
-    let generations = scaled(10, scale);
+    let generations = scaled(100, scale);
     let mut rng = Rng::new(4141);
     let total = threads * CHUNKS;
     let mut all: Vec<Vec<u8>> = (0..total).map(|_| block(&mut rng)).collect();

@@ -2,7 +2,7 @@
 //! producers allocate batches of 4096 objects of 64 bytes (filling each with `i % 256`) and
 //! push them on one shared stack (at most 100 batches, producers wait when it is full); T
 //! consumers pop batches and free every object — each freed by another thread than the one
-//! that allocated it. The original runs for 5 s; this one moves a fixed 400 batches per
+//! that allocated it. The original runs for 5 s; this one moves a fixed 4000 batches per
 //! producer (scaled) and is timed.
 
 use super::{mix, scaled};
@@ -21,7 +21,7 @@ struct Stack {
 }
 
 pub(crate) fn run(threads: usize, scale: f64) -> u64 {
-    let per_producer = scaled(400, scale);
+    let per_producer = scaled(4000, scale);
     let stack = Stack {
         batches: Mutex::new((Vec::new(), threads)),
         changed: Condvar::new(),
