@@ -263,8 +263,7 @@ impl Pool {
         if layout.align() <= 8 && size <= CACHED_MAX {
             let heap = tls::heap_of(self.id);
             // SAFETY: `p` is in the reservation (the caller's contract).
-            let page = unsafe { self.table.page_of_unchecked(p) };
-            if page.heap.load(Relaxed) == heap && !heap.is_null() {
+            if unsafe { self.table.owner_of(p) } == heap && !heap.is_null() {
                 // SAFETY: this thread's heap; `class_of(size) < CACHED_CLASSES`.
                 if unsafe { (*heap).cache_sized(class_of(size), p) } {
                     return;

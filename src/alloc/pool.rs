@@ -112,6 +112,18 @@ impl PageTable {
         Some(unsafe { self.page_of_unchecked(p) })
     }
 
+    /// The heap owning the small-block page that holds `p` (recorded in every granule of the
+    /// page, so one load, no hop to the head).
+    ///
+    /// # Safety
+    /// `self.contains(p)`.
+    #[inline(always)]
+    pub(crate) unsafe fn owner_of(&self, p: *const u8) -> *mut Heap {
+        let i = (p as usize).wrapping_sub(self.base) >> GRANULE_SHIFT;
+        // SAFETY: `p` is in the reservation; the table has an entry per granule.
+        unsafe { &*self.descs.add(i) }.heap.load(R)
+    }
+
     /// [`PageTable::page_of`] of a pointer known to be in the reservation.
     ///
     /// # Safety
@@ -208,6 +220,7 @@ impl PoolInner {
             None => self.carve(shift)?,
         };
         page.init(c, heap);
+        self.set_owner(page, heap);
         Some(page)
     }
 
@@ -251,9 +264,22 @@ impl PoolInner {
         }
     }
 
+    /// Record `heap` as the owner of `page` in its head and in every tail descriptor, so that
+    /// a sized free finds the owner of any block with one load (`PageTable::owner_of`).
+    fn set_owner(&self, page: &Page, heap: *mut Heap) {
+        page.heap.store(heap, Ordering::Release);
+        let start = page.start.load(R);
+        let granules = 1usize << (u32::from(page.shift.load(R)) - GRANULE_SHIFT);
+        for g in 1..granules {
+            self.desc(start + (g << GRANULE_SHIFT))
+                .heap
+                .store(heap, Ordering::Release);
+        }
+    }
+
     /// An empty page goes back to the list of its size.
     pub(crate) fn retire_page(&self, page: &Page) {
-        page.heap.store(null_mut(), Ordering::Release);
+        self.set_owner(page, null_mut());
         let k = (page.shift.load(R) as u32 - GRANULE_SHIFT) as usize;
         self.free_pages[k].push(page);
     }
@@ -444,8 +470,16 @@ impl PoolInner {
     pub(crate) fn validate(&self) -> bool {
         let mut ok = true;
         self.for_each_head(|d| {
-            if d.kind.load(R) == SMALL && !d.heap.load(R).is_null() {
-                ok &= d.validate();
+            if d.kind.load(R) == SMALL {
+                if !d.heap.load(R).is_null() {
+                    ok &= d.validate();
+                }
+                // Every tail names the head's owner.
+                let start = d.start.load(R);
+                let granules = 1usize << (u32::from(d.shift.load(R)) - GRANULE_SHIFT);
+                ok &= (1..granules).all(|g| {
+                    self.desc(start + (g << GRANULE_SHIFT)).heap.load(R) == d.heap.load(R)
+                });
             }
         });
         let _head = self.medium_lock();
