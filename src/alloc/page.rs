@@ -38,24 +38,22 @@ pub(crate) const LARGE_FREE: u8 = 4;
 /// A granule of a medium slab (`start` is the slab).
 pub(crate) const MEDIUM: u8 = 5;
 
-/// One granule's descriptor (see the module contract).
-#[repr(C)]
+/// One granule's descriptor (see the module contract). Two cache lines: the first holds what
+/// other threads read or write when they free into the page (owner, remote free list, kind,
+/// geometry), the second what only the owning thread changes on every allocation and local
+/// free (free list, counts, queue links), so a remote free does not contend with the owner's
+/// stores.
+#[repr(C, align(64))]
 pub(crate) struct Page {
-    pub(crate) free: AtomicPtr<Block>,
-    pub(crate) thread_free: AtomicPtr<Block>,
+    // Line 1: read (and `thread_free`, `notified` written) by any thread.
     pub(crate) heap: AtomicPtr<super::heap::Heap>,
-    /// Queue links (the heap's class queue, or the pool's free-page list).
-    pub(crate) next: AtomicPtr<Page>,
-    pub(crate) prev: AtomicPtr<Page>,
+    pub(crate) thread_free: AtomicPtr<Block>,
     /// Link in the owning heap's stack of full pages that got remote frees.
     pub(crate) notify_next: AtomicPtr<Page>,
     /// First byte of the page (or large run).
     pub(crate) start: AtomicUsize,
     /// Bytes of a large run.
     pub(crate) large_len: AtomicUsize,
-    pub(crate) used: AtomicU32,
-    pub(crate) capacity: AtomicU32,
-    pub(crate) reserved: AtomicU32,
     pub(crate) block_size: AtomicU32,
     pub(crate) back: AtomicU32,
     pub(crate) class: AtomicU8,
@@ -63,8 +61,19 @@ pub(crate) struct Page {
     pub(crate) shift: AtomicU8,
     pub(crate) in_full: AtomicBool,
     pub(crate) notified: AtomicBool,
+    _line: [u8; 11],
+    // Line 2: the owner's.
+    pub(crate) free: AtomicPtr<Block>,
+    /// Queue links (the heap's class queue, or the pool's free-page list).
+    pub(crate) next: AtomicPtr<Page>,
+    pub(crate) prev: AtomicPtr<Page>,
+    pub(crate) used: AtomicU32,
+    pub(crate) capacity: AtomicU32,
+    pub(crate) reserved: AtomicU32,
     pub(crate) fresh: AtomicBool,
 }
+
+const _: () = assert!(std::mem::offset_of!(Page, free) == 64 && size_of::<Page>() == 128);
 
 impl Page {
     /// The empty page every heap's class slot starts at: it has no free block, so the fast
@@ -89,6 +98,7 @@ impl Page {
             shift: AtomicU8::new(0),
             in_full: AtomicBool::new(false),
             notified: AtomicBool::new(false),
+            _line: [0; 11],
             fresh: AtomicBool::new(false),
         }
     }
@@ -175,7 +185,10 @@ impl Page {
             }
         }
         // Pairs with `Heap::mark_full`: either it sees these blocks, or this sees `in_full`.
+        // `notified` is read before the CAS: once a full page was notified, every further free
+        // into it would otherwise pay a failing locked RMW on a contended line.
         self.in_full.load(Ordering::SeqCst)
+            && !self.notified.load(Ordering::Acquire)
             && self
                 .notified
                 .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
