@@ -27,6 +27,10 @@ cargo test --workspace --exclude rdma-pool-allocator-api
 echo "== cargo test --no-default-features (without the verbs backend)"
 cargo test --no-default-features --lib --tests
 
+echo "== comparison suite, smoke run (debug build, scale 0.01): every allocator computes the same results"
+cargo build -p rdma-pool-comparison --bins
+target/debug/compare --repeats 1 --scale 0.01 > /dev/null
+
 echo "== Soft-RoCE (rxe) scenario suite in a QEMU guest"
 # cargo prints "Executable tests/scenarios.rs (target/debug/deps/scenarios-HASH)".
 bins=$(cargo test --no-run --test scenarios --test pinning --test arena --test alloc --test global --test global_faults 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p')
