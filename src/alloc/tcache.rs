@@ -3,15 +3,16 @@
 //! lookup on the allocation, no list walk.
 //!
 //! Contract: only the heap's owner touches its stacks (relaxed loads and stores: plain moves);
-//! a cached block stays counted in its page's `used` until it is flushed back to the page (or,
-//! for a page of another heap, pushed onto its `thread_free`), so the page invariant holds
-//! with the stacks as part of "handed out". An unsized free caches only blocks of the heap's
-//! own pages; a sized free (`Pool::free_sized`, allocator-api2's `deallocate`) caches any block
-//! of the pool by the class of its size, as jemalloc's tcache does, skipping the page lookup.
+//! a cached block stays counted in its page's `used` until it is flushed back to the page, so
+//! the page invariant holds with the stacks as part of "handed out". Only blocks of the heap's
+//! own pages are cached, by unsized and sized frees alike (a sized free finds the page's owner
+//! with one load: every granule of a page records it). A block of another thread's page goes
+//! back to that page: caching it would hand it to this thread, and two threads would write one
+//! cache line (passive false sharing, mimalloc-bench's `cache-scratch`).
 //!
-//! Invariant: `n <= SLOTS`, and `slots[..n]` are distinct free blocks of this pool at least
-//! `class_size(c)` bytes long and 8-byte aligned (a block kept in place by `realloc` may sit in
-//! the cache of a smaller class).
+//! Invariant: `n <= SLOTS`, and `slots[..n]` are distinct free blocks of this heap's pages,
+//! at least `class_size(c)` bytes long and 8-byte aligned (a block kept in place by `realloc`
+//! may sit in the cache of a smaller class).
 
 use super::class::{MAX_SMALL, class_of};
 use std::ptr::null_mut;
