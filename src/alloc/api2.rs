@@ -64,8 +64,8 @@ unsafe impl Allocator for &Pool {
     }
 }
 
-/// `Ok` for a non-null block of `len` bytes.
-fn slice(p: *mut u8, len: usize) -> Result<NonNull<[u8]>, AllocError> {
+/// `Ok` for a non-null block of `len` bytes (also used by the global pool's front end).
+pub(crate) fn slice(p: *mut u8, len: usize) -> Result<NonNull<[u8]>, AllocError> {
     NonNull::new(p)
         .map(|p| NonNull::slice_from_raw_parts(p, len))
         .ok_or(AllocError)

@@ -29,6 +29,7 @@ mod stats;
 mod tcache;
 mod tls;
 
+pub(crate) use api2::slice;
 pub use class::{CLASSES, MAX_SMALL, class_size};
 pub use stats::{ClassStats, PoolStats};
 pub(crate) use tls::keys_of_any;

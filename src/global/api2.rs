@@ -3,6 +3,7 @@
 //! when it is not the `#[global_allocator]`), with the same degradation rules as `GlobalAlloc`.
 
 use super::GlobalPool;
+use crate::alloc::slice;
 use allocator_api2::alloc::{AllocError, Allocator, Layout};
 use std::alloc::GlobalAlloc;
 use std::ptr::NonNull;
@@ -121,10 +122,4 @@ fn dangling(layout: Layout) -> NonNull<[u8]> {
     // SAFETY: the alignment is non-zero, so the pointer is non-null.
     let p = unsafe { NonNull::new_unchecked(layout.align() as *mut u8) };
     NonNull::slice_from_raw_parts(p, 0)
-}
-
-fn slice(p: *mut u8, len: usize) -> Result<NonNull<[u8]>, AllocError> {
-    NonNull::new(p)
-        .map(|p| NonNull::slice_from_raw_parts(p, len))
-        .ok_or(AllocError)
 }
