@@ -14,18 +14,20 @@ pub mod workloads;
 
 use std::time::Instant;
 
+/// The number after `name` in a `/proc` key-value text (`/proc/self/status`, `/proc/meminfo`);
+/// 0 when absent.
+pub fn proc_field(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
 /// Peak memory in KiB: `VmHWM + HugetlbPages` from `/proc/self/status`.
 pub fn peak_kib() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let field = |name: &str| -> u64 {
-        status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
-    field("VmHWM:") + field("HugetlbPages:")
+    proc_field(&status, "VmHWM:") + proc_field(&status, "HugetlbPages:")
 }
 
 /// Parse the arguments, run the workload, print the `RESULT` line. `notes` adds

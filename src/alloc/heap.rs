@@ -215,12 +215,7 @@ impl Heap {
 
     /// Free from another thread (or from a thread without a heap in this pool).
     pub(crate) fn free_remote(page: &Page, p: *mut u8) {
-        Heap::free_remote_list(page, p.cast(), p.cast());
-    }
-
-    /// [`Heap::free_remote`] of a chain of the page's blocks, `first` … `last`.
-    pub(crate) fn free_remote_list(page: &Page, first: *mut Block, last: *mut Block) {
-        if page.push_thread_free_list(first, last) {
+        if page.push_thread_free(p.cast()) {
             let heap = page.heap.load(Ordering::Acquire);
             // SAFETY: a page's heap lives as long as the pool; the notified flag makes this
             // thread the only one pushing the page.

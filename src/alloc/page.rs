@@ -164,19 +164,16 @@ impl Page {
         n
     }
 
-    /// Push a chain of this page's blocks, `first` … `last` linked through `next` (one block:
-    /// `first == last`), onto `thread_free` with one CAS (any thread). Returns true when the
-    /// page was marked full and nobody had notified its heap yet: the caller must push it on
-    /// the heap's stack.
-    pub(crate) fn push_thread_free_list(&self, first: *mut Block, last: *mut Block) -> bool {
+    /// Push `b` onto `thread_free` (any thread). Returns true when the page was marked full
+    /// and nobody had notified its heap yet: the caller must push it on the heap's stack.
+    pub(crate) fn push_thread_free(&self, b: *mut Block) -> bool {
         let mut head = self.thread_free.load(R);
         loop {
-            // SAFETY: the chain's blocks belong to this page and are the caller's until the CAS
-            // publishes them.
-            unsafe { (*last).next = head };
+            // SAFETY: `b` is a block of this page the caller owns until the CAS publishes it.
+            unsafe { (*b).next = head };
             match self.thread_free.compare_exchange_weak(
                 head,
-                first,
+                b,
                 Ordering::SeqCst,
                 Ordering::Relaxed,
             ) {
@@ -184,7 +181,7 @@ impl Page {
                 Err(h) => head = h,
             }
         }
-        // Pairs with `Heap::mark_full`: either it sees these blocks, or this sees `in_full`.
+        // Pairs with `Heap::mark_full`: either it sees this block, or this sees `in_full`.
         // `notified` is read before the CAS: once a full page was notified, every further free
         // into it would otherwise pay a failing locked RMW on a contended line.
         self.in_full.load(Ordering::SeqCst)
