@@ -175,6 +175,16 @@ impl Pool {
         self.alloc_slow(layout, true)
     }
 
+    /// [`Pool::alloc`] or [`Pool::alloc_zeroed`], as `zero` says.
+    #[inline(always)]
+    pub(crate) fn alloc_with(&self, layout: Layout, zero: bool) -> *mut u8 {
+        if zero {
+            self.alloc_zeroed(layout)
+        } else {
+            self.alloc(layout)
+        }
+    }
+
     #[cold]
     #[inline(never)]
     fn alloc_slow(&self, layout: Layout, zero: bool) -> *mut u8 {

@@ -316,15 +316,26 @@ impl GlobalPool {
     /// assert!(pool.stats().arena.reserved_bytes > 0);
     /// ```
     pub fn init(&self) -> Result<&Pool, &Error> {
+        self.published(None).map(|r| &r.pool)
+    }
+
+    /// The published initialisation, initialising first if nobody did: waits for another
+    /// initialising thread (up to `limit`, if given: then `Err(Reentrant)` too), and answers
+    /// `Err(Reentrant)` at once when called from inside this pool's own initialisation.
+    fn published(&self, limit: Option<Duration>) -> Result<&'static Ready, &Error> {
+        let start = Instant::now();
         loop {
             if let Some(slot) = self.slot() {
-                return slot.as_ref().map(|r| &r.pool);
+                return slot.as_ref().map(|r| *r);
             }
             if InitOwner::is(self) {
                 // Called from inside this pool's own initialisation (say, by the opener).
                 return Err(&REENTRANT);
             }
             if !self.try_init() {
+                if limit.is_some_and(|l| start.elapsed() > l) {
+                    return Err(&REENTRANT);
+                }
                 std::thread::yield_now();
             }
         }
@@ -352,20 +363,7 @@ impl GlobalPool {
         if provision::active() {
             return self.ready();
         }
-        let start = Instant::now();
-        loop {
-            match self.slot() {
-                Some(Ok(r)) => return Some(&r.pool),
-                Some(Err(_)) => return None,
-                None => {}
-            }
-            if !self.try_init() {
-                if start.elapsed() > INIT_WAIT {
-                    return None;
-                }
-                std::thread::yield_now();
-            }
-        }
+        self.published(Some(INIT_WAIT)).ok().map(|r| &r.pool)
     }
 
     /// Take the UNINIT → BUSY transition and initialise; false when another thread has it.
@@ -502,12 +500,7 @@ impl GlobalPool {
     /// # drop(cq);
     /// ```
     pub fn nic(&self) -> Result<&Nic, &Error> {
-        self.init()?;
-        match self.slot() {
-            Some(Ok(r)) => Ok(&r.nic),
-            Some(Err(e)) => Err(e),
-            None => unreachable!("init returned Ok, so the slot is published"),
-        }
+        self.published(None).map(|r| &r.nic)
     }
 
     /// The protection domain of the pool's registrations: create QPs on it, so that the
@@ -516,12 +509,7 @@ impl GlobalPool {
     /// # Errors
     /// As [`GlobalPool::init`].
     pub fn pd(&self) -> Result<&Pd, &Error> {
-        self.init()?;
-        match self.slot() {
-            Some(Ok(r)) => Ok(&r.pd),
-            Some(Err(e)) => Err(e),
-            None => unreachable!("init returned Ok, so the slot is published"),
-        }
+        self.published(None).map(|r| &r.pd)
     }
 
     /// The keys of the registration covering `p`, if the pool handed it out (bootstrap and
@@ -558,7 +546,19 @@ impl GlobalPool {
         counters.snapshot(self.state(), self.ready().map(|p| p.stats()))
     }
 
-    // ---- the cold paths of `GlobalAlloc` ----
+    // ---- the paths of `GlobalAlloc` ----
+
+    /// The fast path: a ready pool's own, else the cold path.
+    #[inline(always)]
+    fn alloc_fast(&self, layout: Layout, zero: bool) -> *mut u8 {
+        if let Some(pool) = self.ready() {
+            let p = pool.alloc_with(layout, zero);
+            if !p.is_null() {
+                return p;
+            }
+        }
+        self.alloc_cold(layout, zero)
+    }
 
     /// Serve `layout` when the fast path could not: initialise, provision, degrade.
     #[cold]
@@ -568,11 +568,7 @@ impl GlobalPool {
             return self.alloc_reentrant(layout, zero);
         }
         if let Some(pool) = self.get_cold() {
-            let p = if zero {
-                pool.alloc_zeroed(layout)
-            } else {
-                pool.alloc(layout)
-            };
+            let p = pool.alloc_with(layout, zero);
             if !p.is_null() {
                 return p;
             }
@@ -677,24 +673,12 @@ unsafe fn system_alloc(layout: Layout, zero: bool) -> *mut u8 {
 unsafe impl GlobalAlloc for GlobalPool {
     #[inline(always)]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if let Some(pool) = self.ready() {
-            let p = pool.alloc(layout);
-            if !p.is_null() {
-                return p;
-            }
-        }
-        self.alloc_cold(layout, false)
+        self.alloc_fast(layout, false)
     }
 
     #[inline]
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        if let Some(pool) = self.ready() {
-            let p = pool.alloc_zeroed(layout);
-            if !p.is_null() {
-                return p;
-            }
-        }
-        self.alloc_cold(layout, true)
+        self.alloc_fast(layout, true)
     }
 
     #[inline(always)]

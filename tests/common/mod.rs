@@ -39,6 +39,12 @@ pub fn nics() -> (Nic, Nic) {
     }
 }
 
+/// The NIC of a test binary's global pool (`GlobalConfig::open`): the first test device on
+/// verbs, else a soft NIC.
+pub fn open_pool_nic() -> Result<Nic> {
+    Ok(if on_verbs() { nics().0 } else { Nic::soft() })
+}
+
 /// One side: a device, a PD, a CQ.
 pub struct Side {
     pub nic: Nic,

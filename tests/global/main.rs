@@ -16,7 +16,7 @@ mod workload;
 
 use rdma_pool::GlobalPool;
 use rdma_pool::global::GlobalConfig;
-use rdma_pool::nic::{self, Access, Nic};
+use rdma_pool::nic::Access;
 
 /// The pool of this binary: 16 GiB reserved in 256 MiB chunks, and — opt-in — remote read and
 /// write rights on its own regions, so that a peer can READ any buffer.
@@ -25,18 +25,9 @@ static A: GlobalPool = GlobalPool::with_config(GlobalConfig {
     reserve: 1 << 34,
     chunk: 1 << 28,
     remote: Access::REMOTE_READ.union(Access::REMOTE_WRITE),
-    open: Some(open_pool_nic),
+    open: Some(common::open_pool_nic),
     ..GlobalConfig::DEFAULT
 });
-
-/// The pool's NIC: the first test device on verbs, else a soft NIC.
-fn open_pool_nic() -> nic::Result<Nic> {
-    if common::on_verbs() {
-        Ok(common::nics().0)
-    } else {
-        Ok(Nic::soft())
-    }
-}
 
 /// A pattern that differs per buffer and per offset.
 pub fn pattern(seed: u64, i: usize) -> u8 {

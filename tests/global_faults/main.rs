@@ -14,7 +14,6 @@ mod statics;
 use rdma_pool::GlobalPool;
 use rdma_pool::arena::Hugepages;
 use rdma_pool::global::{GlobalConfig, GlobalState};
-use rdma_pool::nic::{self, Nic};
 use std::sync::Mutex;
 
 /// A deliberately small pool: 64 MiB reserved in 16 MiB chunks.
@@ -23,17 +22,9 @@ static A: GlobalPool = GlobalPool::with_config(GlobalConfig {
     reserve: 64 << 20,
     chunk: 16 << 20,
     hugepages: Hugepages::Off,
-    open: Some(open_pool_nic),
+    open: Some(common::open_pool_nic),
     ..GlobalConfig::DEFAULT
 });
-
-fn open_pool_nic() -> nic::Result<Nic> {
-    if common::on_verbs() {
-        Ok(common::nics().0)
-    } else {
-        Ok(Nic::soft())
-    }
-}
 
 /// Tests that fill the global pool run one at a time.
 static FILL: Mutex<()> = Mutex::new(());
