@@ -61,7 +61,7 @@ impl Pages {
             // SAFETY: the range is an unused part of the arena's reservation.
             match unsafe { os::map_fixed(addr, len, true) } {
                 Ok(()) => {
-                    self.dontfork(addr, len)?;
+                    self.dontfork_range(addr, len)?;
                     return Ok(slabs);
                 }
                 Err(errno) if self.policy == Hugepages::Require => {
@@ -88,10 +88,10 @@ impl Pages {
         // SAFETY: advice about page size only. Failure (no THP in the kernel) is not an error:
         // the slabs are then counted as 4 KiB.
         let _ = unsafe { os::madvise(addr, len, advice) };
-        self.dontfork(addr, len)
+        self.dontfork_range(addr, len)
     }
 
-    fn dontfork(&self, addr: *mut u8, len: usize) -> Result<(), Error> {
+    pub(crate) fn dontfork_range(&self, addr: *mut u8, len: usize) -> Result<(), Error> {
         if self.fork == ForkPolicy::DontFork {
             // SAFETY: only changes what a child inherits.
             unsafe { os::madvise(addr, len, libc::MADV_DONTFORK) }.map_err(|errno| Error::Os {
@@ -139,6 +139,17 @@ impl Pages {
             *huge_until = s;
         }
         os::populate_write(at(s), len).map_err(|errno| Error::Os {
+            what: "madvise(MADV_POPULATE_WRITE)",
+            errno,
+        })?;
+        Ok(self.ordinary_kind())
+    }
+
+    /// Map `[addr, addr + len)` anew as ordinary memory and commit it (a purged hugetlb range
+    /// revived after the hugetlb pool ran dry).
+    pub(crate) fn remap_ordinary(&self, addr: *mut u8, len: usize) -> Result<PageKind, Error> {
+        self.map_ordinary(addr, len)?;
+        os::populate_write(addr, len).map_err(|errno| Error::Os {
             what: "madvise(MADV_POPULATE_WRITE)",
             errno,
         })?;

@@ -3,10 +3,44 @@
 //! Contract: `reserve` and `chunk` are powers of two with `SLAB <= chunk <= reserve`; the
 //! arena clamps `chunk` to the device's `max_mr_size` (rounded down to a power of two) and
 //! reports the size it used. `remote` is a subset of [`Access::REMOTE`]: empty by default, so
-//! the pool's own rkeys give a peer nothing.
+//! the pool's own rkeys give a peer nothing. `registration` picks pinned or ODP regions (see
+//! `register.rs` for how `Auto` decides), `policy` what happens when memory cannot be
+//! registered, `purge_delay` how long freed slabs stay committed (see `purge.rs`).
 
 use super::{Error, SLAB};
 use crate::nic::Access;
+use std::time::Duration;
+
+/// How the arena registers its memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Registration {
+    /// Pinned regions (`ibv_reg_mr` without `ON_DEMAND`): every committed page is resident and
+    /// counts against `RLIMIT_MEMLOCK`. Chunks grow by re-registration where the device keeps
+    /// keys. The arena's default.
+    #[default]
+    Pinned,
+    /// Explicit on-demand-paging regions, one per chunk, registered when the chunk is first
+    /// committed (keys fixed for the chunk's life); nothing is pinned. Fails with
+    /// [`Error::Config`] on a device without explicit ODP for every RC operation the pool needs.
+    Odp,
+    /// ODP where the device supports every RC operation the pool needs *and* no known quirk
+    /// makes ODP RDMA unsafe for arbitrary buffers (kernel rxe); pinned otherwise. The choice
+    /// and its reason are in [`ArenaStats::mode`](super::ArenaStats::mode).
+    Auto,
+}
+
+/// What the arena does with memory it could not register (memlock limit, `max_mr`, a refused
+/// registration) after trying ODP for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum RegistrationPolicy {
+    /// Serve it unregistered: `keys_of` is `None` for it, it is counted in
+    /// [`ArenaStats::unregistered_bytes`](super::ArenaStats::unregistered_bytes) with the
+    /// reason, and later growth tries to register again. Never loses a byte, never panics.
+    #[default]
+    Degrade,
+    /// Fail the allocation instead: for services that must never hand out unregistered memory.
+    Required,
+}
 
 /// Which pages back the arena's slabs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -48,6 +82,18 @@ pub struct ArenaConfig {
     /// Grow a chunk's tail region with `ibv_rereg_mr(CHANGE_TRANSLATION)` while its keys were
     /// never handed out (fewer regions); `false` registers every growth step as its own region.
     pub grow_by_rereg: bool,
+    /// Pinned or ODP registration. Default [`Registration::Pinned`].
+    pub registration: Registration,
+    /// With ODP, one implicit ODP region over the whole address space (where the device offers
+    /// implicit ODP) instead of one explicit region per chunk. Default `false`: an implicit
+    /// region makes every page of the process reachable with the arena's rights.
+    pub implicit_odp: bool,
+    /// Unregistered memory or a failed allocation when registration is impossible. Default
+    /// [`RegistrationPolicy::Degrade`].
+    pub policy: RegistrationPolicy,
+    /// How long a freed slab stays committed before the pool's purge returns it to the system
+    /// (`None`: only an explicit `purge()` does). Default 1 s.
+    pub purge_delay: Option<Duration>,
 }
 
 impl Default for ArenaConfig {
@@ -58,6 +104,10 @@ impl Default for ArenaConfig {
             hugepages: Hugepages::Prefer,
             remote: Access::empty(),
             grow_by_rereg: true,
+            registration: Registration::Pinned,
+            implicit_odp: false,
+            policy: RegistrationPolicy::Degrade,
+            purge_delay: Some(Duration::from_secs(1)),
         }
     }
 }

@@ -31,22 +31,56 @@ impl Arena {
     /// Register `[addr, addr + len)` as a region of its own and point its slabs at it.
     pub(crate) fn register_new(&self, addr: usize, len: usize, huge: bool) -> Result<u32, Error> {
         let mr = self.reg_mr(addr, len, huge)?;
+        let id = self.install_region(mr, huge)?;
+        self.table
+            .publish(self.slab_index(addr), len >> SLAB_SHIFT, Some(id));
+        add(&self.counters.registered_bytes, len as u64);
+        Ok(id)
+    }
+
+    /// Give `mr` a registration id (not published yet).
+    pub(crate) fn install_region(&self, mr: Mr, huge: bool) -> Result<u32, Error> {
         let Some(id) = self.table.new_reg() else {
             // Unreachable while every registration covers a slab of its own; refuse cleanly.
             return Err(Error::Config("registration table full"));
         };
         let reg = self.table.reg(id);
-        // SAFETY: a fresh id: not live, and only this thread knows it.
+        // SAFETY: an id not in use: not live, and only this thread knows it.
         unsafe { reg.install(mr, huge) };
-        self.table
-            .publish(self.slab_index(addr), len >> SLAB_SHIFT, Some(id));
         add(&self.counters.mrs, 1);
-        add(&self.counters.registered_bytes, len as u64);
         Ok(id)
     }
 
+    /// Deregister region `id`, which no slot points at, and release its id. On a refusal (a
+    /// window still bound) the region is put back and the error returned.
+    pub(crate) fn release_region(&self, id: u32) -> Option<crate::nic::Error> {
+        let reg = self.table.reg(id);
+        if !reg.is_live() {
+            return None;
+        }
+        let huge = reg.is_huge();
+        let odp = reg.is_odp();
+        // SAFETY: no slot points at the region and its owner (the caller) alone touches it.
+        let mr = unsafe { reg.take() };
+        match mr.dereg() {
+            Ok(()) => {
+                sub(&self.counters.mrs, 1);
+                if odp {
+                    sub(&self.counters.odp_mrs, 1);
+                }
+                self.table.release(id);
+                None
+            }
+            Err(e) => {
+                // SAFETY: taken out above; not live, and the caller still owns it.
+                unsafe { reg.install(e.mr, huge) };
+                Some(e.error)
+            }
+        }
+    }
+
     /// `reg_mr` with the arena's rights, `HUGETLB` on hugetlb slabs while the device takes it.
-    fn reg_mr(&self, addr: usize, len: usize, huge: bool) -> Result<Mr, Error> {
+    pub(crate) fn reg_mr(&self, addr: usize, len: usize, huge: bool) -> Result<Mr, Error> {
         let hint = huge && self.hugetlb_hint.load(Ordering::Relaxed);
         let access = if hint {
             self.access | Access::HUGETLB
@@ -73,6 +107,11 @@ impl Arena {
     pub(crate) fn extend(&self, id: u32, new_end: usize) -> Result<Grown, Error> {
         let reg = self.table.reg(id);
         if !reg.begin_rereg() {
+            return Ok(Grown::Refused);
+        }
+        if !reg.is_live() || reg.is_odp() {
+            // Purged (deregistered) since it was the chunk's tail: register anew.
+            reg.end_rereg();
             return Ok(Grown::Refused);
         }
         let r = self.extend_locked(reg, id, new_end);

@@ -31,13 +31,18 @@ mod fork;
 mod grow;
 pub(crate) mod os;
 pub mod provision;
+mod purge;
+mod register;
 mod stats;
 mod table;
 
 pub use commit::PageKind;
-pub use config::{ArenaConfig, Hugepages};
+pub use config::{ArenaConfig, Hugepages, Registration, RegistrationPolicy};
 pub use error::Error;
 pub use fork::ForkPolicy;
+pub use register::{
+    Degradation, DegradeCause, MemlockInfo, ModeReason, RegMode, preflight_memlock,
+};
 pub use stats::ArenaStats;
 pub use table::Keys;
 
@@ -47,7 +52,7 @@ use grow::Grown;
 use os::MmapArray;
 use stats::{Counters, add, sub};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use table::Table;
 
@@ -98,6 +103,11 @@ struct ChunkState {
     tail: u32,
     /// Slab index (in the chunk) where that region ends.
     tail_end: u32,
+    /// `id + 1` of the chunk's ODP region, 0 for none.
+    odp: u32,
+    /// A pinned registration of the chunk failed and its ODP region took over: later slabs of
+    /// the chunk use it too.
+    fallback: bool,
 }
 
 struct State {
@@ -138,6 +148,19 @@ pub struct Arena {
     rereg: AtomicBool,
     hugetlb_hint: AtomicBool,
     last_kind: AtomicU8,
+    mode: RegMode,
+    mode_reason: ModeReason,
+    /// ODP regions can carry the pool's traffic on this device (a fallback for pinned mode).
+    odp_usable: bool,
+    policy: RegistrationPolicy,
+    implicit_odp: bool,
+    /// `id + 1` of the implicit ODP region, 0 before it is registered.
+    implicit: AtomicU32,
+    implicit_lock: Mutex<()>,
+    last_degradation: AtomicU64,
+    memlock: MemlockInfo,
+    /// Per slab of the reservation: purge state and page kind (`purge.rs`).
+    slabs: MmapArray<purge::SlabInfo>,
 }
 
 impl std::fmt::Debug for Arena {
@@ -174,6 +197,8 @@ impl Arena {
         let _mark = provision::Provisioning::enter();
         let caps = pd.nic().caps();
         let chunk = cfg.chunk_for(caps.max_mr_size)?;
+        let (mode, mode_reason, odp_usable) =
+            register::choose_mode(cfg.registration, caps, cfg.remote)?;
         let base = os::reserve(cfg.reserve, chunk).map_err(|errno| Error::Os {
             what: "mmap(PROT_NONE) reservation",
             errno,
@@ -188,12 +213,34 @@ impl Arena {
             }
         };
         let table = Table::new(base, cfg.reserve).map_err(unreserve)?;
-        // SAFETY: an all-zero ChunkState is a valid "not opened" chunk.
-        let chunks = unsafe { MmapArray::zeroed(cfg.reserve / chunk) }.map_err(unreserve)?;
+        // SAFETY: an all-zero ChunkState is a valid "not opened" chunk, an all-zero SlabInfo a
+        // live slab of unknown kind.
+        let (chunks, slabs) = unsafe {
+            (
+                MmapArray::zeroed(cfg.reserve / chunk).map_err(unreserve)?,
+                MmapArray::zeroed(cfg.reserve / SLAB).map_err(unreserve)?,
+            )
+        };
         let mut access = Access::LOCAL_WRITE | cfg.remote;
         if caps.mw_type1 || caps.mw_type2 {
             access |= Access::MW_BIND;
         }
+        let implicit_odp = cfg.implicit_odp && mode == RegMode::Odp && caps.odp.implicit;
+        let memlock = preflight_memlock();
+        // ODP memory follows the process's mapping: a child gets its own copy, no
+        // MADV_DONTFORK needed.
+        let fork = match mode {
+            RegMode::Odp => ForkPolicy::KernelCopies,
+            RegMode::Pinned => ForkPolicy::for_status(pd.nic().fork_status()),
+        };
+        tracing::info!(
+            target: "rdma_pool::arena",
+            mode = ?mode,
+            reason = mode_reason.as_str(),
+            memlock_soft = memlock.soft,
+            memlock_raised = memlock.raised,
+            "arena registration mode chosen"
+        );
         Ok(Arena {
             pd: pd.clone(),
             base,
@@ -210,13 +257,23 @@ impl Arena {
             counters: Counters::default(),
             pages: Pages {
                 policy: cfg.hugepages,
-                fork: ForkPolicy::for_status(pd.nic().fork_status()),
+                fork,
                 thp: os::thp_available(),
             },
             access,
-            rereg: AtomicBool::new(cfg.grow_by_rereg && caps.rereg_mr),
+            rereg: AtomicBool::new(cfg.grow_by_rereg && caps.rereg_mr && mode == RegMode::Pinned),
             hugetlb_hint: AtomicBool::new(true),
             last_kind: AtomicU8::new(0),
+            mode,
+            mode_reason,
+            odp_usable,
+            policy: cfg.policy,
+            implicit_odp,
+            implicit: AtomicU32::new(0),
+            implicit_lock: Mutex::new(()),
+            last_degradation: AtomicU64::new(0),
+            memlock,
+            slabs,
         })
     }
 
@@ -348,7 +405,14 @@ impl Arena {
     /// # Ok::<(), rdma_pool::arena::Error>(())
     /// ```
     pub fn stats(&self) -> ArenaStats {
-        self.counters.snapshot(self.reserve as u64, self.pages.fork)
+        self.counters.snapshot(stats::Fixed {
+            reserved_bytes: self.reserve as u64,
+            fork: self.pages.fork,
+            mode: self.mode,
+            mode_reason: self.mode_reason,
+            memlock: self.memlock,
+            last_degradation: self.last_degradation.load(Ordering::Relaxed),
+        })
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -444,25 +508,31 @@ impl Arena {
                 .filter(|&id| self.table.reg(id).is_huge() == (kind == PageKind::Hugetlb));
             (c, old_used, s, kind, tail)
         };
-        self.committed(c, kind, slabs);
         let addr = self.chunk_base(c) + s as usize * SLAB;
         let len = slabs as usize * SLAB;
-        let registered = match tail {
-            Some(id) => match self.extend(id, addr + len) {
-                Ok(Grown::Extended) => Ok(id),
-                Ok(Grown::Refused) => {
-                    add(&self.counters.fallbacks_to_new_mr, 1);
-                    self.register_new(addr, len, kind == PageKind::Hugetlb)
+        self.committed(c, kind, addr, slabs);
+        let huge = kind == PageKind::Hugetlb;
+        let mut pinned_id = None;
+        let registered = self.register_run(c, addr, len, false, || {
+            let id = match tail {
+                Some(id) => match self.extend(id, addr + len) {
+                    Ok(Grown::Extended) => Ok(id),
+                    Ok(Grown::Refused) => {
+                        add(&self.counters.fallbacks_to_new_mr, 1);
+                        self.register_new(addr, len, huge)
+                    }
+                    Err(e) => Err(e),
+                },
+                None => {
+                    if s > 0 {
+                        add(&self.counters.fallbacks_to_new_mr, 1);
+                    }
+                    self.register_new(addr, len, huge)
                 }
-                Err(e) => Err(e),
-            },
-            None => {
-                if s > 0 {
-                    add(&self.counters.fallbacks_to_new_mr, 1);
-                }
-                self.register_new(addr, len, kind == PageKind::Hugetlb)
-            }
-        };
+            }?;
+            pinned_id = Some(id);
+            Ok(id)
+        });
         let mut st = self.lock();
         let Some(ch) = st.chunks.get_mut(c) else {
             return Err(Error::ReservationFull {
@@ -470,10 +540,12 @@ impl Arena {
             });
         };
         match registered {
-            Ok(id) => {
-                if s + slabs > ch.tail_end || ch.tail == 0 {
-                    ch.tail = id + 1;
-                    ch.tail_end = s + slabs;
+            Ok(_) => {
+                if let Some(id) = pinned_id {
+                    if s + slabs > ch.tail_end || ch.tail == 0 {
+                        ch.tail = id + 1;
+                        ch.tail_end = s + slabs;
+                    }
                 }
                 add(&self.counters.runs, 1);
                 Ok(Run {
@@ -527,9 +599,10 @@ impl Arena {
             }
             (c, kind)
         };
-        self.committed(c, kind, slabs as u32);
         let addr = self.chunk_base(c);
-        match self.register_new(addr, len, kind == PageKind::Hugetlb) {
+        self.committed(c, kind, addr, slabs as u32);
+        let huge = kind == PageKind::Hugetlb;
+        match self.register_run(c, addr, len, true, || self.register_new(addr, len, huge)) {
             Ok(_) => {
                 add(&self.counters.runs, 1);
                 Ok(Run {
@@ -590,9 +663,10 @@ impl Arena {
         }
     }
 
-    fn committed(&self, c: usize, kind: PageKind, slabs: u32) {
+    fn committed(&self, c: usize, kind: PageKind, addr: usize, slabs: u32) {
         add(&self.counters.committed_bytes, slabs as u64 * SLAB as u64);
         add(self.kind_counter(kind), slabs as u64);
+        self.set_kind(addr, slabs as usize, kind);
         let prev = self.last_kind.swap(kind.code(), Ordering::Relaxed);
         if prev != kind.code() {
             tracing::info!(

@@ -2,10 +2,11 @@
 //! without a lock.
 //!
 //! Invariants (at quiescence): `committed_bytes == SLAB * (slabs_hugetlb + slabs_thp +
-//! slabs_small)`; `registered_bytes <= committed_bytes`; `mrs == regs + fallbacks_to_new_mr`
-//! counted over registrations still alive.
+//! slabs_small)` (purged slabs are not committed); `registered_bytes + unregistered (live) <=
+//! committed_bytes`; `resident_bytes + hugetlb_bytes == committed_bytes`.
 
 use super::fork::ForkPolicy;
+use super::register::{Degradation, MemlockInfo, ModeReason, RegMode};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// A snapshot of an arena's counters.
@@ -44,6 +45,39 @@ pub struct ArenaStats {
     pub failed_runs: u64,
     /// The fork policy chosen at creation.
     pub fork: ForkPolicy,
+    /// Pinned or ODP regions.
+    pub mode: RegMode,
+    /// Why that mode.
+    pub mode_reason: ModeReason,
+    /// Live ODP regions (one per chunk, per dedicated run, or the implicit one).
+    pub odp_mrs: u64,
+    /// Chunks whose pinned registration failed and whose ODP region took over.
+    pub odp_fallbacks: u64,
+    /// Bytes handed out unregistered because no registration could be had (`keys_of` is
+    /// `None` for them).
+    pub unregistered_bytes: u64,
+    /// Runs handed out unregistered.
+    pub unregistered_runs: u64,
+    /// Refused registrations that degraded (to ODP or to unregistered memory) or failed a
+    /// run under `RegistrationPolicy::Required`.
+    pub degradations: u64,
+    /// The last of those, with its cause.
+    pub last_degradation: Option<Degradation>,
+    /// `RLIMIT_MEMLOCK` after the preflight.
+    pub memlock: MemlockInfo,
+    /// Committed bytes in ordinary (THP or 4 KiB) pages: what counts in the process's RSS.
+    pub resident_bytes: u64,
+    /// Committed bytes in hugetlb pages (out of the hugetlb pool, not RSS).
+    pub hugetlb_bytes: u64,
+    /// Bytes returned to the system by purges (cumulative).
+    pub purged_bytes: u64,
+    /// Purge calls that returned memory.
+    pub purges: u64,
+    /// Purges refused: a registration shared with live memory, a bound window, or a failed
+    /// re-registration of the rest.
+    pub purges_refused: u64,
+    /// Bytes of purged slabs committed (and registered) again for reuse (cumulative).
+    pub revived_bytes: u64,
 }
 
 #[derive(Default)]
@@ -62,6 +96,25 @@ pub(crate) struct Counters {
     pub(crate) chunks: AtomicU64,
     pub(crate) runs: AtomicU64,
     pub(crate) failed_runs: AtomicU64,
+    pub(crate) odp_mrs: AtomicU64,
+    pub(crate) odp_fallbacks: AtomicU64,
+    pub(crate) unregistered_bytes: AtomicU64,
+    pub(crate) unregistered_runs: AtomicU64,
+    pub(crate) degradations: AtomicU64,
+    pub(crate) purged_bytes: AtomicU64,
+    pub(crate) purges: AtomicU64,
+    pub(crate) purges_refused: AtomicU64,
+    pub(crate) revived_bytes: AtomicU64,
+}
+
+/// What the snapshot reads besides the counters.
+pub(crate) struct Fixed {
+    pub(crate) reserved_bytes: u64,
+    pub(crate) fork: ForkPolicy,
+    pub(crate) mode: RegMode,
+    pub(crate) mode_reason: ModeReason,
+    pub(crate) memlock: MemlockInfo,
+    pub(crate) last_degradation: u64,
 }
 
 /// `counter += n`.
@@ -75,10 +128,11 @@ pub(crate) fn sub(c: &AtomicU64, n: u64) {
 }
 
 impl Counters {
-    pub(crate) fn snapshot(&self, reserved_bytes: u64, fork: ForkPolicy) -> ArenaStats {
+    pub(crate) fn snapshot(&self, f: Fixed) -> ArenaStats {
         let r = |c: &AtomicU64| c.load(Relaxed);
+        let hugetlb_bytes = r(&self.slabs_hugetlb) * super::SLAB as u64;
         ArenaStats {
-            reserved_bytes,
+            reserved_bytes: f.reserved_bytes,
             committed_bytes: r(&self.committed_bytes),
             registered_bytes: r(&self.registered_bytes),
             slabs_hugetlb: r(&self.slabs_hugetlb),
@@ -93,7 +147,22 @@ impl Counters {
             chunks: r(&self.chunks),
             runs: r(&self.runs),
             failed_runs: r(&self.failed_runs),
-            fork,
+            fork: f.fork,
+            mode: f.mode,
+            mode_reason: f.mode_reason,
+            odp_mrs: r(&self.odp_mrs),
+            odp_fallbacks: r(&self.odp_fallbacks),
+            unregistered_bytes: r(&self.unregistered_bytes),
+            unregistered_runs: r(&self.unregistered_runs),
+            degradations: r(&self.degradations),
+            last_degradation: Degradation::unpack(f.last_degradation),
+            memlock: f.memlock,
+            resident_bytes: r(&self.committed_bytes).saturating_sub(hugetlb_bytes),
+            hugetlb_bytes,
+            purged_bytes: r(&self.purged_bytes),
+            purges: r(&self.purges),
+            purges_refused: r(&self.purges_refused),
+            revived_bytes: r(&self.revived_bytes),
         }
     }
 }

@@ -14,8 +14,10 @@
 //!   regs[id].len`, and with `EXPOSED_BIT` the slot's cached fields equal the registration's;
 //! - a registration never shrinks, and its slots never point elsewhere while it lives;
 //! - `state == EXPOSED ⇒ (lkey, rkey, start, len)` are final;
-//! - ids are handed out by a counter and never reused for another range, so
-//!   `next_reg <= slabs` (every registration covers at least one slab of its own).
+//! - ids come from a counter or from the stack of released ids (a registration the purge
+//!   deregistered): an id is released only after no slot points at it, so
+//!   `next_reg - |released| <= slabs + 1` (every live registration but the implicit ODP one
+//!   covers at least one slab of its own).
 
 use super::SLAB_SHIFT;
 use super::os::MmapArray;
@@ -95,6 +97,9 @@ pub(crate) struct Reg {
     state: AtomicU8,
     live: AtomicBool,
     huge: AtomicBool,
+    odp: AtomicBool,
+    /// `id + 1` of the next released id (the free stack's link).
+    next_free: AtomicU32,
     /// `lkey | rkey << 32`: one load for both keys.
     keys: AtomicU64,
     start: AtomicUsize,
@@ -111,6 +116,21 @@ impl Reg {
     /// Whether the registration's slabs are hugetlb pages.
     pub(crate) fn is_huge(&self) -> bool {
         self.huge.load(Ordering::Relaxed)
+    }
+
+    /// Whether the region is an ODP region.
+    pub(crate) fn is_odp(&self) -> bool {
+        self.odp.load(Ordering::Relaxed)
+    }
+
+    /// Whether the region is registered (not taken out or released).
+    pub(crate) fn is_live(&self) -> bool {
+        self.live.load(Ordering::Acquire)
+    }
+
+    /// Whether its keys were handed out (they then never change).
+    pub(crate) fn is_exposed(&self) -> bool {
+        self.state.load(Ordering::Acquire) == EXPOSED
     }
 
     pub(crate) fn range(&self) -> (usize, usize) {
@@ -159,6 +179,7 @@ impl Reg {
     pub(crate) unsafe fn install(&self, mr: Mr, huge: bool) {
         self.refresh(&mr);
         self.huge.store(huge, Ordering::Relaxed);
+        self.odp.store(mr.is_odp(), Ordering::Relaxed);
         // SAFETY: not live, so no one else reads `mr`.
         unsafe { (*self.mr.get()).write(mr) };
         self.live.store(true, Ordering::Release);
@@ -208,19 +229,22 @@ pub(crate) struct Table {
     slots: MmapArray<Slot>,
     regs: MmapArray<Reg>,
     next_reg: AtomicU32,
+    /// `id + 1` of the top of the released-id stack, 0 when empty.
+    released: std::sync::Mutex<u32>,
 }
 
 impl Table {
     pub(crate) fn new(base: usize, len: usize) -> Result<Table, i32> {
         let slabs = len >> SLAB_SHIFT;
         // SAFETY: zero is a valid (unregistered) Slot and a valid (not live, PRIVATE) Reg.
-        let (slots, regs) = unsafe { (MmapArray::zeroed(slabs)?, MmapArray::zeroed(slabs)?) };
+        let (slots, regs) = unsafe { (MmapArray::zeroed(slabs)?, MmapArray::zeroed(slabs + 1)?) };
         Ok(Table {
             base,
             len,
             slots,
             regs,
             next_reg: AtomicU32::new(0),
+            released: std::sync::Mutex::new(0),
         })
     }
 
@@ -281,10 +305,42 @@ impl Table {
             .expect("registration ids come from new_reg")
     }
 
-    /// A fresh registration id, or `None` when every slab already has one.
+    /// A registration id not in use (a released one first), or `None` when every slab
+    /// already has one.
     pub(crate) fn new_reg(&self) -> Option<u32> {
+        {
+            let mut top = self.released.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(id) = top.checked_sub(1) {
+                let reg = self.reg(id);
+                *top = reg.next_free.load(Ordering::Relaxed);
+                reg.state.store(PRIVATE, Ordering::Release);
+                return Some(id);
+            }
+        }
         let id = self.next_reg.fetch_add(1, Ordering::Relaxed);
         ((id as usize) < self.regs.len()).then_some(id)
+    }
+
+    /// Give back id `id`, whose region was taken out and which no slot points at any more.
+    pub(crate) fn release(&self, id: u32) {
+        let mut top = self.released.lock().unwrap_or_else(|e| e.into_inner());
+        self.reg(id).next_free.store(*top, Ordering::Relaxed);
+        *top = id + 1;
+    }
+
+    /// Whether slabs `[first, first + n)` all point at registration `id`.
+    pub(crate) fn covers(&self, first: usize, n: usize, id: u32) -> bool {
+        (first..first + n).all(|i| {
+            self.slots
+                .get(i)
+                .is_some_and(|s| s.meta.load(Ordering::Acquire) as u32 == id + 1)
+        })
+    }
+
+    /// The registration slab `i` points at, if any.
+    pub(crate) fn reg_at(&self, i: usize) -> Option<u32> {
+        let meta = self.slots.get(i)?.meta.load(Ordering::Acquire);
+        (meta as u32).checked_sub(1)
     }
 
     /// Point slabs `[first, first + n)` at registration `id` (`None`: unregistered).

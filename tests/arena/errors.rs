@@ -2,11 +2,26 @@
 //! region), a registration refused by the memlock limit, a full reservation.
 
 use super::*;
-use rdma_pool::arena::Error;
+use rdma_pool::arena::{Error, RegistrationPolicy};
 use rdma_pool::nic::soft::{MemlockLimit, ReregMode, SoftConfig};
 
 fn keep_keys_bed() -> Bed {
     rereg_bed(ReregMode::KeepKeys)
+}
+
+/// An arena that fails a run it cannot register (`RegistrationPolicy::Required`).
+fn strict_arena(bed: &Bed, chunk: usize) -> Arena {
+    Arena::new(
+        &bed.a.pd,
+        ArenaConfig {
+            reserve: 1 << 34,
+            chunk,
+            hugepages: Hugepages::Off,
+            policy: RegistrationPolicy::Required,
+            ..Default::default()
+        },
+    )
+    .unwrap()
 }
 
 #[test]
@@ -151,11 +166,16 @@ fn err_cmd_then_refused_registrations() {
     assert_eq!(arena.keys_of(b.as_ptr()).unwrap().len, SLAB);
     assert!(arena.validate());
 
-    // Every registration refused: the run fails, its slab is given back, and the old range is
-    // reported unregistered (keys_of says None, the stats show the gap).
-    let bed = keep_keys_bed();
+    // Every registration refused, strict policy, no ODP to fall back on: the run fails, its
+    // slab is given back, and the old range is reported unregistered (keys_of says None, the
+    // stats show the gap).
+    let bed = soft_bed(SoftConfig {
+        rereg: ReregMode::KeepKeys,
+        odp: false,
+        ..Default::default()
+    });
     let soft = bed.a.nic.as_soft().unwrap();
-    let arena = super::arena(&bed, 8 << 20, Hugepages::Off, Access::empty());
+    let arena = strict_arena(&bed, 8 << 20);
     let a = arena.alloc_run(SLAB, 64).unwrap();
     soft.fail_next_rereg(ReregErrorKind::Cmd, 1, libc::EIO);
     soft.fail_next(Verb::RegMr, 2, libc::ENOMEM);
@@ -179,14 +199,15 @@ fn err_cmd_then_refused_registrations() {
 }
 
 #[test]
-fn memlock_refusal_fails_the_run_and_gives_the_slabs_back() {
+fn memlock_refusal_fails_the_run_and_gives_the_slabs_back_when_strict() {
     let _g = serial();
     let bed = soft_bed(SoftConfig {
         memlock: MemlockLimit::Bytes(3 * SLAB as u64),
         rereg: ReregMode::Unsupported,
+        odp: false,
         ..Default::default()
     });
-    let arena = arena(&bed, 8 << 20, Hugepages::Off, Access::empty());
+    let arena = strict_arena(&bed, 8 << 20);
     arena.alloc_run(SLAB, 64).unwrap();
     let e = arena.alloc_run(3 * SLAB, 64).unwrap_err();
     assert!(

@@ -1,0 +1,423 @@
+//! Returning slabs the caller no longer uses to the system, and committing them again.
+//!
+//! Contract:
+//! - [`Arena::purge`] takes whole slabs the caller handed out and holds no live memory in;
+//!   [`Arena::revive`] makes them usable again (committed, registered as the arena's mode says)
+//!   before the caller reuses them. The arena keeps no list of its own: the pool decides what is
+//!   free and when (its delay and `purge()`), the arena what that costs the registrations.
+//! - ODP slabs are dropped with `MADV_DONTNEED` directly: the region stays, its keys keep
+//!   their meaning, and the NIC faults the pages back in (zero-filled) on its next access.
+//! - Pinned slabs are first taken out of their registration, and only then dropped, so no
+//!   live pinned region ever covers a replaced page. A region wholly inside the purged range is
+//!   deregistered (its keys stop working: they never come to mean other memory). A region that
+//!   also covers live memory is split — deregistered and its live parts registered anew — only
+//!   while its keys were never handed out (so no key anyone holds changes); a region whose keys
+//!   were handed out, or that a window is bound to (`EBUSY`, rxe `EINVAL`), keeps its slabs:
+//!   they stay committed and the purge of them is refused and counted.
+//! - hugetlb slabs are dropped with `MADV_DONTNEED` (Linux ≥ 5.18), else by mapping fresh
+//!   hugetlb memory over them; either way their huge pages return to the pool.
+//! - Each slab's state is `LIVE → BUSY → PURGED → BUSY → LIVE`; `BUSY` is held by the one
+//!   thread purging or reviving it, so concurrent revivals of one slab commit it once.
+//!
+//! Invariant: a `PURGED` slab is not committed, and no pinned region covers it; `LIVE` slabs a
+//! region covers are committed.
+
+use super::commit::PageKind;
+use super::os;
+use super::provision::{self, Provisioning};
+use super::stats::{add, sub};
+use super::{Arena, Error, SLAB, SLAB_SHIFT};
+use std::sync::atomic::{AtomicU8, Ordering};
+
+const LIVE: u8 = 0;
+const PURGED: u8 = 1;
+const BUSY: u8 = 2;
+
+/// One slab's purge state and page kind (all-zero: live, kind unknown).
+#[derive(Default)]
+pub(crate) struct SlabInfo {
+    state: AtomicU8,
+    kind: AtomicU8,
+}
+
+/// What happened to a group of slabs covered by one registration (or by none).
+enum Unregistered {
+    /// Registered as ODP (or not at all): nothing to undo before dropping the pages.
+    Kept { registered: bool },
+    /// Its pinned registration no longer covers it.
+    Removed,
+    /// Refused: the slabs stay live and committed.
+    Refused,
+}
+
+impl Arena {
+    pub(crate) fn set_kind(&self, addr: usize, slabs: usize, kind: PageKind) {
+        let first = self.slab_index(addr);
+        for i in first..first + slabs {
+            if let Some(s) = self.slabs.get(i) {
+                s.kind.store(kind.code(), Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn kind_at(&self, i: usize) -> PageKind {
+        match self.slabs.get(i).map(|s| s.kind.load(Ordering::Relaxed)) {
+            Some(1) => PageKind::Hugetlb,
+            Some(2) => PageKind::Thp,
+            _ => PageKind::Small,
+        }
+    }
+
+    fn slab_range(&self, ptr: *const u8, len: usize) -> Result<(usize, usize), Error> {
+        let addr = ptr as usize;
+        if len == 0 || addr % SLAB != 0 || len % SLAB != 0 {
+            return Err(Error::InvalidArgument("purge and revive take whole slabs"));
+        }
+        let end = addr.saturating_add(len);
+        if addr < self.base || end > self.base + self.span() {
+            return Err(Error::InvalidArgument(
+                "range outside the arena's opened chunks",
+            ));
+        }
+        Ok((self.slab_index(addr), len >> SLAB_SHIFT))
+    }
+
+    /// Whether the slab holding `ptr` is purged (not committed).
+    pub fn is_purged(&self, ptr: *const u8) -> bool {
+        self.contains(ptr)
+            && self
+                .slabs
+                .get(self.slab_index(ptr as usize))
+                .is_some_and(|s| s.state.load(Ordering::Acquire) != LIVE)
+    }
+
+    /// Return the whole slabs `[ptr, ptr + len)` to the system (see the module contract);
+    /// returns the bytes purged, which is less than `len` where a registration kept slabs.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a range that is not whole slabs of opened chunks, or
+    /// holds a slab already purged (or being purged or revived); [`Error::Reentrant`] from
+    /// inside the arena's own provisioning. Nothing changes on error.
+    ///
+    /// # Safety
+    /// The caller handed the range out and holds no live memory in it: its contents are lost.
+    ///
+    /// # Examples
+    /// ```
+    /// # use rdma_pool::arena::{Arena, ArenaConfig, Hugepages};
+    /// # let pd = rdma_pool::nic::Nic::soft().alloc_pd()?;
+    /// # let cfg = ArenaConfig { reserve: 1 << 30, chunk: 1 << 26, hugepages: Hugepages::Off, ..Default::default() };
+    /// # let arena = Arena::new(&pd, cfg)?;
+    /// let run = arena.alloc_run(4 << 20, 4096)?;
+    /// // SAFETY: nothing lives in the run.
+    /// assert_eq!(unsafe { arena.purge(run.as_ptr(), run.len()) }?, 4 << 20);
+    /// assert_eq!(arena.keys_of(run.as_ptr()), None); // its pinned region is gone
+    /// arena.revive(run.as_ptr(), run.len())?;
+    /// assert!(arena.keys_of(run.as_ptr()).is_some());
+    /// # Ok::<(), rdma_pool::arena::Error>(())
+    /// ```
+    pub unsafe fn purge(&self, ptr: *mut u8, len: usize) -> Result<usize, Error> {
+        if provision::active() {
+            return Err(Error::Reentrant);
+        }
+        let _mark = Provisioning::enter();
+        let (first, n) = self.slab_range(ptr, len)?;
+        self.claim(first, n, LIVE)?;
+        let mut purged = 0;
+        let mut i = first;
+        while i < first + n {
+            let id = self.table.reg_at(i);
+            let mut e = i + 1;
+            while e < first + n && self.table.reg_at(e) == id {
+                e += 1;
+            }
+            let outcome = match id {
+                None => Unregistered::Kept { registered: false },
+                Some(id) => self.unregister(id, i, e),
+            };
+            match outcome {
+                Unregistered::Refused => {
+                    add(&self.counters.purges_refused, 1);
+                    self.set_state(i, e - i, LIVE);
+                }
+                Unregistered::Kept { registered } => {
+                    self.drop_pages(i, e - i, registered, !registered);
+                    purged += (e - i) * SLAB;
+                }
+                Unregistered::Removed => {
+                    self.drop_pages(i, e - i, true, false);
+                    purged += (e - i) * SLAB;
+                }
+            }
+            i = e;
+        }
+        if purged > 0 {
+            add(&self.counters.purges, 1);
+            add(&self.counters.purged_bytes, purged as u64);
+        }
+        Ok(purged)
+    }
+
+    /// `BUSY` on slabs `[first, first + n)`, all of which must be in state `from`.
+    fn claim(&self, first: usize, n: usize, from: u8) -> Result<(), Error> {
+        for i in first..first + n {
+            let ok = self.slabs.get(i).is_some_and(|s| {
+                s.state
+                    .compare_exchange(from, BUSY, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            });
+            if !ok {
+                self.set_state(first, i - first, from);
+                return Err(Error::InvalidArgument(
+                    "slab already purged, or being purged or revived",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn set_state(&self, first: usize, n: usize, state: u8) {
+        for i in first..first + n {
+            if let Some(s) = self.slabs.get(i) {
+                s.state.store(state, Ordering::Release);
+            }
+        }
+    }
+
+    /// Take slabs `[s, e)` out of registration `id` (see the module contract).
+    fn unregister(&self, id: u32, s: usize, e: usize) -> Unregistered {
+        let reg = self.table.reg(id);
+        if reg.is_odp() {
+            return Unregistered::Kept { registered: true };
+        }
+        let (start, len) = reg.range();
+        let (rs, re) = (
+            self.slab_index(start),
+            self.slab_index(start) + (len >> SLAB_SHIFT),
+        );
+        if rs >= s && re <= e {
+            // Wholly purged: deregister (no slot points at it during the call).
+            self.table.publish(rs, re - rs, None);
+            if self.release_region(id).is_some() {
+                self.table.publish(rs, re - rs, Some(id));
+                return Unregistered::Refused;
+            }
+            self.forget_tail(start, id);
+            return Unregistered::Removed;
+        }
+        if reg.is_exposed() || !reg.begin_rereg() {
+            return Unregistered::Refused;
+        }
+        self.split(id, (rs, re), (s, e))
+    }
+
+    /// Deregister private region `id` over slabs `[rs, re)` and register its parts outside
+    /// `[s, e)` anew. The caller holds `REREG` on it.
+    fn split(&self, id: u32, (rs, re): (usize, usize), (s, e): (usize, usize)) -> Unregistered {
+        let reg = self.table.reg(id);
+        let huge = reg.is_huge();
+        let at = |i: usize| self.base + (i << SLAB_SHIFT);
+        // SAFETY: this thread holds REREG on a live registration.
+        let mr = unsafe { reg.take() };
+        if let Err(refused) = mr.dereg() {
+            // SAFETY: taken out above; this thread still holds REREG.
+            unsafe { reg.install(refused.mr, huge) };
+            reg.end_rereg();
+            return Unregistered::Refused;
+        }
+        sub(&self.counters.mrs, 1);
+        let parts = [(rs, s), (e, re)];
+        let mut made: [Option<(crate::nic::Mr, usize, usize)>; 2] = [None, None];
+        let mut failed = false;
+        for (k, &(a, b)) in parts.iter().enumerate() {
+            if a < b {
+                match self.reg_mr(at(a), (b - a) << SLAB_SHIFT, huge) {
+                    Ok(mr) => made[k] = Some((mr, a, b)),
+                    Err(_) => failed = true,
+                }
+            }
+        }
+        if failed {
+            drop(made);
+            // Put the whole region back as it was; its keys were never handed out.
+            return match self.reg_mr(at(rs), (re - rs) << SLAB_SHIFT, huge) {
+                Ok(mr) => {
+                    // SAFETY: not live since `take`; this thread holds REREG.
+                    unsafe { reg.install(mr, huge) };
+                    add(&self.counters.mrs, 1);
+                    reg.end_rereg();
+                    Unregistered::Refused
+                }
+                Err(err) => {
+                    // The live parts lose their registration: counted like any refusal.
+                    self.table.publish(rs, re - rs, None);
+                    let live = ((re - rs) - (e - s)) << SLAB_SHIFT;
+                    sub(&self.counters.registered_bytes, live as u64);
+                    add(&self.counters.unregistered_bytes, live as u64);
+                    self.note_refusal(&err);
+                    reg.end_rereg();
+                    self.table.release(id);
+                    self.forget_tail(at(rs), id);
+                    Unregistered::Removed
+                }
+            };
+        }
+        for (mr, a, b) in made.into_iter().flatten() {
+            match self.install_region(mr, huge) {
+                Ok(new) => self.table.publish(a, b - a, Some(new)),
+                Err(_) => self.table.publish(a, b - a, None),
+            }
+        }
+        self.table.publish(s, e - s, None);
+        reg.end_rereg();
+        self.table.release(id);
+        self.forget_tail(at(rs), id);
+        Unregistered::Removed
+    }
+
+    /// Clear the chunk's growth tail if it was region `id` (released ids are reused).
+    fn forget_tail(&self, addr: usize, id: u32) {
+        let Some(c) = self.chunk_of(addr as *const u8) else {
+            return;
+        };
+        if let Some(ch) = self.lock().chunks.get_mut(c) {
+            if ch.tail == id + 1 {
+                ch.tail = 0;
+                ch.tail_end = 0;
+            }
+        }
+    }
+
+    /// Drop the pages of slabs `[first, first + n)` and mark them purged.
+    fn drop_pages(&self, first: usize, n: usize, registered: bool, unregistered: bool) {
+        let bytes = n << SLAB_SHIFT;
+        for i in first..first + n {
+            let kind = self.kind_at(i);
+            let at = (self.base + (i << SLAB_SHIFT)) as *mut u8;
+            // SAFETY: the caller of `purge` holds no live memory here, and no pinned region
+            // covers it any more.
+            let dropped = unsafe { os::madvise(at, SLAB, libc::MADV_DONTNEED) };
+            if dropped.is_err() && kind == PageKind::Hugetlb {
+                // Before Linux 5.18 hugetlb memory cannot be dropped by madvise: map it anew.
+                // SAFETY: as above; the slab is the arena's own mapping.
+                let _ = unsafe { os::map_fixed(at, SLAB, true) };
+                let _ = self.pages.dontfork_range(at, SLAB);
+            }
+            sub(self.kind_counter(kind), 1);
+        }
+        sub(&self.counters.committed_bytes, bytes as u64);
+        if registered {
+            sub(&self.counters.registered_bytes, bytes as u64);
+        }
+        if unregistered {
+            sub(&self.counters.unregistered_bytes, bytes as u64);
+        }
+        self.set_state(first, n, PURGED);
+    }
+
+    /// Make `[ptr, ptr + len)` usable again: commit and register its purged slabs (a no-op, one
+    /// load per slab, when none is purged). Waits for a concurrent purge or revival of the
+    /// same slabs.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a range that is not whole slabs of opened chunks;
+    /// [`Error::Os`]/[`Error::HugepagesUnavailable`] when memory cannot be committed; a refused
+    /// registration under [`RegistrationPolicy::Required`](super::RegistrationPolicy). The
+    /// slabs stay purged on error.
+    pub fn revive(&self, ptr: *mut u8, len: usize) -> Result<(), Error> {
+        let (first, n) = self.slab_range(ptr, len)?;
+        let all_live = (first..first + n).all(|i| {
+            self.slabs
+                .get(i)
+                .is_some_and(|s| s.state.load(Ordering::Acquire) == LIVE)
+        });
+        if all_live {
+            return Ok(());
+        }
+        self.revive_cold(first, n)
+    }
+
+    #[cold]
+    fn revive_cold(&self, first: usize, n: usize) -> Result<(), Error> {
+        if provision::active() {
+            return Err(Error::Reentrant);
+        }
+        let _mark = Provisioning::enter();
+        let mut i = first;
+        while i < first + n {
+            // Claim a maximal group of purged slabs, waiting out BUSY ones.
+            let Some(s) = self.slabs.get(i) else { break };
+            match s
+                .state
+                .compare_exchange(PURGED, BUSY, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => {}
+                Err(LIVE) => {
+                    i += 1;
+                    continue;
+                }
+                Err(_) => {
+                    std::thread::yield_now();
+                    continue;
+                }
+            }
+            let mut e = i + 1;
+            while e < first + n
+                && self.slabs.get(e).is_some_and(|s| {
+                    s.state
+                        .compare_exchange(PURGED, BUSY, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+                })
+            {
+                e += 1;
+            }
+            if let Err(err) = self.recommit(i, e) {
+                self.set_state(i, e - i, PURGED);
+                return Err(err);
+            }
+            self.set_state(i, e - i, LIVE);
+            i = e;
+        }
+        Ok(())
+    }
+
+    /// Commit and register slabs `[s, e)` (claimed `BUSY`).
+    fn recommit(&self, s: usize, e: usize) -> Result<(), Error> {
+        let addr = self.base + (s << SLAB_SHIFT);
+        let len = (e - s) << SLAB_SHIFT;
+        let mut kind = self.kind_at(s);
+        if let Err(errno) = os::populate_write(addr as *mut u8, len) {
+            if kind != PageKind::Hugetlb {
+                return Err(Error::Os {
+                    what: "madvise(MADV_POPULATE_WRITE)",
+                    errno,
+                });
+            }
+            // The hugetlb pool ran dry meanwhile: these slabs become ordinary memory.
+            // SAFETY: the slabs are purged: nothing lives in them.
+            let _ = unsafe { os::madvise(addr as *mut u8, len, libc::MADV_DONTNEED) };
+            kind = self.pages.remap_ordinary(addr as *mut u8, len)?;
+            self.set_kind(addr, e - s, kind);
+        }
+        let registered = self.table.reg_at(s).is_some();
+        add(&self.counters.committed_bytes, len as u64);
+        add(self.kind_counter(kind), (e - s) as u64);
+        if registered {
+            // An ODP region kept its slabs.
+            add(&self.counters.registered_bytes, len as u64);
+        } else {
+            let c = self.chunk_of(addr as *const u8).unwrap_or(0);
+            let huge = kind == PageKind::Hugetlb;
+            let r = self.register_run(c, addr, len, true, || self.register_new(addr, len, huge));
+            if let Err(err) = r {
+                // SAFETY: nothing lives in the slabs yet.
+                let _ = unsafe { os::madvise(addr as *mut u8, len, libc::MADV_DONTNEED) };
+                sub(&self.counters.committed_bytes, len as u64);
+                sub(self.kind_counter(kind), (e - s) as u64);
+                return Err(err);
+            }
+        }
+        add(&self.counters.revived_bytes, len as u64);
+        Ok(())
+    }
+}
