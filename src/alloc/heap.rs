@@ -210,6 +210,7 @@ impl Heap {
         {
             self.dequeue(c, pp);
             self.pool().retire_page(page);
+            self.pool().maybe_purge();
         }
     }
 

@@ -101,6 +101,26 @@ impl MediumSlab {
     }
 
     /// Blocks in the slab.
+    /// Whether no slot is in use.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.used.iter().all(|w| w.load(R) == 0)
+    }
+
+    /// Mark every slot of an empty slab used (a purge holds it); false when it is not empty.
+    /// `_lock` is the medium lock's guard.
+    pub(crate) fn hold(&self, _lock: &std::sync::MutexGuard<'_, usize>) -> bool {
+        if !self.is_empty() {
+            return false;
+        }
+        self.used.iter().for_each(|w| w.store(u64::MAX, R));
+        true
+    }
+
+    /// Undo [`MediumSlab::hold`].
+    pub(crate) fn unhold(&self, _lock: &std::sync::MutexGuard<'_, usize>) {
+        self.used.iter().for_each(|w| w.store(0, R));
+    }
+
     pub(crate) fn blocks(&self) -> u64 {
         self.len.iter().filter(|l| l.load(R) != 0).count() as u64
     }

@@ -25,6 +25,7 @@ mod heap;
 mod medium;
 mod page;
 mod pool;
+mod purge;
 mod stats;
 mod tcache;
 mod tls;
@@ -463,6 +464,55 @@ impl Pool {
     /// The arena the pool allocates from.
     pub fn arena(&self) -> &Arena {
         &self.inner().arena
+    }
+
+    /// The PD every region of the pool is registered in (the one the pool was built on, e.g.
+    /// an application's PD adopted with [`Pd::from_raw`]): create the QPs that post pool
+    /// buffers in it.
+    ///
+    /// # Examples
+    /// ```
+    /// use rdma_pool::alloc::Pool;
+    /// let app_pd = rdma_pool::nic::Nic::soft().alloc_pd()?;
+    /// let pool = Pool::new(&app_pd)?;
+    /// assert_eq!(pool.pd().as_raw(), app_pd.as_raw());
+    /// let cq = pool.nic().create_cq(16)?;
+    /// # let _ = cq;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn pd(&self) -> &Pd {
+        self.inner().arena.pd()
+    }
+
+    /// The NIC of [`Pool::pd`].
+    pub fn nic(&self) -> &crate::nic::Nic {
+        self.pd().nic()
+    }
+
+    /// Return every idle slab to the system now, whatever the purge delay: freed large runs,
+    /// empty pages and empty medium slabs (see the arena's purge contract: pinned memory
+    /// leaves its registration first; a registration shared with live memory whose keys were
+    /// handed out keeps its slabs). Returns the bytes purged. Reusing purged memory commits
+    /// (and registers) it again.
+    ///
+    /// # Examples
+    /// ```
+    /// use rdma_pool::alloc::Pool;
+    /// use std::alloc::Layout;
+    /// let pool = Pool::new(&rdma_pool::nic::Nic::soft().alloc_pd()?)?;
+    /// let layout = Layout::from_size_align(8 << 20, 4096)?;
+    /// let p = pool.alloc(layout);
+    /// // SAFETY: `p` came from this pool with this layout.
+    /// unsafe { pool.free_sized(p, layout) };
+    /// assert_eq!(pool.purge(), 8 << 20);
+    /// assert_eq!(pool.stats().arena.purged_bytes, 8 << 20);
+    /// let q = pool.alloc(layout); // the same run, committed and registered again
+    /// assert_eq!(q, p);
+    /// assert!(pool.keys_of(q).is_some());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn purge(&self) -> usize {
+        self.inner().purge_idle(true)
     }
 
     /// Statistics per size class and totals, read without a lock.

@@ -15,11 +15,12 @@ use super::class::{GRANULE_SHIFT, page_shift};
 use super::heap::Heap;
 use super::medium::{self, MediumSlab, SLOT_SHIFT};
 use super::page::{LARGE, LARGE_FREE, Page, SMALL, TAIL, UNUSED};
+use super::purge::Idle;
 use crate::arena::os::MmapArray;
-use crate::arena::{Arena, SLAB};
+use crate::arena::{Arena, SLAB, SLAB_SHIFT};
 use std::ptr::null_mut;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 const R: Ordering = Ordering::Relaxed;
 
@@ -33,7 +34,7 @@ const PAGE_SIZES: usize = 8;
 const LARGE_LISTS: usize = 64;
 
 /// An intrusive list of descriptors (through `next`), under a lock.
-struct List(Mutex<usize>);
+pub(crate) struct List(Mutex<usize>);
 
 impl List {
     const fn new() -> List {
@@ -44,14 +45,52 @@ impl List {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn push(&self, page: &Page) {
+    pub(crate) fn push(&self, page: &Page) {
+        self.push_then(page, |_| ());
+    }
+
+    /// Push `page` and run `then` on it under the list's lock.
+    pub(crate) fn push_then<T>(&self, page: &Page, then: impl FnOnce(&Page) -> T) -> T {
         let mut head = self.lock();
         page.next.store(*head as *mut Page, R);
         *head = page as *const Page as usize;
+        then(page)
+    }
+
+    /// Take out every page for which `take` holds, under one lock: a chain through `next`.
+    pub(crate) fn take_all_if(&self, take: impl Fn(&Page) -> bool) -> *mut Page {
+        let mut head = self.lock();
+        let mut chain: *mut Page = null_mut();
+        let mut prev: *const Page = null_mut();
+        let mut p = *head as *mut Page;
+        while !p.is_null() {
+            // SAFETY: descriptors on the list live in the pool's page table.
+            let page = unsafe { &*p };
+            let next = page.next.load(R);
+            if take(page) {
+                if prev.is_null() {
+                    *head = next as usize;
+                } else {
+                    // SAFETY: as above.
+                    unsafe { (*prev).next.store(next, R) };
+                }
+                page.next.store(chain, R);
+                chain = p;
+            } else {
+                prev = p;
+            }
+            p = next;
+        }
+        chain
     }
 
     /// Pop the first page for which `fits` holds.
-    fn pop_if(&self, fits: impl Fn(&Page) -> bool) -> Option<&Page> {
+    pub(crate) fn pop_if(&self, fits: impl Fn(&Page) -> bool) -> Option<&Page> {
+        self.pop_if_then(fits, |_| ())
+    }
+
+    /// Pop the first page for which `fits` holds and run `then` on it under the lock.
+    fn pop_if_then(&self, fits: impl Fn(&Page) -> bool, then: impl FnOnce(&Page)) -> Option<&Page> {
         let mut head = self.lock();
         let mut prev: *const Page = null_mut();
         let mut p = *head as *const Page;
@@ -66,6 +105,7 @@ impl List {
                     // SAFETY: as above.
                     unsafe { (*prev).next.store(next, R) };
                 }
+                then(page);
                 return Some(page);
             }
             prev = p;
@@ -160,6 +200,7 @@ pub(crate) struct PoolInner {
     pub(crate) large_live: AtomicUsize,
     pub(crate) large_cached: AtomicUsize,
     pub(crate) failed: AtomicU64,
+    pub(crate) idle: Idle,
 }
 
 impl PoolInner {
@@ -180,6 +221,7 @@ impl PoolInner {
             reserve,
             descs: pages.get(0).map_or(std::ptr::null(), |d| d as *const Page),
         };
+        let idle = Idle::new(reserve / SLAB, arena.purge_delay())?;
         Ok(PoolInner {
             id,
             arena,
@@ -196,6 +238,7 @@ impl PoolInner {
             large_live: AtomicUsize::new(0),
             large_cached: AtomicUsize::new(0),
             failed: AtomicU64::new(0),
+            idle,
         })
     }
 
@@ -204,24 +247,75 @@ impl PoolInner {
         self.table.page_of(p)
     }
 
-    fn desc(&self, addr: usize) -> &Page {
+    pub(super) fn desc(&self, addr: usize) -> &Page {
         self.pages
             .get((addr - self.base) >> GRANULE_SHIFT)
             .expect("arena addresses lie in the page table")
     }
 
-    /// An empty page for class `c`, owned by `heap`: from the free list of its size, or carved
-    /// from a fresh arena run.
+    /// The free list of pages of `1 << shift` bytes.
+    pub(super) fn page_list(&self, shift: u32) -> &List {
+        &self.free_pages[(shift - GRANULE_SHIFT) as usize]
+    }
+
+    /// The free list for large runs of `len` bytes.
+    pub(super) fn large_list(&self, len: usize) -> &List {
+        &self.large_free[(len / SLAB).min(LARGE_LISTS)]
+    }
+
+    /// The free-page counter of the small-page slab holding `page` (`purge.rs`), for pages
+    /// smaller than a slab.
+    fn small_free(&self, page: &Page) -> Option<&AtomicU32> {
+        if u32::from(page.shift.load(R)) >= SLAB_SHIFT {
+            return None;
+        }
+        self.idle
+            .small_free
+            .get((page.start.load(R) - self.base) >> SLAB_SHIFT)
+    }
+
+    /// An empty page for class `c`, owned by `heap`: from the free list of its size (revived
+    /// if it was purged), or carved from a fresh arena run.
     pub(crate) fn take_page(&self, c: usize, heap: *mut Heap) -> Option<&Page> {
         let shift = page_shift(c);
-        let k = (shift - GRANULE_SHIFT) as usize;
-        let page = match self.free_pages[k].pop_if(|_| true) {
-            Some(p) => p,
+        let listed = self.page_list(shift).pop_if_then(
+            |_| true,
+            |p| {
+                if let Some(n) = self.small_free(p) {
+                    n.fetch_sub(1, R);
+                }
+            },
+        );
+        let page = match listed {
+            Some(p) => {
+                if let Err(e) = self.reuse(p.start.load(R), 1 << shift) {
+                    self.count_failure(&e);
+                    self.list_page(p);
+                    return None;
+                }
+                p
+            }
             None => self.carve(shift)?,
         };
         page.init(c, heap);
         self.set_owner(page, heap);
         Some(page)
+    }
+
+    /// Put an empty page on the free list of its size; a slab whose pages are then all listed
+    /// (or a page of a slab or more) becomes idle.
+    fn list_page(&self, page: &Page) {
+        let shift = u32::from(page.shift.load(R));
+        let start = page.start.load(R);
+        let idle = self
+            .page_list(shift)
+            .push_then(page, |p| match self.small_free(p) {
+                Some(n) => n.fetch_add(1, R) + 1 == 1 << (SLAB_SHIFT - shift),
+                None => true,
+            });
+        if idle {
+            self.idle_from(start & !(SLAB - 1));
+        }
     }
 
     /// Cut a fresh arena run into pages of `1 << shift` bytes; keep one, list the others.
@@ -251,7 +345,13 @@ impl PoolInner {
             head.kind.store(SMALL, Ordering::Release);
             match first {
                 None => first = Some(head),
-                Some(_) => self.free_pages[(shift - GRANULE_SHIFT) as usize].push(head),
+                Some(_) => {
+                    self.page_list(shift).push_then(head, |p| {
+                        if let Some(n) = self.small_free(p) {
+                            n.fetch_add(1, R);
+                        }
+                    });
+                }
             }
         }
         first
@@ -280,8 +380,7 @@ impl PoolInner {
     /// An empty page goes back to the list of its size.
     pub(crate) fn retire_page(&self, page: &Page) {
         self.set_owner(page, null_mut());
-        let k = (page.shift.load(R) as u32 - GRANULE_SHIFT) as usize;
-        self.free_pages[k].push(page);
+        self.list_page(page);
     }
 
     /// The medium slab holding `p` and the slot `p` starts.
@@ -291,7 +390,12 @@ impl PoolInner {
         Some((slab, (off % SLAB) >> SLOT_SHIFT))
     }
 
-    fn medium_lock(&self) -> std::sync::MutexGuard<'_, usize> {
+    /// Medium slab `s` (by arena slab index).
+    pub(super) fn medium_slab(&self, s: usize) -> Option<&MediumSlab> {
+        self.medium.get(s)
+    }
+
+    pub(super) fn medium_lock(&self) -> std::sync::MutexGuard<'_, usize> {
         self.medium_head.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -307,9 +411,17 @@ impl PoolInner {
                         break;
                     };
                     if let Some(i) = slab.take(n) {
+                        self.idle.mark_used(cur - 1);
                         drop(head);
+                        let slab_addr = self.base + (cur - 1) * SLAB;
+                        if let Err(e) = self.arena.revive(slab_addr as *mut u8, SLAB) {
+                            self.count_failure(&e);
+                            let _head = self.medium_lock();
+                            slab.give(i);
+                            return null_mut();
+                        }
                         self.medium_live.fetch_add(n << SLOT_SHIFT, R);
-                        let p = (self.base + (cur - 1) * SLAB + (i << SLOT_SHIFT)) as *mut u8;
+                        let p = (slab_addr + (i << SLOT_SHIFT)) as *mut u8;
                         if zero {
                             // SAFETY: the block is ours and `size` bytes long.
                             unsafe { std::ptr::write_bytes(p, 0, size) };
@@ -344,9 +456,16 @@ impl PoolInner {
     /// Free the medium block at `p`.
     pub(crate) fn free_medium(&self, p: *const u8) {
         if let Some((slab, i)) = self.medium_slot(p) {
-            let _head = self.medium_lock();
-            let n = slab.give(i);
-            self.medium_live.fetch_sub(n << SLOT_SHIFT, R);
+            let empty = {
+                let _head = self.medium_lock();
+                let n = slab.give(i);
+                self.medium_live.fetch_sub(n << SLOT_SHIFT, R);
+                slab.is_empty()
+            };
+            if empty {
+                self.idle_from((p as usize) & !(SLAB - 1));
+                self.maybe_purge();
+            }
         }
     }
 
@@ -387,6 +506,17 @@ impl PoolInner {
         let cached = self.large_free[lists]
             .iter()
             .find_map(|list| list.pop_if(fits));
+        let cached = cached.filter(|page| {
+            let (start, run_len) = (page.start.load(R), page.large_len.load(R));
+            match self.reuse(start, run_len) {
+                Ok(()) => true,
+                Err(e) => {
+                    self.count_failure(&e);
+                    self.large_list(run_len).push(page);
+                    false
+                }
+            }
+        });
         if let Some(page) = cached {
             let run_len = page.large_len.load(R);
             self.large_cached.fetch_sub(run_len, R);
@@ -421,7 +551,9 @@ impl PoolInner {
         page.kind.store(LARGE_FREE, Ordering::Release);
         self.large_live.fetch_sub(len, R);
         self.large_cached.fetch_add(len, R);
-        self.large_free[(len / SLAB).min(LARGE_LISTS)].push(page);
+        self.large_list(len).push(page);
+        self.idle_from(page.start.load(R));
+        self.maybe_purge();
     }
 
     /// Walk the head descriptors of every carved page and run (statistics, teardown).

@@ -161,6 +161,7 @@ pub struct Arena {
     memlock: MemlockInfo,
     /// Per slab of the reservation: purge state and page kind (`purge.rs`).
     slabs: MmapArray<purge::SlabInfo>,
+    purge_delay: Option<std::time::Duration>,
 }
 
 impl std::fmt::Debug for Arena {
@@ -274,6 +275,7 @@ impl Arena {
             last_degradation: AtomicU64::new(0),
             memlock,
             slabs,
+            purge_delay: cfg.purge_delay,
         })
     }
 
@@ -290,6 +292,12 @@ impl Arena {
     /// Bytes from the start of the reservation to the end of the last chunk opened.
     pub(crate) fn span(&self) -> usize {
         self.lock().next_chunk << self.chunk_shift
+    }
+
+    /// How long a freed slab stays committed before a purge (the configuration's
+    /// `purge_delay`).
+    pub fn purge_delay(&self) -> Option<std::time::Duration> {
+        self.purge_delay
     }
 
     /// The PD every region of the arena belongs to.

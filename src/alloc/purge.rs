@@ -1,0 +1,251 @@
+//! The purge policy: which freed slabs go back to the system, and when.
+//!
+//! Contract:
+//! - a slab is *idle* when nothing in it is handed out: a freed large run (its first slab
+//!   stands for it), an empty page of 2 MiB or more, a slab of smaller pages that are all empty,
+//!   an empty medium slab. `idle[slab]` holds the (coarse, monotonic) time it became idle, 0
+//!   while it is in use, [`HANDLED`] once a purge dealt with it;
+//! - a slab idle for at least the pool's purge delay is purged by the next slow-path call of
+//!   [`PoolInner::maybe_purge`] (one load and a compare when nothing is due), or at once by
+//!   `Pool::purge`: it is taken out of its free list (so no thread can reuse it meanwhile),
+//!   handed to [`Arena::purge`](crate::arena::Arena::purge) — which removes pinned
+//!   registrations before dropping pages and refuses what it must — and put back; reuse
+//!   revives it (`Arena::revive`) before any block of it is handed out;
+//! - `small_free[slab]` counts the empty pages of a small-page slab that sit in the free list;
+//!   it changes only under that list's lock, so a purge that finds it full under the lock and
+//!   takes the slab's pages out of the list holds every page of the slab.
+//!
+//! Invariant: `small_free[s] <= SLAB >> shift` for a slab of pages of `1 << shift` bytes, with
+//! equality iff all its pages are in the free list.
+
+use super::class::GRANULE_SHIFT;
+use super::page::{LARGE_FREE, MEDIUM, Page, SMALL};
+use super::pool::PoolInner;
+use crate::arena::os::MmapArray;
+use crate::arena::{SLAB, SLAB_SHIFT};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+const R: Ordering = Ordering::Relaxed;
+
+/// `idle[slab]` of a slab a purge dealt with (purged, or refused by the arena).
+pub(crate) const HANDLED: u64 = u64::MAX;
+
+/// Now, in nanoseconds of `CLOCK_MONOTONIC_COARSE` (a vDSO read), never 0.
+pub(crate) fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-parameter.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    (ts.tv_sec as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(ts.tv_nsec as u64)
+        .max(1)
+}
+
+/// The purge state of a pool (see the module contract).
+pub(crate) struct Idle {
+    idle: MmapArray<AtomicU64>,
+    pub(crate) small_free: MmapArray<AtomicU32>,
+    /// Earliest time a purge may be due (`u64::MAX`: nothing idle).
+    next_due: AtomicU64,
+    /// Nanoseconds a slab stays idle before it is purged; `None`: only on request.
+    delay: Option<u64>,
+    lock: Mutex<()>,
+    pub(crate) passes: AtomicU64,
+}
+
+impl Idle {
+    pub(crate) fn new(slabs: usize, delay: Option<std::time::Duration>) -> Result<Idle, i32> {
+        // SAFETY: zero is "in use" / "no free page" for both arrays.
+        let (idle, small_free) = unsafe { (MmapArray::zeroed(slabs)?, MmapArray::zeroed(slabs)?) };
+        Ok(Idle {
+            idle,
+            small_free,
+            next_due: AtomicU64::new(u64::MAX),
+            delay: delay.map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
+            lock: Mutex::new(()),
+            passes: AtomicU64::new(0),
+        })
+    }
+
+    /// Slab `s` became idle now.
+    pub(crate) fn mark_idle(&self, s: usize) {
+        let now = now_ns();
+        if let Some(slot) = self.idle.get(s) {
+            slot.store(now, R);
+        }
+        if let Some(d) = self.delay {
+            self.next_due.fetch_min(now.saturating_add(d), R);
+        }
+    }
+
+    /// Slab `s` is in use again.
+    pub(crate) fn mark_used(&self, s: usize) {
+        if let Some(slot) = self.idle.get(s) {
+            if slot.load(R) != 0 {
+                slot.store(0, R);
+            }
+        }
+    }
+}
+
+impl PoolInner {
+    fn slab_of(&self, addr: usize) -> usize {
+        (addr - self.table.span().0) >> SLAB_SHIFT
+    }
+
+    /// A freed large run, an empty big page or an empty medium slab at `start` is idle.
+    pub(crate) fn idle_from(&self, start: usize) {
+        self.idle.mark_idle(self.slab_of(start));
+    }
+
+    /// The unit at `start` is reused: not idle, and committed again if it was purged.
+    ///
+    /// # Errors
+    /// As [`Arena::revive`](crate::arena::Arena::revive).
+    pub(crate) fn reuse(&self, start: usize, len: usize) -> Result<(), crate::arena::Error> {
+        let slab = start & !(SLAB - 1);
+        self.idle.mark_used(self.slab_of(slab));
+        self.arena
+            .revive(slab as *mut u8, (start + len).next_multiple_of(SLAB) - slab)
+    }
+
+    /// Purge what has been idle for the delay, if anything is due (slow paths only; never
+    /// under a pool lock).
+    pub(crate) fn maybe_purge(&self) {
+        if self.idle.delay.is_none() || now_ns() < self.idle.next_due.load(R) {
+            return;
+        }
+        self.purge_idle(false);
+    }
+
+    /// Purge every idle slab (`all`) or those idle for the delay; the bytes returned.
+    pub(crate) fn purge_idle(&self, all: bool) -> usize {
+        let Ok(_one) = self.idle.lock.try_lock() else {
+            return 0;
+        };
+        let now = now_ns();
+        let delay = self.idle.delay.unwrap_or(0);
+        let cutoff = if all {
+            u64::MAX - 1
+        } else {
+            now.saturating_sub(delay)
+        };
+        self.idle.next_due.store(u64::MAX, R);
+        self.idle.passes.fetch_add(1, R);
+        let mut purged = 0;
+        let mut next_due = u64::MAX;
+        let slabs = self.arena.span() >> SLAB_SHIFT;
+        let base = self.table.span().0;
+        // Small-page slabs first: one walk per free list takes out every due slab's pages.
+        for shift in GRANULE_SHIFT..SLAB_SHIFT {
+            purged += self.purge_small(shift, cutoff);
+        }
+        for s in 0..slabs {
+            let Some(t) = self.idle.idle.get(s).map(|t| t.load(R)) else {
+                break;
+            };
+            if t == 0 || t == HANDLED {
+                continue;
+            }
+            if t > cutoff {
+                next_due = next_due.min(t.saturating_add(delay));
+                continue;
+            }
+            let head = self.desc(base + (s << SLAB_SHIFT));
+            purged += match head.kind.load(Ordering::Acquire) {
+                LARGE_FREE => self.purge_listed(head, head.large_len.load(R), true),
+                SMALL if u32::from(head.shift.load(R)) >= SLAB_SHIFT => {
+                    self.purge_listed(head, 1 << head.shift.load(R), false)
+                }
+                MEDIUM => self.purge_medium(s),
+                _ => 0,
+            };
+        }
+        self.idle.next_due.fetch_min(next_due, R);
+        purged
+    }
+
+    /// Purge one listed unit (a cached large run or an empty big page) if it is still listed.
+    fn purge_listed(&self, head: &Page, len: usize, large: bool) -> usize {
+        let list = if large {
+            self.large_list(len)
+        } else {
+            self.page_list(u32::from(head.shift.load(R)))
+        };
+        if list.pop_if(|p| std::ptr::eq(p, head)).is_none() {
+            return 0;
+        }
+        let start = head.start.load(R);
+        let n = self.purge_range(start, len);
+        list.push(head);
+        n
+    }
+
+    /// Hand `[start, start + len)` to the arena and note the slab handled.
+    fn purge_range(&self, start: usize, len: usize) -> usize {
+        if let Some(slot) = self.idle.idle.get(self.slab_of(start)) {
+            slot.store(HANDLED, R);
+        }
+        // SAFETY: the unit is out of every free list and nothing in it is handed out.
+        unsafe { self.arena.purge(start as *mut u8, len) }.unwrap_or(0)
+    }
+
+    /// Purge the due slabs of the free list of pages of `1 << shift` bytes.
+    fn purge_small(&self, shift: u32, cutoff: u64) -> usize {
+        let per_slab = 1u32 << (SLAB_SHIFT - shift);
+        let list = self.page_list(shift);
+        // Take out, under the list's lock, every page of a due slab whose pages are all there.
+        let chain = list.take_all_if(|p| {
+            let s = self.slab_of(p.start.load(R));
+            let full = self
+                .idle
+                .small_free
+                .get(s)
+                .is_some_and(|n| n.load(R) == per_slab);
+            let t = self.idle.idle.get(s).map_or(0, |t| t.load(R));
+            full && t != 0 && t != HANDLED && t <= cutoff
+        });
+        let mut purged = 0;
+        let mut p = chain;
+        while !p.is_null() {
+            // SAFETY: descriptors of the chain live in the page table.
+            let page = unsafe { &*p };
+            let slab = page.start.load(R) & !(SLAB - 1);
+            let t = self
+                .idle
+                .idle
+                .get(self.slab_of(slab))
+                .map_or(0, |t| t.load(R));
+            if t != HANDLED {
+                purged += self.purge_range(slab, SLAB);
+            }
+            p = page.next.load(R);
+        }
+        let mut p = chain;
+        while !p.is_null() {
+            // SAFETY: as above.
+            let page = unsafe { &*p };
+            let next = page.next.load(R);
+            list.push(page);
+            p = next;
+        }
+        purged
+    }
+
+    /// Purge medium slab `s` if it is still empty.
+    fn purge_medium(&self, s: usize) -> usize {
+        let Some(slab) = self.medium_slab(s) else {
+            return 0;
+        };
+        if !slab.hold(&self.medium_lock()) {
+            return 0;
+        }
+        let n = self.purge_range(self.table.span().0 + (s << SLAB_SHIFT), SLAB);
+        slab.unhold(&self.medium_lock());
+        n
+    }
+}
