@@ -4,27 +4,16 @@
 //! Contract: the environment is read once, when the pool initialises, with `getenv` (no Rust
 //! allocation, no lock): `RDMA_POOL_REGISTRATION=pinned|odp|auto` overrides
 //! [`GlobalConfig::registration`], `RDMA_POOL_HUGEPAGES=require|prefer|off` overrides
-//! [`GlobalConfig::hugepages`], and `RDMA_POOL_NIC` picks the device as for
+//! [`GlobalConfig::hugepages`], `RDMA_POOL_PURGE_MS=<milliseconds>|off` overrides
+//! [`GlobalConfig::purge_delay`], and `RDMA_POOL_NIC` picks the device as for
 //! [`Nic::open_default`] when [`GlobalConfig::open`] is `None`. An unknown value is ignored
 //! (and counted in [`GlobalStats::env_ignored`](super::GlobalStats::env_ignored)).
 
-use crate::arena::{ArenaConfig, Error, Hugepages};
+pub use crate::arena::Registration;
+use crate::arena::{ArenaConfig, Hugepages, RegistrationPolicy};
 use crate::nic::{self, Access, Nic};
 use std::ffi::CStr;
-
-/// How the pool's memory is registered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Registration {
-    /// Pinned regions (`ibv_reg_mr` without `ON_DEMAND`): every committed page is resident and
-    /// counts against `RLIMIT_MEMLOCK`.
-    Pinned,
-    /// On-demand-paging regions. Not available in this release: the arena registers pinned
-    /// memory only, so asking for ODP makes initialisation fail with [`Error::Config`] (and the
-    /// pool then degrades or fails as [`OnFailure`] says). `Auto` never picks it.
-    Odp,
-    /// The best the device and the process allow: pinned in this release.
-    Auto,
-}
+use std::time::Duration;
 
 /// What the global pool does when it cannot give out NIC-registered memory (no device could
 /// be opened, registration or the reservation failed, every heap is taken).
@@ -35,8 +24,10 @@ pub enum OnFailure {
     /// null only where the system allocator does.
     Degrade,
     /// Return null, as an allocator out of memory does (Rust's `handle_alloc_error` then
-    /// aborts the process): for services that must never post unregistered memory.
-    /// Re-entrant allocations of the NIC layer still use the bootstrap region.
+    /// aborts the process): for services that must never post unregistered memory. The arena
+    /// then runs with [`RegistrationPolicy::Required`]: memory it cannot register (after trying
+    /// ODP for it) is never handed out. Re-entrant allocations of the NIC layer still use the
+    /// bootstrap region.
     Fail,
 }
 
@@ -57,7 +48,8 @@ pub enum OnFailure {
 /// ```
 #[derive(Debug, Clone, Copy)]
 pub struct GlobalConfig {
-    /// Pinned or ODP registration (env `RDMA_POOL_REGISTRATION`). Default `Auto`.
+    /// Pinned or ODP registration (env `RDMA_POOL_REGISTRATION`). Default `Auto`: ODP where
+    /// the device supports it for every operation and no quirk makes it unsafe, else pinned.
     pub registration: Registration,
     /// Hugepage policy (env `RDMA_POOL_HUGEPAGES`). Default `Prefer`.
     pub hugepages: Hugepages,
@@ -70,6 +62,10 @@ pub struct GlobalConfig {
     pub remote: Access,
     /// Degrade to unregistered memory, or fail. Default `Degrade`.
     pub on_failure: OnFailure,
+    /// How long freed slabs stay committed before they are returned to the system (env
+    /// `RDMA_POOL_PURGE_MS`; `None`: only on [`GlobalPool::purge`](super::GlobalPool::purge)).
+    /// Default 1 s.
+    pub purge_delay: Option<Duration>,
     /// Opens the NIC; `None` uses [`Nic::open_default`] (which honours `RDMA_POOL_NIC`). It
     /// runs inside the allocator, on the thread of the first allocation: its own allocations
     /// are served from the bootstrap region.
@@ -86,6 +82,7 @@ impl GlobalConfig {
         chunk: 1 << 30,
         remote: Access::empty(),
         on_failure: OnFailure::Degrade,
+        purge_delay: Some(Duration::from_secs(1)),
         open: None,
     };
 
@@ -107,26 +104,32 @@ impl GlobalConfig {
             Some(b"off") => self.hugepages = Hugepages::Off,
             Some(_) => ignored += 1,
         }
+        match getenv(c"RDMA_POOL_PURGE_MS") {
+            None => {}
+            Some(b"off") => self.purge_delay = None,
+            Some(v) => match parse_u64(v) {
+                Some(ms) => self.purge_delay = Some(Duration::from_millis(ms)),
+                None => ignored += 1,
+            },
+        }
         (self, ignored)
     }
 
     /// The arena configuration this asks for.
-    ///
-    /// # Errors
-    /// [`Error::Config`] for ODP registration (not available in this release).
-    pub(crate) fn arena(&self) -> Result<ArenaConfig, Error> {
-        if self.registration == Registration::Odp {
-            return Err(Error::Config(
-                "ODP registration is not available in this release; use pinned or auto",
-            ));
-        }
-        Ok(ArenaConfig {
+    pub(crate) fn arena(&self) -> ArenaConfig {
+        ArenaConfig {
             reserve: self.reserve,
             chunk: self.chunk,
             hugepages: self.hugepages,
             remote: self.remote,
+            registration: self.registration,
+            policy: match self.on_failure {
+                OnFailure::Degrade => RegistrationPolicy::Degrade,
+                OnFailure::Fail => RegistrationPolicy::Required,
+            },
+            purge_delay: self.purge_delay,
             ..ArenaConfig::default()
-        })
+        }
     }
 }
 
@@ -134,6 +137,18 @@ impl Default for GlobalConfig {
     fn default() -> Self {
         GlobalConfig::DEFAULT
     }
+}
+
+/// A decimal number (no sign, no blanks), or `None`.
+fn parse_u64(v: &[u8]) -> Option<u64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.iter().try_fold(0u64, |n, &b| {
+        b.is_ascii_digit()
+            .then(|| n.checked_mul(10)?.checked_add(u64::from(b - b'0')))
+            .flatten()
+    })
 }
 
 /// The value of an environment variable, borrowed from the environment block (no allocation).
@@ -151,15 +166,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn odp_is_refused_with_a_reason_and_auto_is_pinned() {
-        let odp = GlobalConfig {
+    fn the_arena_config_follows_the_global_one() {
+        let strict = GlobalConfig {
             registration: Registration::Odp,
+            on_failure: OnFailure::Fail,
+            purge_delay: None,
             ..GlobalConfig::DEFAULT
-        };
-        assert!(matches!(odp.arena(), Err(Error::Config(_))));
-        let auto = GlobalConfig::DEFAULT.arena().unwrap();
+        }
+        .arena();
+        assert_eq!(strict.registration, Registration::Odp);
+        assert_eq!(strict.policy, RegistrationPolicy::Required);
+        assert_eq!(strict.purge_delay, None);
+        let auto = GlobalConfig::DEFAULT.arena();
         assert_eq!(auto.reserve, 64 << 30);
+        assert_eq!(auto.registration, Registration::Auto);
+        assert_eq!(auto.policy, RegistrationPolicy::Degrade);
         assert!(auto.remote.is_empty());
+    }
+
+    #[test]
+    fn numbers_parse_without_allocating() {
+        assert_eq!(parse_u64(b"250"), Some(250));
+        assert_eq!(parse_u64(b"0"), Some(0));
+        assert_eq!(parse_u64(b""), None);
+        assert_eq!(parse_u64(b"1s"), None);
+        assert_eq!(parse_u64(b"99999999999999999999999"), None);
     }
 
     #[test]

@@ -423,7 +423,7 @@ impl GlobalPool {
         self.counters()
             .env_ignored
             .fetch_add(u64::from(ignored), Relaxed);
-        let arena = cfg.arena()?;
+        let arena = cfg.arena();
         let nic = match cfg.open {
             Some(open) => open()?,
             None => Nic::open_default()?,
@@ -535,6 +535,19 @@ impl GlobalPool {
             Ok(pool) => pool.sge_of(buf),
             Err(_) => Err(Error::NotRegistered),
         }
+    }
+
+    /// Return every idle slab of the pool to the system now (see [`Pool::purge`]); 0 before
+    /// the pool is ready. Purging also happens on its own after
+    /// [`GlobalConfig::purge_delay`].
+    ///
+    /// # Examples
+    /// ```
+    /// static POOL: rdma_pool::GlobalPool = rdma_pool::GlobalPool::new();
+    /// let _ = POOL.purge();
+    /// ```
+    pub fn purge(&self) -> usize {
+        self.ready().map_or(0, |p| p.purge())
     }
 
     /// A snapshot of the statistics (no lock, no allocation). The bootstrap region's figures

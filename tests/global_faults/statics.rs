@@ -3,7 +3,7 @@
 use crate::common::serial;
 use rdma_pool::GlobalPool;
 use rdma_pool::arena::provision::Provisioning;
-use rdma_pool::arena::{Error, Hugepages};
+use rdma_pool::arena::{DegradeCause, Error, Hugepages, ModeReason, RegMode};
 use rdma_pool::global::{GlobalConfig, GlobalState, OnFailure, Registration};
 use rdma_pool::nic::{self, Nic, Verb};
 use std::alloc::{GlobalAlloc, Layout};
@@ -54,7 +54,11 @@ fn round_trip(pool: &GlobalPool, layout: Layout) -> bool {
 
 #[test]
 fn injected_registration_failures_degrade_then_registration_resumes() {
-    static P: GlobalPool = GlobalPool::with_config(SMALL);
+    // Pinned, so that every fresh slab needs a registration (an ODP chunk has one already).
+    static P: GlobalPool = GlobalPool::with_config(GlobalConfig {
+        registration: Registration::Pinned,
+        ..SMALL
+    });
     let soft = P.nic().unwrap().as_soft().expect("a soft NIC");
     let big = Layout::from_size_align(6 << 20, 64).unwrap();
     assert!(round_trip(&P, big));
@@ -70,8 +74,17 @@ fn injected_registration_failures_degrade_then_registration_resumes() {
     }
     let unkeyed = blocks.iter().filter(|&&p| P.keys_of(p).is_none()).count();
     assert!(unkeyed >= 6, "{unkeyed} of 8 unregistered");
+    // The arena served them unregistered (pinned failed, and so did ODP for the chunk): counted
+    // with the cause, nothing taken from the system allocator.
     let during = P.stats();
-    assert!(during.degraded_allocations >= before.degraded_allocations + unkeyed as u64);
+    let arena = during.pool.unwrap().arena;
+    assert!(
+        arena.unregistered_bytes >= unkeyed as u64 * (6 << 20),
+        "{arena:?}"
+    );
+    let d = arena.last_degradation.expect("a degradation recorded");
+    assert_eq!((d.cause, d.odp_fallback), (DegradeCause::Memlock, false));
+    assert_eq!(during.degraded_allocations, before.degraded_allocations);
     for p in blocks {
         // SAFETY: blocks of `P` with `big`.
         unsafe { P.dealloc(p, big) };
@@ -139,15 +152,29 @@ fn the_fail_policy_returns_null_instead_of_unregistered_memory() {
 }
 
 #[test]
-fn odp_registration_is_refused_with_a_reason() {
+fn odp_registration_serves_odp_memory() {
     let _env = serial(); // not while the environment test's child reads the same variables
     static P: GlobalPool = GlobalPool::with_config(GlobalConfig {
         registration: Registration::Odp,
         ..SMALL
     });
-    if std::env::var_os("RDMA_POOL_REGISTRATION").is_none() {
-        assert!(matches!(P.init(), Err(Error::Config(_))));
-        assert!(!round_trip(&P, Layout::new::<[u8; 64]>()));
+    if std::env::var_os("RDMA_POOL_REGISTRATION").is_some() {
+        return;
+    }
+    let caps = P.nic().ok().map(|n| n.caps().clone());
+    match P.init() {
+        Ok(pool) => {
+            assert!(caps.is_some_and(|c| c.odp.explicit));
+            assert!(round_trip(&P, Layout::new::<[u8; 64]>()));
+            let s = pool.stats().arena;
+            assert_eq!(
+                (s.mode, s.mode_reason),
+                (RegMode::Odp, ModeReason::Requested)
+            );
+            assert!(s.odp_mrs >= 1, "{s:?}");
+        }
+        // A device without explicit ODP refuses the configuration with a reason.
+        Err(e) => assert!(matches!(e, Error::Config(_)), "{e}"),
     }
 }
 
