@@ -1,15 +1,18 @@
 //! The arena (`rdma_pool::arena`): growth that never breaks a key, page kinds, VMAs, keys_of,
-//! fork, error paths. Runs on two soft NICs, and on `rxe0`/`rxe1` in the QEMU guest
+//! fork, error paths, ODP and the choice of mode, degradation, purge. Runs on two soft NICs, and on `rxe0`/`rxe1` in the QEMU guest
 //! (`RDMA_POOL_TEST_NIC=verbs`); tests that need a soft NIC's configuration build their own.
 
 #[path = "../common/mod.rs"]
 mod common;
 
+mod degrade;
 mod errors;
 mod fork;
 mod growth;
 mod keys;
+mod odp;
 mod pages;
+mod purge;
 
 use common::*;
 use rdma_pool::arena::{Arena, ArenaConfig, Hugepages, Keys, Run, SLAB};
