@@ -11,6 +11,8 @@
 //!   handed to [`Arena::purge`](crate::arena::Arena::purge) — which removes pinned
 //!   registrations before dropping pages and refuses what it must — and put back; reuse
 //!   revives it (`Arena::revive`) before any block of it is handed out;
+//! - a purge first collects the heaps no thread owns (their threads exited), so that pages
+//!   emptied by frees from other threads since then can go idle;
 //! - `small_free[slab]` counts the empty pages of a small-page slab that sit in the free list;
 //!   it changes only under that list's lock, so a purge that finds it full under the lock and
 //!   takes the slab's pages out of the list holds every page of the slab.
@@ -20,13 +22,16 @@
 
 use super::class::GRANULE_SHIFT;
 use super::page::{LARGE_FREE, MEDIUM, Page, SMALL};
-use super::pool::PoolInner;
+use super::pool::{HEAPS, PoolInner};
 use crate::arena::os::MmapArray;
 use crate::arena::{SLAB, SLAB_SHIFT};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 const R: Ordering = Ordering::Relaxed;
+
+/// The owner token of a heap the purge holds (no thread's token: those are addresses).
+const PURGER: u64 = u64::MAX;
 
 /// `idle[slab]` of a slab a purge dealt with (purged, or refused by the arena).
 pub(crate) const HANDLED: u64 = u64::MAX;
@@ -136,6 +141,7 @@ impl PoolInner {
         };
         self.idle.next_due.store(u64::MAX, R);
         self.idle.passes.fetch_add(1, R);
+        self.collect_abandoned();
         let mut purged = 0;
         let mut next_due = u64::MAX;
         let slabs = self.arena.span() >> SLAB_SHIFT;
@@ -167,6 +173,25 @@ impl PoolInner {
         }
         self.idle.next_due.fetch_min(next_due, R);
         purged
+    }
+
+    /// Hand the empty pages of heaps no thread owns (their threads exited while other
+    /// threads still held blocks, freed since) back to the pool, so that their slabs can go
+    /// idle. Each such heap is owned by the purge for the while (`PURGER`).
+    fn collect_abandoned(&self) {
+        for i in 0..HEAPS {
+            let Some(h) = self.heaps.get(i) else { break };
+            if !h.initialised.load(Ordering::Acquire) || h.owner.load(R) != 0 {
+                continue;
+            }
+            if h.owner
+                .compare_exchange(0, PURGER, Ordering::Acquire, R)
+                .is_ok()
+            {
+                h.release();
+                h.owner.store(0, Ordering::Release);
+            }
+        }
     }
 
     /// Purge one listed unit (a cached large run or an empty big page) if it is still listed.

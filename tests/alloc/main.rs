@@ -9,6 +9,7 @@ mod common;
 mod api2;
 mod medium;
 mod model;
+mod purge;
 mod teardown;
 mod threads;
 

@@ -1,0 +1,251 @@
+//! The pool's purge policy: idle slabs (freed large runs, empty pages, empty medium slabs) go
+//! back to the system after the delay or on `purge()`, live memory is never touched, and purged
+//! memory comes back committed and registered. Also: a pool attached to an application's PD.
+
+use super::*;
+use rdma_pool::arena::{Registration, SLAB};
+use std::alloc::Layout;
+use std::time::Duration;
+
+fn purging_pool(pd: &Pd, delay: Option<Duration>, registration: Registration) -> Pool {
+    Pool::with_config(
+        pd,
+        ArenaConfig {
+            reserve: 1 << 34,
+            chunk: 1 << 26,
+            hugepages: Hugepages::Off,
+            remote: Access::REMOTE_WRITE,
+            registration,
+            purge_delay: delay,
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
+fn stale(bed: &Bed) -> u64 {
+    bed.a
+        .nic
+        .as_soft()
+        .map_or(0, |s| s.counters().stale_pinned_accesses)
+}
+
+/// Allocate `n` blocks of `layout` filled with their index, on a thread that exits (so its
+/// pages go back to the pool), and return them.
+fn blocks_from_a_thread(pool: &Pool, layout: Layout, n: usize) -> Vec<usize> {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            (0..n)
+                .map(|i| {
+                    let p = pool.alloc(layout);
+                    assert!(!p.is_null());
+                    // SAFETY: a fresh block of `layout.size()` bytes.
+                    unsafe { std::ptr::write_bytes(p, i as u8, layout.size()) };
+                    p as usize
+                })
+                .collect()
+        })
+        .join()
+        .unwrap()
+    })
+}
+
+fn free_all(pool: &Pool, blocks: &[usize], layout: Layout) {
+    for &p in blocks {
+        // SAFETY: blocks of `pool` with `layout`, freed once.
+        unsafe { pool.free_sized(p as *mut u8, layout) };
+    }
+}
+
+#[test]
+fn idle_slabs_of_every_kind_are_purged_on_request() {
+    let _g = serial();
+    let bed = bed();
+    let pool = purging_pool(&bed.a.pd, None, Registration::Auto);
+    // Three slabs in all, so that the pinned memory fits the rxe guest's 8 MiB memlock limit.
+    let small = Layout::from_size_align(16 << 10, 8).unwrap(); // 128 KiB pages, 16 per slab
+    let medium = Layout::from_size_align(200 << 10, 8).unwrap(); // a medium slab
+    let large = Layout::from_size_align(3 << 19, 4096).unwrap(); // a one-slab run
+    let s_blocks = blocks_from_a_thread(&pool, small, 128); // exactly one slab of pages
+    let m_blocks = blocks_from_a_thread(&pool, medium, 9);
+    let l_blocks = blocks_from_a_thread(&pool, large, 1);
+    let keep = s_blocks[0] as *mut u8; // stays live: its slab is not idle
+    let s_blocks = &s_blocks[1..];
+    let before = pool.stats().arena;
+    free_all(&pool, s_blocks, small);
+    free_all(&pool, &m_blocks, medium);
+    free_all(&pool, &l_blocks, large);
+    // Nothing is purged without a delay until asked.
+    assert_eq!(pool.stats().arena.purged_bytes, 0);
+    let purged = pool.purge();
+    let after = pool.stats().arena;
+    assert_eq!(purged, 2 * SLAB, "the large run and the medium slab");
+    // The last small block goes: now its slab is idle too.
+    // SAFETY: a block of the pool, freed once.
+    unsafe { pool.free_sized(keep, small) };
+    assert_eq!(pool.purge(), SLAB);
+    assert_eq!(after.purged_bytes, purged as u64);
+    assert_eq!(
+        after.committed_bytes,
+        before.committed_bytes - purged as u64
+    );
+    assert!(after.resident_bytes < before.resident_bytes);
+    assert_eq!(pool.purge(), 0, "nothing idle is left");
+    // Reuse: every kind comes back committed, zeroed where asked, and registered.
+    let again = blocks_from_a_thread(&pool, small, 128);
+    let big = pool.alloc_zeroed(large);
+    assert!(!big.is_null());
+    // SAFETY: a live zeroed block of `large.size()` bytes.
+    assert!(
+        unsafe { std::slice::from_raw_parts(big, large.size()) }
+            .iter()
+            .all(|&b| b == 0)
+    );
+    let mid = pool.alloc(medium);
+    for &p in again.iter().chain([big as usize, mid as usize].iter()) {
+        let k = pool.keys_of(p as *const u8).expect("registered again");
+        assert!(k.contains(p, 16 << 10));
+    }
+    assert!(pool.stats().arena.revived_bytes > 0);
+    // A peer writes into the revived large block (remote opt-in), a page in.
+    let k = pool.keys_of(big).unwrap();
+    let (_mem, src) = bed.b.reg_buf(4096, 0x6D, RW);
+    let at = big as u64 + 4096;
+    bed.qb
+        .post_write(9, &[src.sge(0, 4096).unwrap()], at, k.rkey)
+        .unwrap();
+    assert_eq!(bed.b.wait().status, WcStatus::Success);
+    // SAFETY: the block is live.
+    assert!(
+        unsafe { std::slice::from_raw_parts(at as *const u8, 4096) }
+            .iter()
+            .all(|&b| b == 0x6D)
+    );
+    assert_eq!(stale(&bed), 0);
+    free_all(&pool, &again, small);
+    // SAFETY: blocks of the pool, freed once.
+    unsafe {
+        pool.free_sized(big, large);
+        pool.free_sized(mid, medium);
+    }
+    assert!(pool.validate());
+}
+
+#[test]
+fn idle_slabs_are_purged_after_the_delay() {
+    let _g = serial();
+    let bed = bed();
+    let pool = purging_pool(
+        &bed.a.pd,
+        Some(Duration::from_millis(20)),
+        Registration::Pinned,
+    );
+    let large = Layout::from_size_align(3 << 19, 4096).unwrap();
+    let a = pool.alloc(large);
+    // SAFETY: a block of the pool, freed once.
+    unsafe { pool.free_sized(a, large) };
+    assert_eq!(pool.stats().arena.purged_bytes, 0, "not before the delay");
+    std::thread::sleep(Duration::from_millis(60));
+    // Any slow path after the delay purges: here another large free.
+    let other = Layout::from_size_align(5 << 20, 4096).unwrap();
+    let b = pool.alloc(other);
+    // SAFETY: as above.
+    unsafe { pool.free_sized(b, other) };
+    let s = pool.stats().arena;
+    assert!(s.purged_bytes >= SLAB as u64, "{s:?}");
+    assert_eq!(stale(&bed), 0);
+    assert!(pool.validate());
+}
+
+#[test]
+fn purging_under_churn_loses_no_live_byte() {
+    let _g = serial();
+    // Tens of MiB live at times: a soft NIC wherever the test runs (memlock in the guest).
+    let bed = default_bed();
+    let pool = purging_pool(&bed.a.pd, Some(Duration::ZERO), Registration::Auto);
+    let sizes = [24usize, 700, 5000, 70 << 10, 300 << 10, 1200 << 10, 2 << 20];
+    let mut live: Vec<(usize, Layout, u8)> = Vec::new();
+    let mut seed = 0x2545_F491_4F6C_DD1Du64;
+    for round in 0..3000u32 {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        if live.len() > 40 || (seed & 1 == 1 && !live.is_empty()) {
+            let (p, l, fill) = live.swap_remove((seed >> 8) as usize % live.len());
+            // SAFETY: a live block of `l.size()` bytes.
+            let got = unsafe { std::slice::from_raw_parts(p as *const u8, l.size()) };
+            assert!(
+                got.iter().all(|&b| b == fill),
+                "round {round}: a live block changed"
+            );
+            // SAFETY: freed once, with its layout.
+            unsafe { pool.free_sized(p as *mut u8, l) };
+        } else {
+            let l = Layout::from_size_align(sizes[(seed >> 20) as usize % sizes.len()], 8).unwrap();
+            let p = pool.alloc(l);
+            assert!(!p.is_null());
+            let fill = (seed >> 32) as u8;
+            // SAFETY: a fresh block.
+            unsafe { std::ptr::write_bytes(p, fill, l.size()) };
+            assert!(
+                pool.keys_of(p)
+                    .is_some_and(|k| k.contains(p as usize, l.size()))
+            );
+            live.push((p as usize, l, fill));
+        }
+        if round % 500 == 0 {
+            pool.purge();
+        }
+    }
+    assert!(pool.stats().arena.purges > 0);
+    for (p, l, fill) in live {
+        // SAFETY: as above.
+        let got = unsafe { std::slice::from_raw_parts(p as *const u8, l.size()) };
+        assert!(got.iter().all(|&b| b == fill));
+        // SAFETY: as above.
+        unsafe { pool.free_sized(p as *mut u8, l) };
+    }
+    assert_eq!(stale(&bed), 0);
+    assert!(pool.validate());
+}
+
+#[test]
+fn a_pool_attached_to_the_applications_pd_posts_through_its_qps() {
+    let _g = serial();
+    let bed = bed();
+    // The application owns the PD (on verbs, e.g. from rdma_cm: adopted by its raw pointer).
+    let app_pd = if on_verbs() {
+        // SAFETY: `bed.a.pd` outlives the adopted handle and the pool.
+        unsafe { Pd::from_raw(&bed.a.nic, bed.a.pd.as_raw() as *mut std::ffi::c_void) }.unwrap()
+    } else {
+        bed.a.pd.clone()
+    };
+    let pool = pool_on(&app_pd, Access::empty());
+    assert_eq!(pool.pd().as_raw(), bed.a.pd.as_raw());
+    assert!(pool.nic().same_device(&bed.a.nic));
+    // The application's QP (`bed.qa`, in its PD) posts pool memory by the pool's lkey.
+    let layout = Layout::from_size_align(4096, 4096).unwrap();
+    let p = pool.alloc(layout);
+    // SAFETY: a fresh 4 KiB block.
+    unsafe { std::ptr::write_bytes(p, 0x42, 4096) };
+    let k = pool.keys_of(p).unwrap();
+    let (_mem, dst) = bed.b.reg_buf(4096, 0, RW);
+    bed.qa
+        .post_write(
+            1,
+            &[sge(p as u64, 4096, k.lkey)],
+            dst.addr() as u64,
+            dst.rkey(),
+        )
+        .unwrap();
+    assert_eq!(bed.a.wait().status, WcStatus::Success);
+    // SAFETY: the peer's buffer, idle now.
+    let got = unsafe { std::slice::from_raw_parts(dst.addr() as *const u8, 4096) };
+    assert!(got.iter().all(|&b| b == 0x42));
+    // A QP the application creates on the pool's own handles works too.
+    let cq = pool.nic().create_cq(16).unwrap();
+    let qp = pool.pd().create_qp(&cq, &cq, QpCaps::default()).unwrap();
+    assert!(qp.qpn() > 0);
+    // SAFETY: freed once.
+    unsafe { pool.free_sized(p, layout) };
+}
