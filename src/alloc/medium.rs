@@ -2,7 +2,8 @@
 //! first fit, grown and shrunk in place when the neighbouring slots are free — so a `Vec`
 //! doubling through these sizes is not copied each time.
 //!
-//! Contract: a medium slab is one arena run (one registration); every granule of it is marked
+//! Contract (the pool's medium paths are at the end of the file): a medium slab is one arena
+//! run (one registration); every granule of it is marked
 //! `MEDIUM` in the page table, with `start` = the slab. All changes happen under the pool's
 //! medium lock; `len` is read without it (`usable_size`). Waste is at most one slot in eight
 //! (a block is at least 8 slots).
@@ -10,8 +11,11 @@
 //! Invariant: for a slab, the set bits of `used` are exactly the union of `[i, i + len[i])`
 //! over the slots `i` with `len[i] != 0`, and those runs do not overlap.
 
+use super::class::GRANULE_SHIFT;
 use super::page::{MEDIUM, Page};
+use super::pool::PoolInner;
 use crate::arena::SLAB;
+use std::ptr::null_mut;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
 const R: Ordering = Ordering::Relaxed;
@@ -153,5 +157,115 @@ pub(crate) fn mark(descs: impl Iterator<Item = (usize, *const Page)>, start: usi
         let d = unsafe { &*d };
         d.start.store(start, R);
         d.kind.store(MEDIUM, Ordering::Release);
+    }
+}
+
+impl PoolInner {
+    /// The medium slab holding `p` and the slot `p` starts.
+    fn medium_slot(&self, p: *const u8) -> Option<(&MediumSlab, usize)> {
+        let off = (p as usize).wrapping_sub(self.base);
+        let slab = self.medium.get(off / SLAB)?;
+        Some((slab, (off % SLAB) >> SLOT_SHIFT))
+    }
+
+    /// Medium slab `s` (by arena slab index).
+    pub(super) fn medium_slab(&self, s: usize) -> Option<&MediumSlab> {
+        self.medium.get(s)
+    }
+
+    pub(super) fn medium_lock(&self) -> std::sync::MutexGuard<'_, usize> {
+        self.medium_head.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A medium block of `size` bytes (see `medium.rs`), zeroed when `zero`.
+    pub(crate) fn alloc_medium(&self, size: usize, zero: bool) -> *mut u8 {
+        let n = slots_for(size);
+        loop {
+            {
+                let head = self.medium_lock();
+                let mut cur = *head;
+                while cur != 0 {
+                    let Some(slab) = self.medium.get(cur - 1) else {
+                        break;
+                    };
+                    if let Some(i) = slab.take(n) {
+                        self.idle.mark_used(cur - 1);
+                        drop(head);
+                        let slab_addr = self.base + (cur - 1) * SLAB;
+                        if let Err(e) = self.arena.revive(slab_addr as *mut u8, SLAB) {
+                            self.count_failure(&e);
+                            let _head = self.medium_lock();
+                            slab.give(i);
+                            return null_mut();
+                        }
+                        self.medium_live.fetch_add(n << SLOT_SHIFT, R);
+                        let p = (slab_addr + (i << SLOT_SHIFT)) as *mut u8;
+                        if zero {
+                            // SAFETY: the block is ours and `size` bytes long.
+                            unsafe { std::ptr::write_bytes(p, 0, size) };
+                        }
+                        return p;
+                    }
+                    cur = slab.next.load(R) as usize;
+                }
+            }
+            // No room: carve a slab, without the lock (the arena may call the NIC).
+            let run = match self.arena.alloc_run(SLAB, SLAB) {
+                Ok(run) => run,
+                Err(e) => {
+                    self.count_failure(&e);
+                    return null_mut();
+                }
+            };
+            let start = run.as_ptr() as usize;
+            let descs = (start..start + SLAB)
+                .step_by(1 << GRANULE_SHIFT)
+                .map(|a| (a, self.desc(a) as *const Page));
+            mark(descs, start);
+            let index = (start - self.base) / SLAB;
+            let mut head = self.medium_lock();
+            if let Some(slab) = self.medium.get(index) {
+                slab.next.store(*head as u64, R);
+                *head = index + 1;
+            }
+        }
+    }
+
+    /// Free the medium block at `p`.
+    pub(crate) fn free_medium(&self, p: *const u8) {
+        if let Some((slab, i)) = self.medium_slot(p) {
+            let empty = {
+                let _head = self.medium_lock();
+                let n = slab.give(i);
+                self.medium_live.fetch_sub(n << SLOT_SHIFT, R);
+                slab.is_empty()
+            };
+            if empty {
+                self.idle_from((p as usize) & !(SLAB - 1));
+                self.maybe_purge();
+            }
+        }
+    }
+
+    /// Resize the medium block at `p` in place to `size` bytes, if its neighbours allow.
+    pub(crate) fn resize_medium(&self, p: *const u8, size: usize) -> bool {
+        let Some((slab, i)) = self.medium_slot(p) else {
+            return false;
+        };
+        let n = slots_for(size);
+        let _head = self.medium_lock();
+        let cur = slab.len_at(i);
+        if cur == 0 || !slab.resize(i, n) {
+            return false;
+        }
+        self.medium_live.fetch_add(n << SLOT_SHIFT, R);
+        self.medium_live.fetch_sub(cur << SLOT_SHIFT, R);
+        true
+    }
+
+    /// Bytes usable in the medium block at `p` (0: none starts there).
+    pub(crate) fn medium_len(&self, p: *const u8) -> usize {
+        self.medium_slot(p)
+            .map_or(0, |(slab, i)| slab.len_at(i) << SLOT_SHIFT)
     }
 }

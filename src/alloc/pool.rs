@@ -13,7 +13,7 @@
 
 use super::class::{GRANULE_SHIFT, page_shift};
 use super::heap::Heap;
-use super::medium::{self, MediumSlab, SLOT_SHIFT};
+use super::medium::MediumSlab;
 use super::page::{LARGE, LARGE_FREE, Page, SMALL, TAIL, UNUSED};
 use super::purge::Idle;
 use crate::arena::os::MmapArray;
@@ -119,7 +119,7 @@ impl List {
 /// descriptor with one dependent load.
 #[derive(Clone, Copy)]
 pub(crate) struct PageTable {
-    base: usize,
+    pub(super) base: usize,
     reserve: usize,
     descs: *const Page,
 }
@@ -187,15 +187,15 @@ pub(crate) struct PoolInner {
     pub(crate) id: u64,
     pub(crate) arena: Arena,
     pub(crate) table: PageTable,
-    base: usize,
+    pub(super) base: usize,
     reserve: usize,
     pages: MmapArray<Page>,
     free_pages: [List; PAGE_SIZES],
     large_free: [List; LARGE_LISTS + 1],
     pub(crate) heaps: MmapArray<Heap>,
-    medium: MmapArray<MediumSlab>,
+    pub(super) medium: MmapArray<MediumSlab>,
     /// `1 +` the first medium slab of the list (0: none), under the medium lock.
-    medium_head: Mutex<usize>,
+    pub(super) medium_head: Mutex<usize>,
     pub(crate) medium_live: AtomicUsize,
     pub(crate) large_live: AtomicUsize,
     pub(crate) large_cached: AtomicUsize,
@@ -358,7 +358,7 @@ impl PoolInner {
     }
 
     /// Count a failed arena run, unless it was a re-entrant request (served elsewhere).
-    fn count_failure(&self, e: &crate::arena::Error) {
+    pub(super) fn count_failure(&self, e: &crate::arena::Error) {
         if !matches!(e, crate::arena::Error::Reentrant) {
             self.failed.fetch_add(1, R);
         }
@@ -381,114 +381,6 @@ impl PoolInner {
     pub(crate) fn retire_page(&self, page: &Page) {
         self.set_owner(page, null_mut());
         self.list_page(page);
-    }
-
-    /// The medium slab holding `p` and the slot `p` starts.
-    fn medium_slot(&self, p: *const u8) -> Option<(&MediumSlab, usize)> {
-        let off = (p as usize).wrapping_sub(self.base);
-        let slab = self.medium.get(off / SLAB)?;
-        Some((slab, (off % SLAB) >> SLOT_SHIFT))
-    }
-
-    /// Medium slab `s` (by arena slab index).
-    pub(super) fn medium_slab(&self, s: usize) -> Option<&MediumSlab> {
-        self.medium.get(s)
-    }
-
-    pub(super) fn medium_lock(&self) -> std::sync::MutexGuard<'_, usize> {
-        self.medium_head.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// A medium block of `size` bytes (see `medium.rs`), zeroed when `zero`.
-    pub(crate) fn alloc_medium(&self, size: usize, zero: bool) -> *mut u8 {
-        let n = medium::slots_for(size);
-        loop {
-            {
-                let head = self.medium_lock();
-                let mut cur = *head;
-                while cur != 0 {
-                    let Some(slab) = self.medium.get(cur - 1) else {
-                        break;
-                    };
-                    if let Some(i) = slab.take(n) {
-                        self.idle.mark_used(cur - 1);
-                        drop(head);
-                        let slab_addr = self.base + (cur - 1) * SLAB;
-                        if let Err(e) = self.arena.revive(slab_addr as *mut u8, SLAB) {
-                            self.count_failure(&e);
-                            let _head = self.medium_lock();
-                            slab.give(i);
-                            return null_mut();
-                        }
-                        self.medium_live.fetch_add(n << SLOT_SHIFT, R);
-                        let p = (slab_addr + (i << SLOT_SHIFT)) as *mut u8;
-                        if zero {
-                            // SAFETY: the block is ours and `size` bytes long.
-                            unsafe { std::ptr::write_bytes(p, 0, size) };
-                        }
-                        return p;
-                    }
-                    cur = slab.next.load(R) as usize;
-                }
-            }
-            // No room: carve a slab, without the lock (the arena may call the NIC).
-            let run = match self.arena.alloc_run(SLAB, SLAB) {
-                Ok(run) => run,
-                Err(e) => {
-                    self.count_failure(&e);
-                    return null_mut();
-                }
-            };
-            let start = run.as_ptr() as usize;
-            let descs = (start..start + SLAB)
-                .step_by(1 << GRANULE_SHIFT)
-                .map(|a| (a, self.desc(a) as *const Page));
-            medium::mark(descs, start);
-            let index = (start - self.base) / SLAB;
-            let mut head = self.medium_lock();
-            if let Some(slab) = self.medium.get(index) {
-                slab.next.store(*head as u64, R);
-                *head = index + 1;
-            }
-        }
-    }
-
-    /// Free the medium block at `p`.
-    pub(crate) fn free_medium(&self, p: *const u8) {
-        if let Some((slab, i)) = self.medium_slot(p) {
-            let empty = {
-                let _head = self.medium_lock();
-                let n = slab.give(i);
-                self.medium_live.fetch_sub(n << SLOT_SHIFT, R);
-                slab.is_empty()
-            };
-            if empty {
-                self.idle_from((p as usize) & !(SLAB - 1));
-                self.maybe_purge();
-            }
-        }
-    }
-
-    /// Resize the medium block at `p` in place to `size` bytes, if its neighbours allow.
-    pub(crate) fn resize_medium(&self, p: *const u8, size: usize) -> bool {
-        let Some((slab, i)) = self.medium_slot(p) else {
-            return false;
-        };
-        let n = medium::slots_for(size);
-        let _head = self.medium_lock();
-        let cur = slab.len_at(i);
-        if cur == 0 || !slab.resize(i, n) {
-            return false;
-        }
-        self.medium_live.fetch_add(n << SLOT_SHIFT, R);
-        self.medium_live.fetch_sub(cur << SLOT_SHIFT, R);
-        true
-    }
-
-    /// Bytes usable in the medium block at `p` (0: none starts there).
-    pub(crate) fn medium_len(&self, p: *const u8) -> usize {
-        self.medium_slot(p)
-            .map_or(0, |(slab, i)| slab.len_at(i) << SLOT_SHIFT)
     }
 
     /// A large block: a whole slab run aligned to `align`, zeroed when `zero`.

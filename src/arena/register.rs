@@ -369,3 +369,76 @@ impl Arena {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nic::Nic;
+
+    #[test]
+    fn auto_needs_every_rc_operation_and_no_unsafe_quirk() {
+        let soft = Nic::soft().caps().clone();
+        let pick = |caps: &Caps, remote| choose_mode(Registration::Auto, caps, remote).unwrap();
+        assert_eq!(
+            pick(&soft, Access::empty()),
+            (RegMode::Odp, ModeReason::OdpSupported, true)
+        );
+        let mut no_read = soft.clone();
+        no_read.odp.rc.remove(OdpOps::READ);
+        assert_eq!(
+            pick(&no_read, Access::empty()),
+            (RegMode::Pinned, ModeReason::OdpOpsMissing, false)
+        );
+        // Atomics are needed only when peers may use them.
+        let mut no_atomic = soft.clone();
+        no_atomic.odp.rc.remove(OdpOps::ATOMIC);
+        assert_eq!(pick(&no_atomic, Access::REMOTE_READ).0, RegMode::Odp);
+        assert_eq!(
+            pick(&no_atomic, Access::REMOTE_ATOMIC | Access::REMOTE_WRITE).1,
+            ModeReason::OdpOpsMissing
+        );
+        let mut rxe = soft.clone();
+        rxe.driver = "rxe".into();
+        assert_eq!(
+            pick(&rxe, Access::empty()),
+            (RegMode::Pinned, ModeReason::OdpRdmaUnsafe, false)
+        );
+        // Forced ODP on rxe is honoured (the caller keeps RDMA page-aligned); without ODP it
+        // is a configuration error.
+        assert_eq!(
+            choose_mode(Registration::Odp, &rxe, Access::empty())
+                .unwrap()
+                .0,
+            RegMode::Odp
+        );
+        let mut none = soft.clone();
+        none.odp.explicit = false;
+        assert!(matches!(
+            choose_mode(Registration::Odp, &none, Access::empty()),
+            Err(Error::Config(_))
+        ));
+        assert_eq!(
+            choose_mode(Registration::Pinned, &none, Access::empty()).unwrap(),
+            (RegMode::Pinned, ModeReason::Requested, false)
+        );
+    }
+
+    #[test]
+    fn degradations_pack_and_unpack() {
+        for cause in [
+            DegradeCause::Memlock,
+            DegradeCause::MaxMr,
+            DegradeCause::Nic(libc::EINVAL),
+            DegradeCause::Nic(0),
+        ] {
+            for odp_fallback in [false, true] {
+                let d = Degradation {
+                    cause,
+                    odp_fallback,
+                };
+                assert_eq!(Degradation::unpack(d.pack()), Some(d));
+            }
+        }
+        assert_eq!(Degradation::unpack(0), None);
+    }
+}

@@ -261,3 +261,34 @@ fn a_pool_asked_for_itself_while_initialising_says_so_instead_of_waiting() {
     assert!(P.init().is_ok(), "{:?}", P.init_error());
     assert!(round_trip(&P, Layout::new::<[u8; 100]>()));
 }
+
+#[test]
+fn a_global_pool_purges_freed_memory_and_serves_it_again_registered() {
+    static P: GlobalPool = GlobalPool::with_config(GlobalConfig {
+        purge_delay: None,
+        registration: Registration::Pinned,
+        ..SMALL
+    });
+    let big = Layout::from_size_align(8 << 20, 4096).unwrap();
+    // SAFETY: a non-zero-size layout; the block is freed once with it.
+    let p = unsafe { P.alloc(big) };
+    assert!(!p.is_null() && P.keys_of(p).is_some());
+    // SAFETY: as above.
+    unsafe { P.dealloc(p, big) };
+    assert!(P.purge() >= 8 << 20);
+    let s = P.stats().pool.unwrap().arena;
+    assert!(s.purged_bytes >= 8 << 20 && s.purges >= 1, "{s:?}");
+    // SAFETY: as above.
+    let q = unsafe { P.alloc_zeroed(big) };
+    assert!(!q.is_null() && P.keys_of(q).is_some());
+    // SAFETY: a live zeroed block of `big.size()` bytes, then freed once.
+    unsafe {
+        assert!(
+            std::slice::from_raw_parts(q, big.size())
+                .iter()
+                .all(|&b| b == 0)
+        );
+        P.dealloc(q, big);
+    }
+    assert!(P.validate());
+}

@@ -1,0 +1,271 @@
+//! Handing out runs: whole slabs inside one registration, from the open chunk or from fresh
+//! chunks of their own, committed (`commit.rs`) and registered (`register.rs`, `grow.rs`)
+//! before they are returned.
+//!
+//! Contract: the arena's lock is held only while slabs are reserved and chunk state changes,
+//! never across a NIC call; a run that cannot be committed, or registered under
+//! `RegistrationPolicy::Required`, gives its slabs back (`failed_runs`), and nothing of it stays
+//! committed.
+
+use super::commit::PageKind;
+use super::grow::Grown;
+use super::stats::{add, sub};
+use super::{Arena, ChunkState, Error, Run, SLAB, State, os, provision};
+use std::ptr::NonNull;
+use std::sync::atomic::Ordering;
+
+impl Arena {
+    /// Hand out at least `len` bytes of whole slabs aligned to `align`, committed and inside
+    /// one registration.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for `len == 0` or an alignment that is not a power of two;
+    /// [`Error::TooLarge`] above `max_mr_size`; [`Error::ReservationFull`];
+    /// [`Error::HugepagesUnavailable`] under [`Hugepages::Require`]; [`Error::Os`] when memory
+    /// cannot be committed; [`Error::Nic`] when the NIC refuses the registration (the memlock
+    /// limit, `max_mr`). On error nothing stays committed.
+    ///
+    /// # Examples
+    /// ```
+    /// # use rdma_pool::arena::{Arena, ArenaConfig, Hugepages};
+    /// # let pd = rdma_pool::nic::Nic::soft().alloc_pd()?;
+    /// # let cfg = ArenaConfig { reserve: 1 << 30, chunk: 1 << 26, hugepages: Hugepages::Off, ..Default::default() };
+    /// # let arena = Arena::new(&pd, cfg)?;
+    /// let a = arena.alloc_run(100, 64)?;
+    /// assert_eq!(a.len(), 2 << 20); // whole slabs
+    /// let big = arena.alloc_run(100 << 20, 4096)?; // larger than a chunk: a region of its own
+    /// assert_eq!(arena.keys_of(big.as_ptr()).unwrap().len, 100 << 20);
+    /// assert!(arena.alloc_run(0, 64).is_err());
+    /// # Ok::<(), rdma_pool::arena::Error>(())
+    /// ```
+    pub fn alloc_run(&self, len: usize, align: usize) -> Result<Run, Error> {
+        if provision::active() {
+            return Err(Error::Reentrant);
+        }
+        let _mark = provision::Provisioning::enter();
+        if len == 0 {
+            return Err(Error::InvalidArgument("zero-length run"));
+        }
+        if !align.is_power_of_two() {
+            return Err(Error::InvalidArgument("alignment must be a power of two"));
+        }
+        let slabs = len
+            .checked_next_multiple_of(SLAB)
+            .ok_or(Error::InvalidArgument("length overflows"))?
+            / SLAB;
+        if slabs > self.slabs_per_chunk as usize || align > self.chunk_size() {
+            return self.alloc_dedicated(slabs, align);
+        }
+        self.alloc_in_chunk(slabs as u32, (align / SLAB).max(1) as u32)
+    }
+
+    fn alloc_in_chunk(&self, slabs: u32, align_slabs: u32) -> Result<Run, Error> {
+        let spc = self.slabs_per_chunk;
+        let (c, old_used, s, kind, tail) = {
+            let mut st = self.lock();
+            let fits = |ch: &ChunkState| {
+                let s = ch.used.next_multiple_of(align_slabs);
+                (s + slabs <= spc).then_some(s)
+            };
+            let open = st.open.and_then(|c| Some((c, fits(st.chunks.get(c)?)?)));
+            let (c, s) = match open {
+                Some(cs) => cs,
+                None => {
+                    let c = self.open_chunks(&mut st, 1, 1)?;
+                    st.open = Some(c);
+                    (c, 0)
+                }
+            };
+            let base = self.chunk_base(c) as *mut u8;
+            let Some(ch) = st.chunks.get_mut(c) else {
+                return Err(Error::ReservationFull {
+                    reserved: self.reserve,
+                });
+            };
+            let kind = self
+                .pages
+                .commit(base, spc, &mut ch.huge_until, s, s + slabs)?;
+            let old_used = ch.used;
+            ch.used = s + slabs;
+            let tail = (self.rereg.load(Ordering::Relaxed) && ch.tail != 0 && ch.tail_end == s)
+                .then(|| ch.tail - 1)
+                .filter(|&id| self.table.reg(id).is_huge() == (kind == PageKind::Hugetlb));
+            (c, old_used, s, kind, tail)
+        };
+        let addr = self.chunk_base(c) + s as usize * SLAB;
+        let len = slabs as usize * SLAB;
+        self.committed(c, kind, addr, slabs);
+        let huge = kind == PageKind::Hugetlb;
+        let mut pinned_id = None;
+        let registered = self.register_run(c, addr, len, false, || {
+            let id = match tail {
+                Some(id) => match self.extend(id, addr + len) {
+                    Ok(Grown::Extended) => Ok(id),
+                    Ok(Grown::Refused) => {
+                        add(&self.counters.fallbacks_to_new_mr, 1);
+                        self.register_new(addr, len, huge)
+                    }
+                    Err(e) => Err(e),
+                },
+                None => {
+                    if s > 0 {
+                        add(&self.counters.fallbacks_to_new_mr, 1);
+                    }
+                    self.register_new(addr, len, huge)
+                }
+            }?;
+            pinned_id = Some(id);
+            Ok(id)
+        });
+        let mut st = self.lock();
+        let Some(ch) = st.chunks.get_mut(c) else {
+            return Err(Error::ReservationFull {
+                reserved: self.reserve,
+            });
+        };
+        match registered {
+            Ok(_) => {
+                if let Some(id) = pinned_id {
+                    if s + slabs > ch.tail_end || ch.tail == 0 {
+                        ch.tail = id + 1;
+                        ch.tail_end = s + slabs;
+                    }
+                }
+                add(&self.counters.runs, 1);
+                Ok(Run {
+                    ptr: NonNull::new(addr as *mut u8).ok_or(Error::NotRegistered)?,
+                    len,
+                })
+            }
+            Err(e) => {
+                if ch.used == s + slabs {
+                    ch.used = old_used;
+                }
+                drop(st);
+                self.uncommitted(addr, kind, slabs);
+                Err(e)
+            }
+        }
+    }
+
+    /// A run of more than one chunk (or aligned beyond one): whole fresh chunks, one region.
+    fn alloc_dedicated(&self, slabs: usize, align: usize) -> Result<Run, Error> {
+        let len = slabs * SLAB;
+        if len as u64 > self.max_mr_size {
+            return Err(Error::TooLarge {
+                len,
+                max: self.max_mr_size,
+            });
+        }
+        let m = len.div_ceil(self.chunk_size());
+        let total = m as u32 * self.slabs_per_chunk;
+        let (c, kind) = {
+            let mut st = self.lock();
+            let c = self.open_chunks(&mut st, m, align)?;
+            let base = self.chunk_base(c) as *mut u8;
+            let mut huge_until = 0;
+            let mapped = self.pages.map_range(base, total).and_then(|hu| {
+                huge_until = hu;
+                self.pages
+                    .commit(base, total, &mut huge_until, 0, slabs as u32)
+            });
+            let kind = match mapped {
+                Ok(kind) => kind,
+                Err(e) => {
+                    self.close_chunks(&mut st, c, m);
+                    return Err(e);
+                }
+            };
+            for i in c..c + m {
+                if let Some(ch) = st.chunks.get_mut(i) {
+                    ch.used = self.slabs_per_chunk;
+                }
+            }
+            (c, kind)
+        };
+        let addr = self.chunk_base(c);
+        self.committed(c, kind, addr, slabs as u32);
+        let huge = kind == PageKind::Hugetlb;
+        match self.register_run(c, addr, len, true, || self.register_new(addr, len, huge)) {
+            Ok(_) => {
+                add(&self.counters.runs, 1);
+                Ok(Run {
+                    ptr: NonNull::new(addr as *mut u8).ok_or(Error::NotRegistered)?,
+                    len,
+                })
+            }
+            Err(e) => {
+                self.uncommitted(addr, kind, slabs as u32);
+                let mut st = self.lock();
+                self.close_chunks(&mut st, c, m);
+                Err(e)
+            }
+        }
+    }
+
+    /// Take `m` fresh chunks whose start is aligned to `align`, map them, and return the first.
+    fn open_chunks(&self, st: &mut State, m: usize, align: usize) -> Result<usize, Error> {
+        let mut c = st.next_chunk;
+        while self.chunk_base(c) % align != 0 && c < self.chunks() {
+            c += 1;
+        }
+        if c + m > self.chunks() {
+            return Err(Error::ReservationFull {
+                reserved: self.reserve,
+            });
+        }
+        let base = self.chunk_base(c) as *mut u8;
+        let huge_until = self
+            .pages
+            .map_range(base, m as u32 * self.slabs_per_chunk)?;
+        if m == 1 {
+            if let Some(ch) = st.chunks.get_mut(c) {
+                ch.huge_until = huge_until;
+            }
+        }
+        st.next_chunk = c + m;
+        add(&self.counters.chunks, m as u64);
+        Ok(c)
+    }
+
+    /// Undo [`Arena::open_chunks`] when nothing was opened after it.
+    fn close_chunks(&self, st: &mut State, c: usize, m: usize) {
+        let len = m << self.chunk_shift;
+        // SAFETY: the chunks hold nothing handed out.
+        let _ = unsafe { os::unmap_to_reserved(self.chunk_base(c) as *mut u8, len) };
+        if st.next_chunk == c + m {
+            st.next_chunk = c;
+        }
+        sub(&self.counters.chunks, m as u64);
+    }
+
+    pub(super) fn kind_counter(&self, kind: PageKind) -> &std::sync::atomic::AtomicU64 {
+        match kind {
+            PageKind::Hugetlb => &self.counters.slabs_hugetlb,
+            PageKind::Thp => &self.counters.slabs_thp,
+            PageKind::Small => &self.counters.slabs_small,
+        }
+    }
+
+    pub(super) fn committed(&self, c: usize, kind: PageKind, addr: usize, slabs: u32) {
+        add(&self.counters.committed_bytes, slabs as u64 * SLAB as u64);
+        add(self.kind_counter(kind), slabs as u64);
+        self.set_kind(addr, slabs as usize, kind);
+        let prev = self.last_kind.swap(kind.code(), Ordering::Relaxed);
+        if prev != kind.code() {
+            tracing::info!(
+                target: "rdma_pool::arena",
+                kind = kind.as_str(),
+                chunk = c as u64,
+                "arena slabs now committed as this page kind"
+            );
+        }
+    }
+
+    fn uncommitted(&self, addr: usize, kind: PageKind, slabs: u32) {
+        self.pages.decommit(addr as *mut u8, slabs as usize * SLAB);
+        sub(&self.counters.committed_bytes, slabs as u64 * SLAB as u64);
+        sub(self.kind_counter(kind), slabs as u64);
+        add(&self.counters.failed_runs, 1);
+    }
+}
