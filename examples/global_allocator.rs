@@ -100,13 +100,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let stats = rdma_pool::stats().expect("the pool is the global allocator");
     let pool = stats.pool.as_ref().expect("ready");
     println!(
-        "pool: {:?}, {} MiB committed in {} registrations; {} allocations served while \
-         provisioning (bootstrap), {} degraded",
+        "pool: {:?}, {} MiB committed in {} registrations ({:?}: {}); {} allocations served \
+         while provisioning (bootstrap), {} degraded, {} MiB unregistered",
         stats.state,
         pool.arena.committed_bytes >> 20,
         pool.arena.mrs,
+        pool.arena.mode,
+        pool.arena.mode_reason.as_str(),
         stats.reentrant_allocations,
-        stats.degraded_allocations
+        stats.degraded_allocations,
+        pool.arena.unregistered_bytes >> 20
     );
     Ok(())
 }
