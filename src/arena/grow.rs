@@ -53,10 +53,17 @@ impl Arena {
 
     /// Deregister region `id`, which no slot points at, and release its id. On a refusal (a
     /// window still bound) the region is put back and the error returned.
-    pub(crate) fn release_region(&self, id: u32) -> Option<crate::nic::Error> {
+    /// `held`: the caller holds `REREG` on it, given up here before the id is released.
+    pub(crate) fn release_region(&self, id: u32, held: bool) -> Option<crate::nic::Error> {
         let reg = self.table.reg(id);
+        let done = |r| {
+            if held {
+                reg.end_rereg();
+            }
+            r
+        };
         if !reg.is_live() {
-            return None;
+            return done(None);
         }
         let huge = reg.is_huge();
         let odp = reg.is_odp();
@@ -68,13 +75,14 @@ impl Arena {
                 if odp {
                     sub(&self.counters.odp_mrs, 1);
                 }
+                let _ = done(None);
                 self.table.release(id);
                 None
             }
             Err(e) => {
                 // SAFETY: taken out above; not live, and the caller still owns it.
                 unsafe { reg.install(e.mr, huge) };
-                Some(e.error)
+                done(Some(e.error))
             }
         }
     }
@@ -104,13 +112,16 @@ impl Arena {
     }
 
     /// Grow registration `id` to end at `new_end` by re-registration.
-    pub(crate) fn extend(&self, id: u32, new_end: usize) -> Result<Grown, Error> {
+    /// `from` is where the region must end now (the first new slab).
+    pub(crate) fn extend(&self, id: u32, from: usize, new_end: usize) -> Result<Grown, Error> {
         let reg = self.table.reg(id);
         if !reg.begin_rereg() {
             return Ok(Grown::Refused);
         }
-        if !reg.is_live() || reg.is_odp() {
-            // Purged (deregistered) since it was the chunk's tail: register anew.
+        let (start, len) = reg.range();
+        if !reg.is_live() || reg.is_odp() || start + len != from {
+            // Purged (deregistered, its id maybe reused) since it was read as the chunk's
+            // tail: register anew.
             reg.end_rereg();
             return Ok(Grown::Refused);
         }

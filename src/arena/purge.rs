@@ -196,13 +196,18 @@ impl Arena {
             self.slab_index(start) + (len >> SLAB_SHIFT),
         );
         if rs >= s && re <= e {
-            // Wholly purged: deregister (no slot points at it during the call).
-            self.table.publish(rs, re - rs, None);
-            if self.release_region(id).is_some() {
-                self.table.publish(rs, re - rs, Some(id));
+            // Wholly purged: deregister (no slot points at it during the call). A private
+            // region may be growing meanwhile: hold REREG against the grower.
+            let held = !reg.is_exposed();
+            if held && !reg.begin_rereg() {
                 return Unregistered::Refused;
             }
             self.forget_tail(start, id);
+            self.table.publish(rs, re - rs, None);
+            if self.release_region(id, held).is_some() {
+                self.table.publish(rs, re - rs, Some(id));
+                return Unregistered::Refused;
+            }
             return Unregistered::Removed;
         }
         if reg.is_exposed() || !reg.begin_rereg() {
@@ -255,9 +260,9 @@ impl Arena {
                     sub(&self.counters.registered_bytes, live as u64);
                     add(&self.counters.unregistered_bytes, live as u64);
                     self.note_refusal(&err);
+                    self.forget_tail(at(rs), id);
                     reg.end_rereg();
                     self.table.release(id);
-                    self.forget_tail(at(rs), id);
                     Unregistered::Removed
                 }
             };
@@ -269,9 +274,9 @@ impl Arena {
             }
         }
         self.table.publish(s, e - s, None);
+        self.forget_tail(at(rs), id);
         reg.end_rereg();
         self.table.release(id);
-        self.forget_tail(at(rs), id);
         Unregistered::Removed
     }
 
@@ -407,8 +412,9 @@ impl Arena {
             add(&self.counters.registered_bytes, len as u64);
         } else {
             let c = self.chunk_of(addr as *const u8).unwrap_or(0);
+            let spans = self.chunk_of((addr + len - 1) as *const u8) != Some(c);
             let huge = kind == PageKind::Hugetlb;
-            let r = self.register_run(c, addr, len, true, || self.register_new(addr, len, huge));
+            let r = self.register_run(c, addr, len, spans, || self.register_new(addr, len, huge));
             if let Err(err) = r {
                 // SAFETY: nothing lives in the slabs yet.
                 let _ = unsafe { os::madvise(addr as *mut u8, len, libc::MADV_DONTNEED) };

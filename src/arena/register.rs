@@ -236,7 +236,7 @@ impl Arena {
             // Another thread registered the chunk meanwhile: keep one region.
             Some(theirs) => {
                 drop(st);
-                self.release_region(id);
+                self.release_region(id, false);
                 Ok(theirs)
             }
             None => {

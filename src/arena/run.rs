@@ -99,7 +99,7 @@ impl Arena {
         let mut pinned_id = None;
         let registered = self.register_run(c, addr, len, false, || {
             let id = match tail {
-                Some(id) => match self.extend(id, addr + len) {
+                Some(id) => match self.extend(id, addr, addr + len) {
                     Ok(Grown::Extended) => Ok(id),
                     Ok(Grown::Refused) => {
                         add(&self.counters.fallbacks_to_new_mr, 1);

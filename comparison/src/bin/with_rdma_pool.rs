@@ -22,12 +22,15 @@ fn main() {
         let s = rdma_pool::stats()?;
         let pool = s.pool.as_ref()?;
         Some(format!(
-            "degraded={} committed_mib={} hugetlb_slabs={} thp_slabs={} small_slabs={}",
+            "mode={:?} degraded={} committed_mib={} hugetlb_slabs={} thp_slabs={} small_slabs={} \
+             purged_mib={}",
+            pool.arena.mode,
             s.degraded_allocations,
             pool.arena.committed_bytes >> 20,
             pool.arena.slabs_hugetlb,
             pool.arena.slabs_thp,
-            pool.arena.slabs_small
+            pool.arena.slabs_small,
+            pool.arena.purged_bytes >> 20
         ))
     });
 }
