@@ -57,8 +57,14 @@ impl List {
         then(page)
     }
 
-    /// Take out every page for which `take` holds, under one lock: a chain through `next`.
-    pub(crate) fn take_all_if(&self, take: impl Fn(&Page) -> bool) -> *mut Page {
+    /// Take out every page for which `take` holds (only the first, with `first`) under one
+    /// lock, running `then` on each there: a chain through `next`, last taken first.
+    fn unlink(
+        &self,
+        take: impl Fn(&Page) -> bool,
+        first: bool,
+        mut then: impl FnMut(&Page),
+    ) -> *mut Page {
         let mut head = self.lock();
         let mut chain: *mut Page = null_mut();
         let mut prev: *const Page = null_mut();
@@ -74,14 +80,23 @@ impl List {
                     // SAFETY: as above.
                     unsafe { (*prev).next.store(next, R) };
                 }
+                then(page);
                 page.next.store(chain, R);
                 chain = p;
+                if first {
+                    break;
+                }
             } else {
                 prev = p;
             }
             p = next;
         }
         chain
+    }
+
+    /// Take out every page for which `take` holds, under one lock: a chain through `next`.
+    pub(crate) fn take_all_if(&self, take: impl Fn(&Page) -> bool) -> *mut Page {
+        self.unlink(take, false, |_| ())
     }
 
     /// Pop the first page for which `fits` holds.
@@ -91,27 +106,14 @@ impl List {
 
     /// Pop the first page for which `fits` holds and run `then` on it under the lock.
     fn pop_if_then(&self, fits: impl Fn(&Page) -> bool, then: impl FnOnce(&Page)) -> Option<&Page> {
-        let mut head = self.lock();
-        let mut prev: *const Page = null_mut();
-        let mut p = *head as *const Page;
-        while !p.is_null() {
-            // SAFETY: descriptors on the list live in the pool's page table.
-            let page = unsafe { &*p };
-            let next = page.next.load(R);
-            if fits(page) {
-                if prev.is_null() {
-                    *head = next as usize;
-                } else {
-                    // SAFETY: as above.
-                    unsafe { (*prev).next.store(next, R) };
-                }
-                then(page);
-                return Some(page);
+        let mut then = Some(then);
+        let p = self.unlink(fits, true, |page| {
+            if let Some(f) = then.take() {
+                f(page)
             }
-            prev = p;
-            p = next;
-        }
-        None
+        });
+        // SAFETY: a descriptor of the pool's page table (null when none was taken).
+        unsafe { p.as_ref() }
     }
 }
 

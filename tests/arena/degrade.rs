@@ -20,12 +20,9 @@ fn pinned(bed: &Bed, policy: RegistrationPolicy) -> Arena {
     Arena::new(
         &bed.a.pd,
         ArenaConfig {
-            reserve: 1 << 34,
-            chunk: 8 << 20,
-            hugepages: Hugepages::Off,
             registration: Registration::Pinned,
             policy,
-            ..Default::default()
+            ..small_cfg()
         },
     )
     .unwrap()

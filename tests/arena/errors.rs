@@ -14,11 +14,9 @@ fn strict_arena(bed: &Bed, chunk: usize) -> Arena {
     Arena::new(
         &bed.a.pd,
         ArenaConfig {
-            reserve: 1 << 34,
             chunk,
-            hugepages: Hugepages::Off,
             policy: RegistrationPolicy::Required,
-            ..Default::default()
+            ..small_cfg()
         },
     )
     .unwrap()

@@ -33,6 +33,17 @@ pub fn arena(bed: &Bed, chunk: usize, hugepages: Hugepages, remote: Access) -> A
     .unwrap()
 }
 
+/// The small layout the registration tests use: 16 GiB reserved, 8 MiB chunks (4 slabs),
+/// 4 KiB pages.
+pub fn small_cfg() -> ArenaConfig {
+    ArenaConfig {
+        reserve: 1 << 34,
+        chunk: 8 << 20,
+        hugepages: Hugepages::Off,
+        ..Default::default()
+    }
+}
+
 /// Fill the first `len` bytes of `run` with `byte`.
 pub fn fill(run: Run, len: usize, byte: u8) {
     // SAFETY: the run is committed arena memory owned by the test.

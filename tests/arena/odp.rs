@@ -10,12 +10,9 @@ pub fn arena_as(bed: &Bed, registration: Registration, remote: Access) -> Arena 
     Arena::new(
         &bed.a.pd,
         ArenaConfig {
-            reserve: 1 << 34,
-            chunk: 8 << 20,
-            hugepages: Hugepages::Off,
             remote,
             registration,
-            ..Default::default()
+            ..small_cfg()
         },
     )
     .unwrap()
@@ -144,12 +141,9 @@ fn implicit_odp_is_one_region_where_offered() {
     let arena = Arena::new(
         &bed.a.pd,
         ArenaConfig {
-            reserve: 1 << 34,
-            chunk: 8 << 20,
-            hugepages: Hugepages::Off,
             registration: Registration::Odp,
             implicit_odp: true,
-            ..Default::default()
+            ..small_cfg()
         },
     );
     let caps = bed.a.nic.caps();
