@@ -52,6 +52,7 @@
 pub mod alloc;
 pub mod arena;
 pub mod global;
+pub mod grant;
 pub mod nic;
 
 pub use global::{GlobalPool, keys_of, stats};

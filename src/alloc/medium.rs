@@ -168,6 +168,17 @@ impl PoolInner {
         Some((slab, (off % SLAB) >> SLOT_SHIFT))
     }
 
+    /// `(first byte, bytes)` of the live medium block holding `addr` (any byte of it).
+    pub(crate) fn medium_block(&self, addr: usize) -> Option<(usize, usize)> {
+        let (slab, j) = self.medium_slot(addr as *const u8)?;
+        let slab_start = addr - (addr - self.base) % SLAB;
+        // A block is at most 255 slots long: its head is at most that far back.
+        (j.saturating_sub(255)..=j).rev().find_map(|i| {
+            let n = slab.len_at(i);
+            (n > 0 && i + n > j).then_some((slab_start + (i << SLOT_SHIFT), n << SLOT_SHIFT))
+        })
+    }
+
     /// Medium slab `s` (by arena slab index).
     pub(super) fn medium_slab(&self, s: usize) -> Option<&MediumSlab> {
         self.medium.get(s)

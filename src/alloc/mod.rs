@@ -138,7 +138,7 @@ impl Pool {
     }
 
     #[inline(always)]
-    fn inner(&self) -> &PoolInner {
+    pub(crate) fn inner(&self) -> &PoolInner {
         &self.inner
     }
 
@@ -221,6 +221,32 @@ impl Pool {
     /// `p` came from this pool's `alloc`/`alloc_zeroed`/`realloc` and is freed once.
     #[inline]
     pub unsafe fn free(&self, p: *mut u8) {
+        // SAFETY: checked first.
+        if self.table.contains(p) && unsafe { self.table.granted(p) } {
+            // SAFETY: forwarded from the caller.
+            return unsafe { self.free_granted(p) };
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe { self.free_plain(p) }
+    }
+
+    /// A free of a block in a granule where a grant is open: parked in quarantine when a grant
+    /// on the block itself is open (`grant/ledger.rs`), else freed as usual.
+    #[cold]
+    #[inline(never)]
+    unsafe fn free_granted(&self, p: *mut u8) {
+        if !self.inner().grants.park(p as usize) {
+            // SAFETY: forwarded from the caller.
+            unsafe { self.free_plain(p) }
+        }
+    }
+
+    /// [`Pool::free`] without the quarantine check (for blocks leaving quarantine).
+    ///
+    /// # Safety
+    /// As [`Pool::free`].
+    #[inline]
+    pub(crate) unsafe fn free_plain(&self, p: *mut u8) {
         let Some(page) = self.table.page_of(p) else {
             return;
         };
@@ -273,6 +299,11 @@ impl Pool {
     pub(crate) unsafe fn free_sized_in(&self, p: *mut u8, layout: Layout) {
         let size = layout.size();
         if layout.align() <= 8 && size <= CACHED_MAX {
+            // SAFETY: `p` is in the reservation (the caller's contract).
+            if unsafe { self.table.granted(p) } {
+                // SAFETY: forwarded from the caller.
+                return unsafe { self.free_granted(p) };
+            }
             let heap = tls::heap_of(self.id);
             // SAFETY: `p` is in the reservation (the caller's contract).
             if unsafe { self.table.owner_of(p) } == heap && !heap.is_null() {
@@ -349,7 +380,14 @@ impl Pool {
     /// `p` came from this pool with `layout`; on success it must no longer be used (unless the
     /// same pointer is returned). On failure (null) `p` is untouched.
     pub unsafe fn realloc(&self, p: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if let Some(page) = self.table.page_of(p) {
+        // A block under an open grant is never resized in place (a shrink would hand granted
+        // bytes back): it moves, and its free parks it.
+        // SAFETY: `page_of` checks `contains` first.
+        let page = self
+            .table
+            .page_of(p)
+            .filter(|_| !unsafe { self.table.granted(p) });
+        if let Some(page) = page {
             let keep = match page.kind.load(Relaxed) {
                 // In place only within the block's own class, so that a later sized free
                 // (which trusts the class of the size) puts it back where it belongs.
@@ -447,6 +485,33 @@ impl Pool {
         }
     }
 
+    /// `(first byte, usable bytes)` of the live block holding `addr` (any byte of it), for
+    /// grants; `None` outside live pages and runs.
+    pub(crate) fn block_span(&self, addr: usize) -> Option<(usize, usize)> {
+        let page = self.inner().page_of(addr as *const u8)?;
+        match page.kind.load(Relaxed) {
+            SMALL if !page.heap.load(Relaxed).is_null() => {
+                let (start, bs) = (
+                    page.start.load(Relaxed),
+                    page.block_size.load(Relaxed) as usize,
+                );
+                let i = (addr - start) / bs;
+                (i < page.capacity.load(Relaxed) as usize).then_some((start + i * bs, bs))
+            }
+            MEDIUM => self.inner().medium_block(addr),
+            LARGE => {
+                let (start, len) = (page.start.load(Relaxed), page.large_len.load(Relaxed));
+                (addr - start < len).then_some((start, len))
+            }
+            _ => None,
+        }
+    }
+
+    /// The granule counter of open grants for blocks starting at `block` (in the pool).
+    pub(crate) fn granted_flag(&self, block: usize) -> &std::sync::atomic::AtomicU32 {
+        &self.inner().desc(block).granted
+    }
+
     /// The keys of the registration covering `p` (see [`Arena::keys_of`]).
     #[inline]
     pub fn keys_of(&self, p: *const u8) -> Option<Keys> {
@@ -533,6 +598,9 @@ impl Pool {
 
 impl Drop for Pool {
     fn drop(&mut self) {
+        // No grant handle is alive (they borrow the pool): kill the keys of grants still
+        // revoking and free their parked blocks.
+        self.inner().grants.shutdown(self);
         // SAFETY: `inner` is taken once, here, and the pool is not used afterwards.
         let inner = unsafe { ManuallyDrop::take(&mut self.inner) };
         tls::unregister(inner.id);

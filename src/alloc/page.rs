@@ -56,12 +56,15 @@ pub(crate) struct Page {
     pub(crate) large_len: AtomicUsize,
     pub(crate) block_size: AtomicU32,
     pub(crate) back: AtomicU32,
+    /// Live or revoking grants whose block starts in this granule (`grant/`): a free of a
+    /// block here takes the quarantine check. Any thread, under the pool's grant ledger.
+    pub(crate) granted: AtomicU32,
     pub(crate) class: AtomicU8,
     pub(crate) kind: AtomicU8,
     pub(crate) shift: AtomicU8,
     pub(crate) in_full: AtomicBool,
     pub(crate) notified: AtomicBool,
-    _line: [u8; 11],
+    _line: [u8; 7],
     // Line 2: the owner's.
     pub(crate) free: AtomicPtr<Block>,
     /// Queue links (the heap's class queue, or the pool's free-page list).
@@ -93,12 +96,13 @@ impl Page {
             reserved: AtomicU32::new(0),
             block_size: AtomicU32::new(0),
             back: AtomicU32::new(0),
+            granted: AtomicU32::new(0),
             class: AtomicU8::new(0),
             kind: AtomicU8::new(UNUSED),
             shift: AtomicU8::new(0),
             in_full: AtomicBool::new(false),
             notified: AtomicBool::new(false),
-            _line: [0; 11],
+            _line: [0; 7],
             fresh: AtomicBool::new(false),
         }
     }

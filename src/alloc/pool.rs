@@ -166,6 +166,18 @@ impl PageTable {
         unsafe { &*self.descs.add(i) }.heap.load(R)
     }
 
+    /// Whether a grant is open on a block starting in `p`'s granule (`grant/ledger.rs`): one
+    /// relaxed load from the descriptor [`PageTable::owner_of`] reads too.
+    ///
+    /// # Safety
+    /// `self.contains(p)`.
+    #[inline(always)]
+    pub(crate) unsafe fn granted(&self, p: *const u8) -> bool {
+        let i = (p as usize).wrapping_sub(self.base) >> GRANULE_SHIFT;
+        // SAFETY: `p` is in the reservation; the table has an entry per granule.
+        unsafe { &*self.descs.add(i) }.granted.load(R) != 0
+    }
+
     /// [`PageTable::page_of`] of a pointer known to be in the reservation.
     ///
     /// # Safety
@@ -186,6 +198,8 @@ impl PageTable {
 
 /// The shared state of a [`Pool`](super::Pool).
 pub(crate) struct PoolInner {
+    /// First, so it is dropped (windows deallocated) before the arena's regions.
+    pub(crate) grants: crate::grant::Grants,
     pub(crate) id: u64,
     pub(crate) arena: Arena,
     pub(crate) table: PageTable,
@@ -225,6 +239,7 @@ impl PoolInner {
         };
         let idle = Idle::new(reserve / SLAB, arena.purge_delay())?;
         Ok(PoolInner {
+            grants: crate::grant::Grants::new()?,
             id,
             arena,
             table,
@@ -513,5 +528,6 @@ impl PoolInner {
             .filter_map(|i| self.medium.get(i))
             .all(MediumSlab::validate)
             && self.arena.validate()
+            && self.grants.validate()
     }
 }

@@ -372,6 +372,12 @@ impl Arena {
         self.table.keys_of(ptr as usize)
     }
 
+    /// The region covering `ptr`, marked exposed (its keys and `Mr` then never change while
+    /// memory it covers is live): what grants bind windows to.
+    pub(crate) fn exposed_region(&self, ptr: usize) -> Option<&crate::nic::Mr> {
+        self.table.exposed_region(ptr)
+    }
+
     /// One SGE for `buf` (its lkey).
     ///
     /// # Errors

@@ -264,6 +264,22 @@ impl Table {
         self.keys_of_slow(slot, meta)
     }
 
+    /// The live region covering `addr`, exposed first (for grants, which bind windows to
+    /// it): an exposed region is never re-registered or split again, and taken out only by a
+    /// purge of slabs with nothing live in them.
+    pub(crate) fn exposed_region(&self, addr: usize) -> Option<&Mr> {
+        self.keys_of(addr)?;
+        let slot = self.slots.get(addr.wrapping_sub(self.base) >> SLAB_SHIFT)?;
+        let id = slot.meta.load(Ordering::Acquire) as u32;
+        let reg = self.regs.get((id as usize).checked_sub(1)?)?;
+        if !reg.is_live() || !reg.is_exposed() {
+            return None;
+        }
+        // SAFETY: live and exposed: `mr` is written no more (module contract), and the
+        // caller's memory, which it covers, is live, so no purge takes it out meanwhile.
+        Some(unsafe { (*reg.mr.get()).assume_init_ref() })
+    }
+
     /// First lookup through a slot: expose the registration and cache its keys in the slot.
     #[cold]
     fn keys_of_slow(&self, slot: &Slot, mut meta: u64) -> Option<Keys> {

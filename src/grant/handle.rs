@@ -1,0 +1,368 @@
+//! The grant handles: [`Grant`] borrows its buffer, [`OwnedGrant`] owns it and gives it back
+//! after revocation. Both revoke on drop without blocking.
+
+use super::issue::Issued;
+use super::{GrantError, GrantKind, GrantWire};
+use crate::alloc::Pool;
+use crate::nic::{Access, Completion, Cq, Qp, Rkey, WcStatus};
+use std::marker::PhantomData;
+use std::time::{Duration, Instant};
+
+/// How long [`Grant::revoke`] and [`Grant::wait`] wait for their completion.
+pub const WAIT: Duration = Duration::from_secs(10);
+
+/// A peer's key to exactly one range of a pool buffer, borrowed for `'a`: while the grant
+/// lives, safe code cannot free or move the buffer. Dropping it starts the revocation without
+/// blocking (the memory stays quarantined until the invalidation completed); [`Grant::revoke`]
+/// waits for it.
+///
+/// # Examples
+/// ```
+/// use allocator_api2::vec;
+/// use rdma_pool::alloc::Pool;
+/// use rdma_pool::nic::{Access, Nic, QpCaps};
+/// let nic = Nic::soft();
+/// let pd = nic.alloc_pd()?;
+/// let pool = Pool::new(&pd)?;
+/// let cq = nic.create_cq(64)?;
+/// let (server, client) = (pd.create_qp(&cq, &cq, QpCaps::default())?, nic.alloc_pd()?.create_qp(&cq, &cq, QpCaps::default())?);
+/// server.connect(&client.endpoint()?)?;
+/// client.connect(&server.endpoint()?)?;
+///
+/// let buf = vec![in &pool; 0u8; 4096];
+/// let mut grant = pool.grant(&buf, &server, Access::REMOTE_READ)?;
+/// grant.wait(&cq, |_| {})?; // the bind completed: the key works, through `server` only
+/// let wire = grant.wire();  // what the client needs
+/// assert_eq!((wire.addr, wire.len), (buf.as_ptr() as u64, 4096));
+/// grant.revoke(&cq, |_| {})?; // the key is dead
+/// assert_eq!(pool.grant_stats().open, 0);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[must_use = "dropping a grant revokes it"]
+pub struct Grant<'a> {
+    pool: &'a Pool,
+    g: Issued,
+    revoked: bool,
+    _buf: PhantomData<&'a [u8]>,
+}
+
+impl std::fmt::Debug for Grant<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Grant")
+            .field("kind", &self.g.kind)
+            .field("dedicated", &self.g.dedicated)
+            .field("wire", &self.wire())
+            .field("revoked", &self.revoked)
+            .finish()
+    }
+}
+
+impl<'a> Grant<'a> {
+    /// First byte granted.
+    pub fn addr(&self) -> usize {
+        self.g.addr
+    }
+    /// Bytes granted.
+    pub fn len(&self) -> usize {
+        self.g.len
+    }
+    /// Always false: a grant covers at least one byte.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+    /// The key (valid once the bind completed; see [`Grant::wait`]).
+    pub fn rkey(&self) -> Rkey {
+        self.g.rkey
+    }
+    /// Which kind of key it is (never [`GrantKind::Auto`]).
+    pub fn kind(&self) -> GrantKind {
+        self.g.kind
+    }
+    /// Whether the grant has a region of its own under it (see the module contract).
+    pub fn is_dedicated(&self) -> bool {
+        self.g.dedicated
+    }
+    /// What the peer needs: address, length, key.
+    pub fn wire(&self) -> GrantWire {
+        GrantWire {
+            addr: self.g.addr as u64,
+            len: self.g.len as u64,
+            rkey: self.g.rkey,
+        }
+    }
+
+    /// Whether the revocation completed (the key is dead).
+    pub fn is_revoked(&self) -> bool {
+        self.pool
+            .inner()
+            .grants
+            .state(self.g.key, self.g.seq)
+            .is_none_or(|(_, done)| done)
+    }
+
+    /// Wait until the bind completed, polling `cq` (the send CQ of the grant's QP): the pool's
+    /// completions go to [`Pool::on_completion`], every other one to `other`. A region grant
+    /// is bound at once. A SEND of the key posted after the bind on the same QP is ordered
+    /// behind it, so waiting is needed only to hand the key out another way.
+    ///
+    /// # Errors
+    /// [`GrantError::BindFailed`] when the bind failed (the key never worked; the grant is
+    /// then revoked at once), [`GrantError::Timeout`] after [`WAIT`], a polling error.
+    pub fn wait(&mut self, cq: &Cq, mut other: impl FnMut(Completion)) -> Result<(), GrantError> {
+        let grants = &self.pool.inner().grants;
+        self.poll(cq, &mut other, |pool| {
+            match grants.state(self.g.key, self.g.seq) {
+                Some((Some(WcStatus::Success), _)) => Some(Ok(())),
+                Some((Some(s), _)) => Some(Err(GrantError::BindFailed(s))),
+                Some((None, _)) => None,
+                None => Some(Err(GrantError::Revoked)),
+            }
+            .inspect(|r| {
+                if r.is_err() {
+                    let _ = grants.revoke(pool, self.g.key, self.g.seq);
+                }
+            })
+        })
+    }
+
+    /// Revoke now and wait until the key is dead, polling `cq` as [`Grant::wait`] does.
+    ///
+    /// # Errors
+    /// [`GrantError::Revoked`] when already revoked; [`GrantError::Timeout`] after [`WAIT`]
+    /// (the revocation goes on: the memory stays quarantined until
+    /// [`Pool::on_completion`] sees it); a polling error.
+    pub fn revoke(&mut self, cq: &Cq, mut other: impl FnMut(Completion)) -> Result<(), GrantError> {
+        self.start_revoke()?;
+        let grants = &self.pool.inner().grants;
+        self.poll(cq, &mut other, |_| {
+            grants
+                .state(self.g.key, self.g.seq)
+                .is_none_or(|(_, done)| done)
+                .then_some(Ok(()))
+        })
+    }
+
+    /// Start the revocation without waiting: the key dies when the application's poll loop
+    /// hands the invalidation's completion to [`Pool::on_completion`] (see
+    /// [`Grant::is_revoked`]); region grants die at once.
+    ///
+    /// # Errors
+    /// [`GrantError::Revoked`] when already revoked.
+    pub fn start_revoke(&mut self) -> Result<(), GrantError> {
+        if self.revoked {
+            return Err(GrantError::Revoked);
+        }
+        self.revoked = true;
+        self.pool
+            .inner()
+            .grants
+            .revoke(self.pool, self.g.key, self.g.seq)
+    }
+
+    fn poll(
+        &self,
+        cq: &Cq,
+        other: &mut dyn FnMut(Completion),
+        mut done: impl FnMut(&Pool) -> Option<Result<(), GrantError>>,
+    ) -> Result<(), GrantError> {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(r) = done(self.pool) {
+                return r;
+            }
+            match cq.poll_one()? {
+                Some(wc) => {
+                    if !self.pool.on_completion(&wc) {
+                        other(wc);
+                    }
+                }
+                None if Instant::now() > deadline => return Err(GrantError::Timeout(WAIT)),
+                None => std::thread::yield_now(),
+            }
+        }
+    }
+}
+
+impl Drop for Grant<'_> {
+    fn drop(&mut self) {
+        self.pool
+            .inner()
+            .grants
+            .release(self.pool, self.g.key, self.g.seq);
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// A buffer an [`OwnedGrant`] can own: its bytes stay where they are when it moves (a heap
+/// buffer, not an array).
+pub trait GrantBuf: sealed::Sealed {
+    /// The bytes.
+    fn bytes(&self) -> &[u8];
+}
+
+macro_rules! grant_buf {
+    ($($(#[$m:meta])* [$($g:tt)*] $t:ty),* $(,)?) => {$(
+        impl<$($g)*> sealed::Sealed for $t {}
+        impl<$($g)*> GrantBuf for $t {
+            fn bytes(&self) -> &[u8] {
+                self
+            }
+        }
+    )*};
+}
+
+grant_buf!(
+    [] Vec<u8>,
+    [] Box<[u8]>,
+    [A: allocator_api2::alloc::Allocator] allocator_api2::vec::Vec<u8, A>,
+    [A: allocator_api2::alloc::Allocator] allocator_api2::boxed::Box<[u8], A>,
+);
+
+/// A grant that owns its buffer and gives it back once the key is dead. Dropping it starts
+/// the revocation and frees the buffer into quarantine.
+///
+/// # Examples
+/// ```
+/// use allocator_api2::vec;
+/// use rdma_pool::alloc::Pool;
+/// use rdma_pool::nic::{Access, Nic, QpCaps};
+/// let nic = Nic::soft();
+/// let pd = nic.alloc_pd()?;
+/// let pool = Pool::new(&pd)?;
+/// let cq = nic.create_cq(64)?;
+/// let (a, b) = (pd.create_qp(&cq, &cq, QpCaps::default())?, nic.alloc_pd()?.create_qp(&cq, &cq, QpCaps::default())?);
+/// a.connect(&b.endpoint()?)?;
+/// b.connect(&a.endpoint()?)?;
+/// let grant = pool.grant_owned(vec![in &pool; 7u8; 100], &a, Access::REMOTE_WRITE).map_err(|(_, e)| e)?;
+/// let (buf, revoked) = grant.revoke(&cq, |_| {});
+/// revoked?;
+/// assert_eq!(buf[99], 7);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[must_use = "dropping a grant revokes it"]
+pub struct OwnedGrant<'p, B: GrantBuf> {
+    // Dropped first: the revocation starts before the buffer is freed into quarantine.
+    grant: Grant<'p>,
+    buf: B,
+}
+
+impl<B: GrantBuf> std::fmt::Debug for OwnedGrant<'_, B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.grant.fmt(f)
+    }
+}
+
+impl<'p, B: GrantBuf> OwnedGrant<'p, B> {
+    /// The grant.
+    pub fn grant(&self) -> &Grant<'p> {
+        &self.grant
+    }
+
+    /// The grant, to wait for its bind or start its revocation.
+    pub fn grant_mut(&mut self) -> &mut Grant<'p> {
+        &mut self.grant
+    }
+
+    /// Revoke, wait as [`Grant::revoke`] does, and give the buffer back. On an error the
+    /// buffer is given back all the same: if the key may still be alive, freeing the buffer
+    /// parks it in quarantine until the revocation completes.
+    pub fn revoke(self, cq: &Cq, other: impl FnMut(Completion)) -> (B, Result<(), GrantError>) {
+        let me = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `me` is never used or dropped again; each field is moved out once.
+        let (mut grant, buf) = unsafe { (std::ptr::read(&me.grant), std::ptr::read(&me.buf)) };
+        let r = grant.revoke(cq, other);
+        drop(grant);
+        (buf, r)
+    }
+}
+
+impl Pool {
+    /// Grant the peer at the other end of `qp` `access` (remote rights) to exactly `buf`, a
+    /// buffer (or part of one) of this pool, with the safest kind the device offers (see the
+    /// [module contract](super)).
+    ///
+    /// # Errors
+    /// See [`Pool::grant_with`].
+    pub fn grant<'a>(
+        &'a self,
+        buf: &'a [u8],
+        qp: &Qp,
+        access: Access,
+    ) -> Result<Grant<'a>, GrantError> {
+        self.grant_with(buf, qp, access, GrantKind::Auto)
+    }
+
+    /// [`Pool::grant`] of a given kind.
+    ///
+    /// # Errors
+    /// [`GrantError::Empty`], [`GrantError::OutsidePool`], [`GrantError::NotAllocated`],
+    /// [`GrantError::AcrossBlocks`], [`GrantError::Unregistered`] for a bad range;
+    /// [`GrantError::ForeignQp`], [`GrantError::QpNotReady`] for a bad QP;
+    /// [`GrantError::Rights`] for rights a grant cannot carry; [`GrantError::Unsupported`]
+    /// for a kind the device lacks; [`GrantError::Limit`]; the NIC's failure.
+    ///
+    /// # Examples
+    /// ```
+    /// use rdma_pool::grant::{GrantError, GrantKind};
+    /// use rdma_pool::nic::{Access, Nic, QpCaps};
+    /// let nic = Nic::soft();
+    /// let pd = nic.alloc_pd()?;
+    /// let pool = rdma_pool::alloc::Pool::new(&pd)?;
+    /// let cq = nic.create_cq(8)?;
+    /// let qp = pd.create_qp(&cq, &cq, QpCaps::default())?; // not connected
+    /// let buf = allocator_api2::vec![in &pool; 0u8; 64];
+    /// let r = pool.grant_with(&buf, &qp, Access::REMOTE_READ, GrantKind::Type1);
+    /// assert!(matches!(r, Err(GrantError::QpNotReady(_))));
+    /// assert!(matches!(pool.grant(&[0u8; 4], &qp, Access::REMOTE_READ), Err(GrantError::OutsidePool)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn grant_with<'a>(
+        &'a self,
+        buf: &'a [u8],
+        qp: &Qp,
+        access: Access,
+        kind: GrantKind,
+    ) -> Result<Grant<'a>, GrantError> {
+        let g = self.issue(buf.as_ptr() as usize, buf.len(), qp, access, kind)?;
+        Ok(Grant {
+            pool: self,
+            g,
+            revoked: false,
+            _buf: PhantomData,
+        })
+    }
+
+    /// [`Pool::grant`] of a whole buffer the grant then owns.
+    ///
+    /// # Errors
+    /// As [`Pool::grant_with`], with the buffer given back.
+    pub fn grant_owned<B: GrantBuf>(
+        &self,
+        buf: B,
+        qp: &Qp,
+        access: Access,
+    ) -> Result<OwnedGrant<'_, B>, (B, GrantError)> {
+        let bytes = buf.bytes();
+        match self.issue(
+            bytes.as_ptr() as usize,
+            bytes.len(),
+            qp,
+            access,
+            GrantKind::Auto,
+        ) {
+            Ok(g) => Ok(OwnedGrant {
+                grant: Grant {
+                    pool: self,
+                    g,
+                    revoked: false,
+                    _buf: PhantomData,
+                },
+                buf,
+            }),
+            Err(e) => Err((buf, e)),
+        }
+    }
+}

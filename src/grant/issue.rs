@@ -1,0 +1,354 @@
+//! Issuing a grant: check the range, the QP and the rights, choose the kind, take a window
+//! and a ledger record, post the bind.
+//!
+//! Contract: every check runs before anything is taken; whatever was taken for a grant that
+//! then fails (dedicated region, ledger record, window) is returned before the error is.
+
+use super::windows::Lent;
+use super::{
+    Active, GrantError, GrantKind, GrantLimits, GrantStats, Grants, OP_BIND, Wr, lock, wr_id,
+};
+use crate::alloc::Pool;
+use crate::nic::quirks::{self, Quirk};
+use crate::nic::{Access, Mr, MwType, Qp, QpState, Rkey};
+use std::sync::atomic::Ordering::Relaxed;
+
+/// Longest window (mlx5's KLM descriptors cover 2 GiB; the soft NIC enforces it too).
+const MAX_WINDOW: usize = 1 << 31;
+
+/// What a grant is, once issued.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Issued {
+    pub(super) key: usize,
+    pub(super) seq: u16,
+    pub(super) addr: usize,
+    pub(super) len: usize,
+    pub(super) rkey: Rkey,
+    pub(super) kind: GrantKind,
+    pub(super) dedicated: bool,
+}
+
+/// A checked request: the block the range lies in and the region under it.
+struct Checked<'p> {
+    block: (usize, usize),
+    region: Option<&'p Mr>,
+    kind: GrantKind,
+    dedicated: bool,
+}
+
+impl Pool {
+    /// Check `[addr, addr + len)`, `qp` and `access`, and choose the kind.
+    fn check_grant(
+        &self,
+        addr: usize,
+        len: usize,
+        qp: &Qp,
+        access: Access,
+        kind: GrantKind,
+    ) -> Result<Checked<'_>, GrantError> {
+        if len == 0 {
+            return Err(GrantError::Empty);
+        }
+        if !self.contains(addr as *const u8) {
+            return Err(GrantError::OutsidePool);
+        }
+        let block = self
+            .block_span(addr)
+            .ok_or(GrantError::NotAllocated { addr })?;
+        let end = addr.saturating_add(len);
+        if end > block.0 + block.1 {
+            return Err(GrantError::AcrossBlocks {
+                excess: end - (block.0 + block.1),
+            });
+        }
+        let keys = self
+            .keys_of(addr as *const u8)
+            .ok_or(GrantError::Unregistered)?;
+        if !keys.contains(addr, len) {
+            return Err(GrantError::Unregistered);
+        }
+        if access.is_empty() || !Access::REMOTE.contains(access) {
+            return Err(GrantError::Rights(access));
+        }
+        if !qp.pd().nic().same_device(self.nic()) || qp.pd().as_raw() != self.pd().as_raw() {
+            return Err(GrantError::ForeignQp);
+        }
+        match qp.state()? {
+            QpState::Ready => {}
+            s => return Err(GrantError::QpNotReady(s)),
+        }
+        let caps = self.nic().caps();
+        let windows = caps.max_mw > 0;
+        let fits = len <= MAX_WINDOW;
+        let kind = match kind {
+            GrantKind::Auto if windows && fits && caps.mw_type2 => GrantKind::Type2,
+            GrantKind::Auto if windows && fits && caps.mw_type1 => GrantKind::Type1,
+            GrantKind::Auto | GrantKind::Region => GrantKind::Region,
+            GrantKind::Type2 if !(windows && caps.mw_type2) => {
+                return Err(GrantError::Unsupported("the device has no type 2 windows"));
+            }
+            GrantKind::Type1 if !(windows && caps.mw_type1) => {
+                return Err(GrantError::Unsupported("the device has no type 1 windows"));
+            }
+            _ if !fits => {
+                return Err(GrantError::Unsupported(
+                    "a window covers at most 2 GiB (mlx5); ask for a region grant",
+                ));
+            }
+            k => k,
+        };
+        let region = self.arena().exposed_region(addr);
+        // A window over the pool's region is bounded by the window alone: where the device
+        // does not enforce window bounds, or the region is the implicit ODP one, the window
+        // gets a region of its own over exactly the range.
+        let dedicated = kind == GrantKind::Region
+            || quirks::applies(caps, Quirk::MwBoundsNotEnforced)
+            || region.is_none_or(|r| r.addr() == 0);
+        Ok(Checked {
+            block,
+            region,
+            kind,
+            dedicated,
+        })
+    }
+
+    /// Issue a grant on `[addr, addr + len)`, which the caller keeps allocated while the
+    /// grant's handle lives.
+    pub(super) fn issue(
+        &self,
+        addr: usize,
+        len: usize,
+        qp: &Qp,
+        access: Access,
+        kind: GrantKind,
+    ) -> Result<Issued, GrantError> {
+        let c = self.check_grant(addr, len, qp, access, kind)?;
+        let g = &self.inner().grants;
+        let dedicated = if c.dedicated {
+            Some(g.dedicated_region(self, addr, len, access, &c)?)
+        } else {
+            None
+        };
+        let (block, block_len) = c.block;
+        let flag = self.granted_flag(block);
+        let Some(record) = g.ledger.open(block, block_len, flag) else {
+            g.drop_region(dedicated, len);
+            return Err(GrantError::Limit {
+                what: "open grants",
+                max: super::ledger::CAP as u64,
+            });
+        };
+        let undo = |region| {
+            g.drop_region(region, len);
+            g.ledger.close(record, flag);
+        };
+        let mut active = lock(&g.active);
+        if active.len() >= super::MAX_ACTIVE {
+            drop(active);
+            undo(dedicated);
+            return Err(GrantError::Limit {
+                what: "grant entries",
+                max: super::MAX_ACTIVE as u64,
+            });
+        }
+        let seq = g.seq.fetch_add(1, Relaxed) as u16;
+        let key = active.vacant_key();
+        let mut a = Active {
+            seq,
+            kind: c.kind,
+            window: None,
+            keys: 0,
+            region: None,
+            qp: None,
+            record,
+            block,
+            rkey: Rkey(0),
+            bind: Wr::None,
+            inv: Wr::None,
+            revoking: false,
+            done: false,
+            orphan: false,
+            peer_invalidated: false,
+        };
+        let mw_type = match c.kind {
+            GrantKind::Type2 => Some(MwType::Type2),
+            GrantKind::Type1 => Some(MwType::Type1),
+            _ => None,
+        };
+        match mw_type {
+            None => {
+                let mr = dedicated.as_ref().expect("region grants are dedicated");
+                a.rkey = mr.rkey();
+            }
+            Some(ty) => {
+                let mr = dedicated.as_ref().or(c.region).expect("checked: a region");
+                let wr = wr_id(OP_BIND, self.inner().id, key, seq);
+                match g.bind(qp, ty, mr, addr, len, access, wr) {
+                    Ok((lent, rkey)) => {
+                        a.window = Some(lent);
+                        a.keys = 1;
+                        a.rkey = rkey;
+                        a.bind = Wr::InFlight;
+                        a.qp = Some(qp.clone());
+                    }
+                    Err(e) => {
+                        drop(active);
+                        undo(dedicated);
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        a.region = dedicated;
+        let rkey = a.rkey;
+        active.insert(a);
+        drop(active);
+        let n = &g.counters;
+        n.issued.fetch_add(1, Relaxed);
+        match c.kind {
+            GrantKind::Type2 => n.type2.fetch_add(1, Relaxed),
+            GrantKind::Type1 => n.type1.fetch_add(1, Relaxed),
+            _ => n.regions.fetch_add(1, Relaxed),
+        };
+        Ok(Issued {
+            key,
+            seq,
+            addr,
+            len,
+            rkey,
+            kind: c.kind,
+            dedicated: c.dedicated,
+        })
+    }
+
+    /// What the pool's grants are doing.
+    ///
+    /// # Examples
+    /// ```
+    /// # let pool = rdma_pool::alloc::Pool::new(&rdma_pool::nic::Nic::soft().alloc_pd()?)?;
+    /// assert_eq!(pool.grant_stats().open, 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn grant_stats(&self) -> GrantStats {
+        self.inner().grants.stats()
+    }
+
+    /// Bound the dedicated regions grants may create (see [`GrantLimits`]); grants beyond
+    /// them fail with [`GrantError::Limit`].
+    ///
+    /// # Examples
+    /// ```
+    /// use rdma_pool::grant::GrantLimits;
+    /// # let pool = rdma_pool::alloc::Pool::new(&rdma_pool::nic::Nic::soft().alloc_pd()?)?;
+    /// pool.set_grant_limits(GrantLimits { regions: 16, region_bytes: 1 << 20 });
+    /// assert_eq!(pool.grant_limits().regions, 16);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn set_grant_limits(&self, limits: GrantLimits) {
+        self.inner().grants.set_limits(limits);
+    }
+
+    /// The bounds in force (see [`Pool::set_grant_limits`]).
+    pub fn grant_limits(&self) -> GrantLimits {
+        self.inner().grants.limits()
+    }
+}
+
+impl Grants {
+    /// A region of its own over exactly `[addr, addr + len)`, within the limits: with the
+    /// grant's rights for a region grant, with `MW_BIND` only for a window over it.
+    fn dedicated_region(
+        &self,
+        pool: &Pool,
+        addr: usize,
+        len: usize,
+        access: Access,
+        c: &Checked<'_>,
+    ) -> Result<Mr, GrantError> {
+        let n = &self.counters;
+        let limits = self.limits();
+        if n.dedicated.fetch_add(1, Relaxed) >= limits.regions {
+            n.dedicated.fetch_sub(1, Relaxed);
+            return Err(GrantError::Limit {
+                what: "region grants",
+                max: limits.regions,
+            });
+        }
+        if n.dedicated_bytes.fetch_add(len as u64, Relaxed) + len as u64 > limits.region_bytes {
+            n.dedicated.fetch_sub(1, Relaxed);
+            n.dedicated_bytes.fetch_sub(len as u64, Relaxed);
+            return Err(GrantError::Limit {
+                what: "region grant bytes",
+                max: limits.region_bytes,
+            });
+        }
+        let rights = if c.kind == GrantKind::Region {
+            access
+        } else {
+            Access::MW_BIND
+        };
+        let odp = if c.region.is_some_and(Mr::is_odp) {
+            Access::ON_DEMAND
+        } else {
+            Access::empty()
+        };
+        // SAFETY: the range lies in a live block of the pool, which stays mapped while the
+        // arena lives; the region is deregistered before the grant's record closes, so before
+        // the block can be reused.
+        let mr = unsafe {
+            pool.pd()
+                .reg_mr(addr as *mut u8, len, Access::LOCAL_WRITE | rights | odp)
+        };
+        mr.map_err(|e| {
+            n.dedicated.fetch_sub(1, Relaxed);
+            n.dedicated_bytes.fetch_sub(len as u64, Relaxed);
+            GrantError::Nic(e)
+        })
+    }
+
+    /// Deregister a dedicated region (if any) of a grant of `len` bytes.
+    pub(super) fn drop_region(&self, mr: Option<Mr>, len: usize) {
+        if let Some(mr) = mr {
+            if let Err(e) = mr.dereg() {
+                // Still bound (cannot be after an invalidation): dropping logs and leaks it.
+                tracing::warn!(error = %e.error, "rdma_pool: a grant's region refused dereg");
+            }
+            self.counters.dedicated.fetch_sub(1, Relaxed);
+            self.counters.dedicated_bytes.fetch_sub(len as u64, Relaxed);
+        }
+    }
+
+    /// Take a window of type `ty` and bind it to `[addr, addr + len)` of `mr` through `qp`.
+    #[allow(clippy::too_many_arguments)]
+    fn bind(
+        &self,
+        qp: &Qp,
+        ty: MwType,
+        mr: &Mr,
+        addr: usize,
+        len: usize,
+        access: Access,
+        wr: u64,
+    ) -> Result<(Lent, Rkey), GrantError> {
+        let mut lent = lock(&self.windows).take(qp.pd(), ty).map_err(|e| match e {
+            crate::nic::Error::Limit { max, .. } => GrantError::Limit {
+                what: "max_mw",
+                max,
+            },
+            e => GrantError::Nic(e),
+        })?;
+        let off = addr - mr.addr();
+        let r = match ty {
+            MwType::Type2 => qp.post_bind_mw(wr, &mut lent.mw, mr, off, len, access),
+            MwType::Type1 => qp.bind_mw(wr, &mut lent.mw, mr, off, len, access),
+        };
+        match r {
+            Ok(rkey) => Ok((lent, rkey)),
+            Err(e) => {
+                // Nothing was posted: the window is as it was.
+                lock(&self.windows).give_back(lent, 0);
+                Err(GrantError::Nic(e))
+            }
+        }
+    }
+}

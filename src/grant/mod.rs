@@ -1,0 +1,300 @@
+//! Grants: a peer's key to exactly one buffer, for exactly the rights it needs, taken back
+//! without a network use-after-free.
+//!
+//! ```text
+//! let grant = pool.grant(&buf, &qp, Access::REMOTE_WRITE)?;   // posts BIND_MW on qp
+//! send(grant.wire().to_bytes());                              // addr, len, rkey
+//! ...
+//! grant.revoke(&send_cq, |other| handle(other))?;             // LOCAL_INV, waited for
+//! ```
+//!
+//! Contract:
+//! - **Kinds** ([`GrantKind`]). `Type2` (the default): a type 2 window bound by a BIND_MW work
+//!   request on the peer's QP, so its key works through that QP only. `Type1`: a type 1
+//!   window (`ibv_bind_mw`), usable from any QP of the PD. `Region`: a region of its own over
+//!   exactly the range (usable from any QP of the PD). A window grants no more than the region
+//!   under it (C10-74): the pool's regions carry `LOCAL_WRITE | MW_BIND` and no remote right.
+//! - **Exactly one buffer on every device.** Where a window's bounds are not enforced (kernel
+//!   rxe, `Quirk::MwBoundsNotEnforced`) the window is bound over a region of its own covering
+//!   exactly the range ("dedicated"), so its region's bounds are the grant's; where the device
+//!   has no windows, or the range is longer than a window may be (2 GiB on mlx5), `Auto` makes a
+//!   `Region` grant. Dedicated regions pin the pages again and are charged against memlock
+//!   again: they are counted ([`GrantStats`]) and bounded ([`GrantLimits`]).
+//! - **Completions.** Binds and invalidations are work requests on the caller's QP; their
+//!   completions come on its send CQ with `wr_id`s the pool tags ([`is_pool_wr_id`]). The
+//!   caller's poll loop passes every completion to
+//!   [`Pool::on_completion`](crate::alloc::Pool::on_completion), which returns `false` for
+//!   those that are not the pool's; [`Grant::revoke`] polls the CQ itself and hands such
+//!   completions to the caller's closure. A grant uses one send-queue slot for its bind and
+//!   one for its invalidation while they are in flight: size `max_send_wr` for them.
+//! - **Revocation.** Type 2: LOCAL_INV on the QP; type 1: a zero-length bind (always with a
+//!   region: rxe's provider crashes on NULL); region: deregistration. A QP that cannot post
+//!   (error state, full queue) or whose invalidation fails has its window *deallocated*, which
+//!   kills the key too: a grant is never left live. A peer's SEND_WITH_INV, where the device
+//!   reports it (`Completion::invalidated_rkey`), counts as the invalidation.
+//! - **Key rotation.** Windows are pooled per PD (`windows.rs`); every bind advances the key's
+//!   8-bit variant, and a window is retired (kept allocated) before its variants wrap, so a
+//!   stale key never matches a later grant.
+//! - **Quarantine** (`ledger.rs`): memory freed while a grant on it is open (live or
+//!   revoking) is parked, neither reused nor purged, until the invalidation completed. The free
+//!   path checks one per-granule counter with a relaxed load. [`Grant`] borrows its buffer, so
+//!   safe code cannot free granted memory; only a dropped grant still revoking, a leaked one
+//!   or a `GlobalAlloc` free meets the quarantine. `Drop` of a grant never blocks.
+//!
+//! Invariant (checked by `Pool::validate`): `|active| == open ledger records + finished
+//! grants whose handle is alive`, and the window cache's invariant.
+
+mod error;
+mod handle;
+mod issue;
+mod ledger;
+mod revoke;
+mod windows;
+mod wire;
+
+pub use error::GrantError;
+pub use handle::{Grant, GrantBuf, OwnedGrant, WAIT};
+pub use wire::GrantWire;
+
+use crate::nic::{Mr, Qp, Rkey};
+use ledger::Ledger;
+use slab::Slab;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Mutex, MutexGuard};
+use windows::{Lent, Windows};
+
+/// Which kind of key a grant is (see the module contract).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum GrantKind {
+    /// The safest the device offers: `Type2`, else `Type1`, else `Region`.
+    #[default]
+    Auto,
+    /// A type 2 window, usable through the granting QP only.
+    Type2,
+    /// A type 1 window, usable from any QP of the PD.
+    Type1,
+    /// A region of its own over exactly the range, usable from any QP of the PD.
+    Region,
+}
+
+/// Bounds on dedicated regions (region grants, and windows over a region of their own where
+/// window bounds are not enforced): each pins its pages again and is charged against
+/// `RLIMIT_MEMLOCK` again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GrantLimits {
+    /// Most dedicated regions at once.
+    pub regions: u64,
+    /// Most bytes under dedicated regions at once.
+    pub region_bytes: u64,
+}
+
+impl Default for GrantLimits {
+    fn default() -> Self {
+        GrantLimits {
+            regions: 4096,
+            region_bytes: 1 << 30,
+        }
+    }
+}
+
+/// What the pool's grants are doing, read without a lock (the quarantine figures under the
+/// ledger's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct GrantStats {
+    /// Grants issued.
+    pub issued: u64,
+    /// ... of which type 2 windows.
+    pub type2: u64,
+    /// ... of which type 1 windows.
+    pub type1: u64,
+    /// ... of which regions.
+    pub regions: u64,
+    /// Grants whose key is dead (revocation completed).
+    pub revoked: u64,
+    /// Grants open: live, or revoking and not yet completed.
+    pub open: u64,
+    /// Revocations done by deallocating the window (QP in error, full queue, failed
+    /// invalidation).
+    pub revoked_by_dealloc: u64,
+    /// Windows invalidated by the peer's SEND_WITH_INV.
+    pub peer_invalidations: u64,
+    /// Binds that completed with an error.
+    pub failed_binds: u64,
+    /// Dedicated regions live, and the bytes under them.
+    pub dedicated_regions: u64,
+    /// Bytes under dedicated regions.
+    pub dedicated_bytes: u64,
+    /// Windows allocated (cached, lent or retired).
+    pub windows: u64,
+    /// Windows retired after using up their key variants (kept allocated).
+    pub windows_retired: u64,
+    /// Freed blocks held in quarantine until their grant's revocation completes.
+    pub quarantined_blocks: u64,
+    /// Their bytes.
+    pub quarantined_bytes: u64,
+}
+
+/// Where a grant's bind or invalidation stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wr {
+    None,
+    InFlight,
+    Done(crate::nic::WcStatus),
+}
+
+/// One grant's state in the pool (a `slab` entry, keyed by the `wr_id`).
+struct Active {
+    seq: u16,
+    kind: GrantKind,
+    window: Option<Lent>,
+    /// Keys of the window this grant used (its bind, a type 1 unbind).
+    keys: u16,
+    /// The dedicated region, if any.
+    region: Option<Mr>,
+    qp: Option<Qp>,
+    record: u32,
+    /// First byte of the block (its granule counts the record).
+    block: usize,
+    rkey: Rkey,
+    bind: Wr,
+    inv: Wr,
+    /// Revocation was asked for.
+    revoking: bool,
+    /// The key is dead and everything returned.
+    done: bool,
+    /// The handle was dropped: remove the entry once done.
+    orphan: bool,
+    /// The peer invalidated the window with SEND_WITH_INV.
+    peer_invalidated: bool,
+}
+
+#[derive(Default)]
+struct Counters {
+    issued: AtomicU64,
+    type2: AtomicU64,
+    type1: AtomicU64,
+    regions: AtomicU64,
+    revoked: AtomicU64,
+    by_dealloc: AtomicU64,
+    peer_inv: AtomicU64,
+    failed_binds: AtomicU64,
+    dedicated: AtomicU64,
+    dedicated_bytes: AtomicU64,
+    limit_regions: AtomicU64,
+    limit_bytes: AtomicU64,
+}
+
+/// The pool's grant state (a field of the pool's shared state).
+pub(crate) struct Grants {
+    active: Mutex<Slab<Active>>,
+    windows: Mutex<Windows>,
+    ledger: Ledger,
+    counters: Counters,
+    seq: AtomicU64,
+}
+
+/// Top 16 bits of every `wr_id` the pool posts ("RP").
+const TAG: u64 = 0x5250 << 48;
+const OP_BIND: u64 = 1;
+const OP_INV: u64 = 2;
+
+/// True when `wr_id` is one the pool tags its binds and invalidations with (top 16 bits
+/// `0x5250`): keep the application's own `wr_id`s out of that range.
+///
+/// # Examples
+/// ```
+/// assert!(!rdma_pool::grant::is_pool_wr_id(42));
+/// ```
+pub fn is_pool_wr_id(wr_id: u64) -> bool {
+    wr_id >> 48 == TAG >> 48
+}
+
+/// `TAG | op (2 bits) | pool id (8) | slab key (22) | seq (16)`.
+fn wr_id(op: u64, pool: u64, key: usize, seq: u16) -> u64 {
+    TAG | op << 46 | (pool & 0xff) << 38 | ((key as u64) & 0x3f_ffff) << 16 | seq as u64
+}
+
+/// `(op, pool id, key, seq)` of a tagged `wr_id`.
+fn parse(wr_id: u64) -> Option<(u64, u64, usize, u16)> {
+    is_pool_wr_id(wr_id).then_some((
+        (wr_id >> 46) & 3,
+        (wr_id >> 38) & 0xff,
+        ((wr_id >> 16) & 0x3f_ffff) as usize,
+        wr_id as u16,
+    ))
+}
+
+/// Where the next pool's `wr_id` sequence starts.
+static NEXT_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// Most grant entries at once (the key field of a `wr_id`).
+const MAX_ACTIVE: usize = 1 << 22;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Grants {
+    pub(crate) fn new() -> Result<Grants, i32> {
+        let g = Grants {
+            active: Mutex::new(Slab::new()),
+            windows: Mutex::new(Windows::default()),
+            ledger: Ledger::new()?,
+            counters: Counters::default(),
+            // Process-wide, so a new pool that reuses a dropped pool's id does not take that
+            // pool's late completions for its own.
+            seq: AtomicU64::new(NEXT_SEQ.fetch_add(1 << 12, Relaxed)),
+        };
+        g.set_limits(GrantLimits::default());
+        Ok(g)
+    }
+
+    pub(crate) fn set_limits(&self, l: GrantLimits) {
+        self.counters.limit_regions.store(l.regions, Relaxed);
+        self.counters.limit_bytes.store(l.region_bytes, Relaxed);
+    }
+
+    pub(crate) fn limits(&self) -> GrantLimits {
+        GrantLimits {
+            regions: self.counters.limit_regions.load(Relaxed),
+            region_bytes: self.counters.limit_bytes.load(Relaxed),
+        }
+    }
+
+    /// The free path's cold branch (see `ledger.rs`).
+    pub(crate) fn park(&self, block: usize) -> bool {
+        self.ledger.park(block)
+    }
+
+    pub(crate) fn stats(&self) -> GrantStats {
+        let c = &self.counters;
+        let (open, parked, parked_bytes) = self.ledger.counts();
+        let (windows, retired, _) = lock(&self.windows).counts();
+        GrantStats {
+            issued: c.issued.load(Relaxed),
+            type2: c.type2.load(Relaxed),
+            type1: c.type1.load(Relaxed),
+            regions: c.regions.load(Relaxed),
+            revoked: c.revoked.load(Relaxed),
+            open: open as u64,
+            revoked_by_dealloc: c.by_dealloc.load(Relaxed),
+            peer_invalidations: c.peer_inv.load(Relaxed),
+            failed_binds: c.failed_binds.load(Relaxed),
+            dedicated_regions: c.dedicated.load(Relaxed),
+            dedicated_bytes: c.dedicated_bytes.load(Relaxed),
+            windows,
+            windows_retired: retired,
+            quarantined_blocks: parked as u64,
+            quarantined_bytes: parked_bytes as u64,
+        }
+    }
+
+    pub(crate) fn validate(&self) -> bool {
+        let active = lock(&self.active);
+        let (open, _, _) = self.ledger.counts();
+        let unfinished = active.iter().filter(|(_, a)| !a.done).count();
+        unfinished == open as usize && self.ledger.validate() && lock(&self.windows).validate()
+    }
+}

@@ -1,0 +1,236 @@
+//! Revocation and the completions of the pool's work requests.
+//!
+//! Contract: a grant's entry finishes (window back to the cache or deallocated, dedicated
+//! region deregistered, ledger record closed, a parked block freed) exactly once, when
+//! revocation was asked for and neither its bind nor its invalidation is in flight. A window
+//! goes back to the cache only after an invalidation that completed successfully; in every
+//! other case (QP cannot post, invalidation failed, peer invalidated, bind failed) it is
+//! deallocated, which kills any key it had. Nothing here blocks but [`Grants::wait`]'s caller.
+
+use super::{Active, GrantError, GrantKind, Grants, OP_BIND, OP_INV, Wr, lock, parse, wr_id};
+use crate::alloc::Pool;
+use crate::nic::{Access, Completion, WcStatus};
+use slab::Slab;
+use std::sync::atomic::Ordering::Relaxed;
+
+/// A block leaving quarantine: `(first byte, bytes)`.
+type Freed = Option<(usize, usize)>;
+
+impl Pool {
+    /// Hand the pool a completion from a send CQ its grants post on (the CQ of a QP passed to
+    /// [`Pool::grant`]): returns `true` when it was the completion of a bind or invalidation
+    /// the pool posted (consumed), `false` when it belongs to the application. A receive
+    /// completion that reports a peer's SEND_WITH_INV of a grant's key is noted (the window is
+    /// then known dead) and still returns `false`.
+    ///
+    /// # Examples
+    /// ```
+    /// use rdma_pool::nic::Completion;
+    /// # let pool = rdma_pool::alloc::Pool::new(&rdma_pool::nic::Nic::soft().alloc_pd()?)?;
+    /// assert!(!pool.on_completion(&Completion { wr_id: 7, ..Default::default() }));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn on_completion(&self, wc: &Completion) -> bool {
+        let g = &self.inner().grants;
+        let Some((op, pool, key, seq)) = parse(wc.wr_id) else {
+            if let Some(rkey) = wc.invalidated_rkey {
+                g.peer_invalidated(wc.qp_num, rkey);
+            }
+            return false;
+        };
+        if pool != self.inner().id & 0xff {
+            return false;
+        }
+        let freed = g.completed(self, op, key, seq, wc.status);
+        self.unpark(freed);
+        true
+    }
+
+    /// Free a block that left quarantine.
+    pub(super) fn unpark(&self, freed: Freed) {
+        if let Some((block, _)) = freed {
+            // SAFETY: the block was freed by its owner and parked; its last grant's key is
+            // dead now, and the ledger hands it out once.
+            unsafe { self.free_plain(block as *mut u8) };
+        }
+    }
+}
+
+impl Grants {
+    /// A completion of the pool's work request `op` for entry `key`.
+    fn completed(&self, pool: &Pool, op: u64, key: usize, seq: u16, status: WcStatus) -> Freed {
+        let mut active = lock(&self.active);
+        let a = active.get_mut(key).filter(|a| a.seq == seq)?;
+        if let Some(l) = a.window.as_mut() {
+            l.mw.settle(status);
+        }
+        match op {
+            OP_BIND => {
+                a.bind = Wr::Done(status);
+                if status != WcStatus::Success {
+                    self.counters.failed_binds.fetch_add(1, Relaxed);
+                }
+            }
+            OP_INV => a.inv = Wr::Done(status),
+            _ => {}
+        }
+        self.advance(pool, &mut active, key)
+    }
+
+    /// Finish entry `key` if its revocation can complete now; drop the entry once finished
+    /// and orphaned.
+    fn advance(&self, pool: &Pool, active: &mut Slab<Active>, key: usize) -> Freed {
+        let a = active.get_mut(key)?;
+        let mut freed = None;
+        if a.revoking && !a.done && a.bind != Wr::InFlight && a.inv != Wr::InFlight {
+            freed = self.finish(pool, a);
+        }
+        if a.done && a.orphan {
+            active.remove(key);
+        }
+        freed
+    }
+
+    /// Release what the grant holds (see the module contract) and close its record.
+    fn finish(&self, pool: &Pool, a: &mut Active) -> Freed {
+        if let Some(l) = a.window.take() {
+            if a.inv == Wr::Done(WcStatus::Success) {
+                lock(&self.windows).give_back(l, a.keys);
+            } else {
+                // Deallocation invalidates the window whatever it was bound to.
+                drop(l);
+                lock(&self.windows).dropped();
+                self.counters.by_dealloc.fetch_add(1, Relaxed);
+            }
+        }
+        let len = a.region.as_ref().map_or(0, |m| m.len());
+        self.drop_region(a.region.take(), len);
+        a.qp = None;
+        a.done = true;
+        self.counters.revoked.fetch_add(1, Relaxed);
+        self.ledger.close(a.record, pool.granted_flag(a.block))
+    }
+
+    /// Start revoking `a` (entry `key`): post its invalidation, or deallocate its window when
+    /// that cannot be posted, or deregister its region.
+    fn start(&self, pool: &Pool, key: usize, a: &mut Active) {
+        a.revoking = true;
+        let needs_inv = a.window.is_some()
+            && !a.peer_invalidated
+            && !matches!(a.bind, Wr::Done(s) if s != WcStatus::Success);
+        if !needs_inv {
+            return;
+        }
+        let (Some(qp), Some(l)) = (a.qp.clone(), a.window.as_mut()) else {
+            return;
+        };
+        let wr = wr_id(OP_INV, pool.inner().id, key, a.seq);
+        let posted = match a.kind {
+            GrantKind::Type2 => qp.post_invalidate(wr, &mut l.mw),
+            _ => {
+                // Type 1: a zero-length bind, with the region it is bound to (never NULL).
+                let region = match a.region.as_ref() {
+                    Some(r) => Some(r),
+                    None => pool.arena().exposed_region(a.block),
+                };
+                match region {
+                    Some(mr) => qp
+                        .bind_mw(wr, &mut l.mw, mr, 0, 0, Access::empty())
+                        .map(|_| a.keys += 1),
+                    None => Err(crate::nic::Error::invalid(
+                        crate::nic::Verb::BindMw,
+                        "the grant's region is gone",
+                    )),
+                }
+            }
+        };
+        match posted {
+            Ok(()) => a.inv = Wr::InFlight,
+            Err(e) => {
+                tracing::debug!(error = %e, "rdma_pool: invalidation not posted; deallocating the window");
+                // The window goes in `finish`, by deallocation; any bind still in flight
+                // completes flushed and is ignored.
+                a.bind = match a.bind {
+                    Wr::InFlight => Wr::Done(WcStatus::WrFlushErr),
+                    b => b,
+                };
+                a.inv = Wr::Done(WcStatus::WrFlushErr);
+            }
+        }
+    }
+
+    /// Start revoking entry `key` for its handle.
+    ///
+    /// # Errors
+    /// [`GrantError::Revoked`] when revocation was already asked for.
+    pub(super) fn revoke(&self, pool: &Pool, key: usize, seq: u16) -> Result<(), GrantError> {
+        let mut active = lock(&self.active);
+        let Some(a) = active.get_mut(key).filter(|a| a.seq == seq) else {
+            return Err(GrantError::Revoked);
+        };
+        if a.revoking {
+            return Err(GrantError::Revoked);
+        }
+        self.start(pool, key, a);
+        let freed = self.advance(pool, &mut active, key);
+        drop(active);
+        pool.unpark(freed);
+        Ok(())
+    }
+
+    /// The handle of entry `key` is dropped: revoke it if needed, and let the entry go once
+    /// finished. Never blocks.
+    pub(super) fn release(&self, pool: &Pool, key: usize, seq: u16) {
+        let mut active = lock(&self.active);
+        let Some(a) = active.get_mut(key).filter(|a| a.seq == seq) else {
+            return;
+        };
+        a.orphan = true;
+        if !a.revoking {
+            self.start(pool, key, a);
+        }
+        let freed = self.advance(pool, &mut active, key);
+        drop(active);
+        pool.unpark(freed);
+    }
+
+    /// `(bind state, finished)` of entry `key`.
+    pub(super) fn state(&self, key: usize, seq: u16) -> Option<(Option<WcStatus>, bool)> {
+        let active = lock(&self.active);
+        let a = active.get(key).filter(|a| a.seq == seq)?;
+        let bind = match a.bind {
+            Wr::Done(s) => Some(s),
+            Wr::None => Some(WcStatus::Success),
+            Wr::InFlight => None,
+        };
+        Some((bind, a.done))
+    }
+
+    /// A receive reported that a peer's SEND_WITH_INV invalidated `rkey` on QP `qpn`.
+    fn peer_invalidated(&self, qpn: u32, rkey: crate::nic::Rkey) {
+        let mut active = lock(&self.active);
+        if let Some((_, a)) = active.iter_mut().find(|(_, a)| {
+            a.kind == GrantKind::Type2
+                && !a.done
+                && a.rkey == rkey
+                && a.qp.as_ref().is_some_and(|q| q.qpn() == qpn)
+        }) {
+            a.peer_invalidated = true;
+            self.counters.peer_inv.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// The pool is dropped: deallocate every window still bound, deregister every dedicated
+    /// region, and free every parked block (no handle is alive: they borrow the pool).
+    pub(crate) fn shutdown(&self, pool: &Pool) {
+        let mut active = lock(&self.active);
+        for (_, a) in active.iter_mut().filter(|(_, a)| !a.done) {
+            a.revoking = true;
+            a.inv = Wr::Done(WcStatus::WrFlushErr);
+            a.bind = Wr::Done(WcStatus::WrFlushErr);
+            let freed = self.finish(pool, a);
+            pool.unpark(freed);
+        }
+        active.clear();
+    }
+}

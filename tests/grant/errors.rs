@@ -1,0 +1,198 @@
+//! Bad input gets a typed error and nothing leaks.
+
+use super::*;
+use rdma_pool::grant::{GrantError, GrantLimits};
+use std::alloc::Layout;
+
+#[test]
+fn bad_ranges_qps_and_rights_are_refused() {
+    let _s = serial();
+    let bed = bed();
+    let pool = pool_on(&bed.b.pd);
+    let qb = &bed.qb;
+    let rw = Access::REMOTE_WRITE;
+    let buf = allocator_api2::vec![in &pool; 0u8; 64];
+    assert!(matches!(
+        pool.grant(&buf[..0], qb, rw),
+        Err(GrantError::Empty)
+    ));
+    assert!(matches!(
+        pool.grant(&[1u8; 8], qb, rw),
+        Err(GrantError::OutsidePool)
+    ));
+    // Two neighbouring blocks: a range across them.
+    let l = Layout::from_size_align(64, 8).unwrap();
+    let (p, q) = (pool.alloc(l), pool.alloc(l));
+    let (lo, hi) = (p.min(q), p.max(q));
+    if hi as usize == lo as usize + 64 {
+        // SAFETY: both blocks are ours and live.
+        let both = unsafe { std::slice::from_raw_parts(lo, 128) };
+        assert!(matches!(
+            pool.grant(both, qb, rw),
+            Err(GrantError::AcrossBlocks { excess: 64 })
+        ));
+    }
+    // SAFETY: blocks of this pool with `l`.
+    unsafe { (pool.free_sized(p, l), pool.free_sized(q, l)) };
+    // A freed large block.
+    let big = Layout::from_size_align(4 << 20, 4096).unwrap();
+    let r = pool.alloc(big);
+    // SAFETY: a block of this pool with `big`.
+    unsafe { pool.free_sized(r, big) };
+    // SAFETY: the run stays mapped while the pool lives; the grant reads nothing.
+    let stale = unsafe { std::slice::from_raw_parts(r, 64) };
+    assert!(matches!(
+        pool.grant(stale, qb, rw),
+        Err(GrantError::NotAllocated { .. })
+    ));
+    // Rights a grant cannot carry.
+    for bad in [
+        Access::empty(),
+        Access::LOCAL_WRITE,
+        rw | Access::MW_BIND,
+        rw | Access::ZERO_BASED,
+    ] {
+        assert!(
+            matches!(pool.grant(&buf, qb, bad), Err(GrantError::Rights(_))),
+            "{bad:?}"
+        );
+    }
+    // A QP of another device, of another PD, not connected.
+    assert!(matches!(
+        pool.grant(&buf, &bed.qa, rw),
+        Err(GrantError::ForeignQp)
+    ));
+    let other_pd = bed.b.nic.alloc_pd().unwrap();
+    let foreign = bed.b.qp_in(&other_pd);
+    assert!(matches!(
+        pool.grant(&buf, &foreign, rw),
+        Err(GrantError::ForeignQp)
+    ));
+    let idle = bed.b.qp();
+    assert!(matches!(
+        pool.grant(&buf, &idle, rw),
+        Err(GrantError::QpNotReady(QpState::Init))
+    ));
+    nothing_leaked(&pool);
+    assert_eq!(pool.grant_stats().issued, 0);
+}
+
+#[test]
+fn limits_are_typed_errors_and_a_refused_grant_returns_what_it_took() {
+    let _s = serial();
+    let bed = soft_bed(rdma_pool::nic::soft::SoftConfig {
+        max_mw: 1,
+        ..Default::default()
+    });
+    let pool = pool_on(&bed.b.pd);
+    let (a, b) = (
+        allocator_api2::vec![in &pool; 0u8; 64],
+        allocator_api2::vec![in &pool; 0u8; 64],
+    );
+    let rw = Access::REMOTE_WRITE;
+    let mut g = pool.grant(&a, &bed.qb, rw).unwrap();
+    // The device's one window is lent out.
+    assert!(matches!(
+        pool.grant(&b, &bed.qb, rw),
+        Err(GrantError::Limit {
+            what: "max_mw",
+            max: 1
+        })
+    ));
+    pool.set_grant_limits(GrantLimits {
+        regions: 1,
+        region_bytes: 100,
+    });
+    let mut r = pool.grant_with(&b, &bed.qb, rw, GrantKind::Region).unwrap();
+    assert!(matches!(
+        pool.grant_with(&a, &bed.qb, rw, GrantKind::Region),
+        Err(GrantError::Limit {
+            what: "region grants",
+            max: 1
+        })
+    ));
+    pool.set_grant_limits(GrantLimits {
+        regions: 2,
+        region_bytes: 100,
+    });
+    assert!(matches!(
+        pool.grant_with(&a, &bed.qb, rw, GrantKind::Region),
+        Err(GrantError::Limit {
+            what: "region grant bytes",
+            max: 100
+        })
+    ));
+    assert_eq!(pool.grant_stats().open, 2);
+    revoke(&mut g, &bed.b);
+    revoke(&mut r, &bed.b);
+    assert!(matches!(
+        r.revoke(&bed.b.cq, |_| {}),
+        Err(GrantError::Revoked)
+    ));
+    // The window came back to the cache: the next grant reuses it.
+    let mut g2 = pool.grant(&b, &bed.qb, rw).unwrap();
+    bound(&mut g2, &bed.b);
+    assert_eq!(pool.grant_stats().windows, 1);
+    revoke(&mut g2, &bed.b);
+    drop((g, r, g2));
+    nothing_leaked(&pool);
+}
+
+#[test]
+fn dropping_grants_and_the_pool_without_draining_leaks_nothing() {
+    let _s = serial();
+    let bed = bed();
+    let pool = pool_on(&bed.b.pd);
+    let v = allocator_api2::vec![in &pool; 0u8; 4096];
+    for kind in kinds() {
+        let g = pool
+            .grant_with(&v[..100], &bed.qb, Access::REMOTE_READ, kind)
+            .unwrap();
+        drop(g);
+    }
+    drop(v);
+    let s = pool.grant_stats();
+    assert!(s.open >= 2 && s.quarantined_blocks == 1, "{s:?}");
+    // Dropping the pool deallocates the windows still revoking and frees the parked block.
+    drop(pool);
+    // Late completions of the dropped pool's work requests are ignored by a new pool.
+    let pool = pool_on(&bed.b.pd);
+    drain(&pool, &bed.b);
+    nothing_leaked(&pool);
+}
+
+#[test]
+fn owned_grants_give_the_buffer_back() {
+    let _s = serial();
+    let bed = bed();
+    let pool = pool_on(&bed.b.pd);
+    let (_src, src) = scratch(&bed.a, 16, 0x5A);
+    let buf = allocator_api2::vec![in &pool; 0u8; 16];
+    let mut og = pool
+        .grant_owned(buf, &bed.qb, Access::REMOTE_WRITE)
+        .unwrap();
+    bound(og.grant_mut(), &bed.b);
+    let w = og.grant().wire();
+    assert_eq!(
+        write(&bed.a, &bed.qa, &src, 16, w.addr, w.rkey),
+        WcStatus::Success
+    );
+    let (buf, r) = og.revoke(&bed.b.cq, |_| {});
+    r.unwrap();
+    assert!(buf.iter().all(|&b| b == 0x5A));
+    // Dropped unrevoked: the buffer is freed into quarantine until the pool sees the
+    // invalidation.
+    let og = pool
+        .grant_owned(buf, &bed.qb, Access::REMOTE_WRITE)
+        .unwrap();
+    drop(og);
+    assert_eq!(pool.grant_stats().quarantined_blocks, 1);
+    drain(&pool, &bed.b);
+    nothing_leaked(&pool);
+    assert_eq!(pool.live_blocks(), 0);
+    // A buffer of another allocator is refused and given back.
+    let (back, e) = pool
+        .grant_owned(vec![1u8; 8], &bed.qb, Access::REMOTE_WRITE)
+        .unwrap_err();
+    assert!(matches!(e, GrantError::OutsidePool) && back == [1u8; 8]);
+}
