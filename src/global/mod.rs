@@ -55,6 +55,7 @@
 mod api2;
 mod bootstrap;
 mod config;
+mod grant;
 mod stats;
 
 pub use bootstrap::BYTES as BOOTSTRAP_BYTES;

@@ -7,6 +7,9 @@ use crate::nic::{self, Access, QpState, WcStatus};
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum GrantError {
+    /// The global pool could not initialise (see `GlobalPool::init_error`).
+    #[error("the global pool is not available")]
+    Unavailable,
     /// The range is empty.
     #[error("a grant needs at least one byte")]
     Empty,

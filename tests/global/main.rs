@@ -11,6 +11,7 @@ mod common;
 
 mod bootstrap;
 mod exit;
+mod grant;
 mod peer;
 mod workload;
 
