@@ -37,7 +37,7 @@ bins=$(cargo test --no-run --test scenarios --test pinning --test arena --test a
 [ -n "$bins" ] || { echo "could not find the scenario test binaries" >&2; exit 1; }
 # The grants example runs there too (it ignores the test harness's arguments).
 cargo build --example grants
-bins="$bins target/debug/examples/grants
+bins="$bins target/debug/examples/grants"
 # The allocator's proptest model runs on the soft NIC in either place: a few cases in the
 # emulated guest, the full 100k operations on the host above.
 RXE_GUEST_ENV="${RXE_GUEST_ENV:-} PROPTEST_CASES=4" bash tests/rxe/run.sh $bins
