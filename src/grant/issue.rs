@@ -343,10 +343,14 @@ impl Grants {
             MwType::Type1 => qp.bind_mw(wr, &mut lent.mw, mr, off, len, access),
         };
         match r {
-            Ok(rkey) => Ok((lent, rkey)),
+            Ok(rkey) => {
+                self.counters.in_flight.fetch_add(1, Relaxed);
+                Ok((lent, rkey))
+            }
             Err(e) => {
                 // Nothing was posted: the window is as it was.
-                lock(&self.windows).give_back(lent, 0);
+                let max_mw = qp.pd().nic().caps().max_mw;
+                drop(lock(&self.windows).give_back(lent, 0, max_mw));
                 Err(GrantError::Nic(e))
             }
         }

@@ -34,7 +34,8 @@
 //!   reports it (`Completion::invalidated_rkey`), counts as the invalidation.
 //! - **Key rotation.** Windows are pooled per PD (`windows.rs`); every bind advances the key's
 //!   8-bit variant, and a window is retired (kept allocated) before its variants wrap, so a
-//!   stale key never matches a later grant.
+//!   stale key does not match a later grant: the retired windows are bounded (4096, or half of
+//!   `max_mw`), so a key can come back only after a million later grants or so, never soon.
 //! - **Quarantine** (`ledger.rs`): memory freed while a grant on it is open (live or
 //!   revoking) is parked, neither reused nor purged, until the invalidation completed. The free
 //!   path checks one per-granule counter with a relaxed load. [`Grant`] borrows its buffer, so
@@ -130,6 +131,13 @@ pub struct GrantStats {
     pub windows: u64,
     /// Windows retired after using up their key variants (kept allocated).
     pub windows_retired: u64,
+    /// Retired windows deallocated, oldest first, to stay within the bound (see the module
+    /// contract).
+    pub windows_recycled: u64,
+    /// The pool's binds and invalidations posted and not yet seen by
+    /// [`Pool::on_completion`](crate::alloc::Pool::on_completion): send-queue slots (and CQ
+    /// entries) the grants occupy.
+    pub wrs_in_flight: u64,
     /// Freed blocks held in quarantine until their grant's revocation completes.
     pub quarantined_blocks: u64,
     /// Their bytes.
@@ -182,6 +190,7 @@ struct Counters {
     failed_binds: AtomicU64,
     dedicated: AtomicU64,
     dedicated_bytes: AtomicU64,
+    in_flight: AtomicU64,
     limit_regions: AtomicU64,
     limit_bytes: AtomicU64,
 }
@@ -271,7 +280,7 @@ impl Grants {
     pub(crate) fn stats(&self) -> GrantStats {
         let c = &self.counters;
         let (open, parked, parked_bytes) = self.ledger.counts();
-        let (windows, retired, _) = lock(&self.windows).counts();
+        let (windows, retired, recycled) = lock(&self.windows).counts();
         GrantStats {
             issued: c.issued.load(Relaxed),
             type2: c.type2.load(Relaxed),
@@ -286,6 +295,8 @@ impl Grants {
             dedicated_bytes: c.dedicated_bytes.load(Relaxed),
             windows,
             windows_retired: retired,
+            windows_recycled: recycled,
+            wrs_in_flight: c.in_flight.load(Relaxed),
             quarantined_blocks: parked as u64,
             quarantined_bytes: parked_bytes as u64,
         }

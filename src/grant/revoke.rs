@@ -59,6 +59,11 @@ impl Pool {
 impl Grants {
     /// A completion of the pool's work request `op` for entry `key`.
     fn completed(&self, pool: &Pool, op: u64, key: usize, seq: u16, status: WcStatus) -> Freed {
+        // Every completion of the pool's frees its slot, whether its grant is still there.
+        let _ = self
+            .counters
+            .in_flight
+            .fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1));
         let mut active = lock(&self.active);
         let a = active.get_mut(key).filter(|a| a.seq == seq)?;
         if let Some(l) = a.window.as_mut() {
@@ -95,7 +100,9 @@ impl Grants {
     fn finish(&self, pool: &Pool, a: &mut Active) -> Freed {
         if let Some(l) = a.window.take() {
             if a.inv == Wr::Done(WcStatus::Success) {
-                lock(&self.windows).give_back(l, a.keys);
+                let max_mw = pool.nic().caps().max_mw;
+                let recycled = lock(&self.windows).give_back(l, a.keys, max_mw);
+                drop(recycled);
             } else {
                 // Deallocation invalidates the window whatever it was bound to.
                 drop(l);
@@ -145,7 +152,10 @@ impl Grants {
             }
         };
         match posted {
-            Ok(()) => a.inv = Wr::InFlight,
+            Ok(()) => {
+                self.counters.in_flight.fetch_add(1, Relaxed);
+                a.inv = Wr::InFlight;
+            }
             Err(e) => {
                 tracing::debug!(error = %e, "rdma_pool: invalidation not posted; deallocating the window");
                 // The window goes in `finish`, by deallocation; any bind still in flight

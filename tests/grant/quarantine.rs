@@ -135,6 +135,11 @@ fn threads_freeing_granted_memory_never_get_a_parked_block_back() {
     let s = pool.grant_stats();
     assert_eq!(s.quarantined_blocks, (THREADS * ROUNDS) as u64, "{s:?}");
     assert_eq!(s.open, (THREADS * ROUNDS) as u64);
+    assert_eq!(
+        s.wrs_in_flight,
+        (2 * THREADS * ROUNDS) as u64,
+        "a bind and an invalidation each"
+    );
     let mut n = 0;
     while n < 2 * THREADS * ROUNDS {
         let wc = cq.wait_one(WAIT).unwrap();
