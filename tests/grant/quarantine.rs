@@ -2,6 +2,7 @@
 //! invalidation completed.
 
 use super::*;
+use rdma_pool::arena::{ArenaConfig, Hugepages};
 use std::alloc::Layout;
 use std::collections::HashSet;
 use std::sync::Mutex;
@@ -148,4 +149,54 @@ fn threads_freeing_granted_memory_never_get_a_parked_block_back() {
     }
     nothing_leaked(&pool);
     assert_eq!(pool.live_blocks(), 0);
+}
+
+#[test]
+fn purge_never_touches_granted_or_parked_memory() {
+    let _s = serial();
+    let bed = bed();
+    // 4 MiB chunks: each block below has a registration of its own. (A grant exposes the
+    // registration under it, like `keys_of`: one shared with live memory keeps its slabs.)
+    let cfg = ArenaConfig {
+        reserve: 1 << 32,
+        chunk: 4 << 20,
+        hugepages: Hugepages::Off,
+        ..Default::default()
+    };
+    let pool = Pool::with_config(&bed.b.pd, cfg).unwrap();
+    let layout = Layout::from_size_align(4 << 20, 4096).unwrap();
+    let (live, parked) = (pool.alloc(layout), pool.alloc(layout));
+    let idle = pool.alloc(layout);
+    // SAFETY: fresh blocks of `layout`.
+    let (lbuf, pbuf) = unsafe {
+        (std::slice::from_raw_parts(live, 4096), std::slice::from_raw_parts(parked, 4096))
+    };
+    let mut g = pool.grant(lbuf, &bed.qb, Access::REMOTE_WRITE).unwrap();
+    bound(&mut g, &bed.b);
+    let gp = pool.grant(pbuf, &bed.qb, Access::REMOTE_WRITE).unwrap();
+    drop(gp);
+    // SAFETY: blocks of this pool with `layout`, freed once.
+    unsafe { (pool.free_sized(parked, layout), pool.free_sized(idle, layout)) };
+    assert_eq!(pool.grant_stats().quarantined_blocks, 1);
+    assert!(pool.purge() >= 4 << 20, "the idle block is purged");
+    let arena = pool.arena();
+    assert!(arena.is_purged(idle));
+    assert!(!arena.is_purged(live) && !arena.is_purged(parked), "granted memory stays");
+    // The live grant still reaches its memory after the purge.
+    let (_src, src) = scratch(&bed.a, 64, 0x3C);
+    let w = g.wire();
+    assert_eq!(write(&bed.a, &bed.qa, &src, 64, w.addr, w.rkey), WcStatus::Success);
+    assert!(lbuf[..64].iter().all(|&b| b == 0x3C));
+    if let Some(soft) = bed.b.nic.as_soft() {
+        assert_eq!(soft.counters().stale_pinned_accesses, 0);
+    }
+    revoke(&mut g, &bed.b);
+    drop(g);
+    // The parked block leaves quarantine with its invalidation, and may be purged then.
+    drain(&pool, &bed.b);
+    assert!(pool.purge() >= 4 << 20);
+    assert!(arena.is_purged(parked));
+    // SAFETY: as above.
+    unsafe { pool.free_sized(live, layout) };
+    nothing_leaked(&pool);
 }
