@@ -4,6 +4,8 @@
 //! - `grant_4k/pool_grant`: `pool.grant` (a type 2 window bound on the peer's QP, or whatever
 //!   the device needs for exact bounds), waiting for the bind, then `revoke`, waiting for the
 //!   invalidation — the full life of a key;
+//! - `grant_4k/pool_grant_region`: `pool.grant_with(.., GrantKind::Region)`: the pool's
+//!   checks and bookkeeping around a region of its own over exactly the buffer;
 //! - `grant_4k/reg_dereg`: a region of its own per grant (`ibv_reg_mr` with the remote right,
 //!   `ibv_dereg_mr` to revoke);
 //! - `grant_4k/mr_cache`: a cache of registered ranges (a map, as UCX-like libraries keep),
@@ -66,6 +68,14 @@ fn grants(c: &mut Criterion) {
         b.iter(|| {
             let mut grant = pool.grant(&buf, &qp, rw).expect("a grant");
             grant.wait(&cq, no_other).expect("bound");
+            black_box(grant.rkey());
+            grant.revoke(&cq, no_other).expect("revoked");
+        })
+    });
+    g.bench_function("pool_grant_region", |b| {
+        b.iter(|| {
+            let kind = rdma_pool::grant::GrantKind::Region;
+            let mut grant = pool.grant_with(&buf, &qp, rw, kind).expect("a grant");
             black_box(grant.rkey());
             grant.revoke(&cq, no_other).expect("revoked");
         })

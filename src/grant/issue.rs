@@ -73,10 +73,6 @@ impl Pool {
         if !qp.pd().nic().same_device(self.nic()) || qp.pd().as_raw() != self.pd().as_raw() {
             return Err(GrantError::ForeignQp);
         }
-        match qp.state()? {
-            QpState::Ready => {}
-            s => return Err(GrantError::QpNotReady(s)),
-        }
         let caps = self.nic().caps();
         let windows = caps.max_mw > 0;
         let fits = len <= MAX_WINDOW;
@@ -97,6 +93,14 @@ impl Pool {
             }
             k => k,
         };
+        // A window is bound through the QP: it must be able to post (`ibv_query_qp`, a system
+        // call on verbs). A region grant does not use the QP.
+        if kind != GrantKind::Region {
+            match qp.state()? {
+                QpState::Ready => {}
+                s => return Err(GrantError::QpNotReady(s)),
+            }
+        }
         let region = self.arena().exposed_region(addr);
         // A window over the pool's region is bounded by the window alone: where the device
         // does not enforce window bounds, or the region is the implicit ODP one, the window
