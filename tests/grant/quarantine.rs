@@ -169,23 +169,37 @@ fn purge_never_touches_granted_or_parked_memory() {
     let idle = pool.alloc(layout);
     // SAFETY: fresh blocks of `layout`.
     let (lbuf, pbuf) = unsafe {
-        (std::slice::from_raw_parts(live, 4096), std::slice::from_raw_parts(parked, 4096))
+        (
+            std::slice::from_raw_parts(live, 4096),
+            std::slice::from_raw_parts(parked, 4096),
+        )
     };
     let mut g = pool.grant(lbuf, &bed.qb, Access::REMOTE_WRITE).unwrap();
     bound(&mut g, &bed.b);
     let gp = pool.grant(pbuf, &bed.qb, Access::REMOTE_WRITE).unwrap();
     drop(gp);
     // SAFETY: blocks of this pool with `layout`, freed once.
-    unsafe { (pool.free_sized(parked, layout), pool.free_sized(idle, layout)) };
+    unsafe {
+        (
+            pool.free_sized(parked, layout),
+            pool.free_sized(idle, layout),
+        )
+    };
     assert_eq!(pool.grant_stats().quarantined_blocks, 1);
     assert!(pool.purge() >= 4 << 20, "the idle block is purged");
     let arena = pool.arena();
     assert!(arena.is_purged(idle));
-    assert!(!arena.is_purged(live) && !arena.is_purged(parked), "granted memory stays");
+    assert!(
+        !arena.is_purged(live) && !arena.is_purged(parked),
+        "granted memory stays"
+    );
     // The live grant still reaches its memory after the purge.
     let (_src, src) = scratch(&bed.a, 64, 0x3C);
     let w = g.wire();
-    assert_eq!(write(&bed.a, &bed.qa, &src, 64, w.addr, w.rkey), WcStatus::Success);
+    assert_eq!(
+        write(&bed.a, &bed.qa, &src, 64, w.addr, w.rkey),
+        WcStatus::Success
+    );
     assert!(lbuf[..64].iter().all(|&b| b == 0x3C));
     if let Some(soft) = bed.b.nic.as_soft() {
         assert_eq!(soft.counters().stale_pinned_accesses, 0);
