@@ -54,5 +54,6 @@ pub mod arena;
 pub mod global;
 pub mod grant;
 pub mod nic;
+pub mod prefetch;
 
 pub use global::{GlobalPool, keys_of, stats};

@@ -601,6 +601,8 @@ impl Drop for Pool {
         // No grant handle is alive (they borrow the pool): kill the keys of grants still
         // revoking and free their parked blocks.
         self.inner().grants.shutdown(self);
+        // The refill thread reaches the arena: it stops before the arena can go.
+        self.stop_refill();
         // SAFETY: `inner` is taken once, here, and the pool is not used afterwards.
         let inner = unsafe { ManuallyDrop::take(&mut self.inner) };
         tls::unregister(inner.id);

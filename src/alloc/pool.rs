@@ -200,6 +200,8 @@ impl PageTable {
 pub(crate) struct PoolInner {
     /// First, so it is dropped (windows deallocated) before the arena's regions.
     pub(crate) grants: crate::grant::Grants,
+    /// The refill thread (`prefetch/refill.rs`), stopped by the pool's drop.
+    pub(crate) refill: crate::prefetch::Refill,
     pub(crate) id: u64,
     pub(crate) arena: Arena,
     pub(crate) table: PageTable,
@@ -240,6 +242,7 @@ impl PoolInner {
         let idle = Idle::new(reserve / SLAB, arena.purge_delay())?;
         Ok(PoolInner {
             grants: crate::grant::Grants::new()?,
+            refill: crate::prefetch::Refill::default(),
             id,
             arena,
             table,

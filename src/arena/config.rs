@@ -94,6 +94,10 @@ pub struct ArenaConfig {
     /// How long a freed slab stays committed before the pool's purge returns it to the system
     /// (`None`: only an explicit `purge()` does). Default 1 s.
     pub purge_delay: Option<Duration>,
+    /// Prefetch ODP memory into the NIC (`advise_mr`, `PrefetchWrite`, `FLUSH`) as runs are
+    /// committed and purged ranges revived, so a peer's first access takes no page fault
+    /// (see [`crate::prefetch`]). No effect on pinned memory. Default `true`.
+    pub prefetch: bool,
 }
 
 impl Default for ArenaConfig {
@@ -108,6 +112,7 @@ impl Default for ArenaConfig {
             implicit_odp: false,
             policy: RegistrationPolicy::Degrade,
             purge_delay: Some(Duration::from_secs(1)),
+            prefetch: true,
         }
     }
 }

@@ -169,6 +169,9 @@ pub struct Arena {
     /// Per slab of the reservation: purge state and page kind (`purge.rs`).
     slabs: MmapArray<purge::SlabInfo>,
     purge_delay: Option<std::time::Duration>,
+    prefetch: crate::prefetch::Prefetcher,
+    /// One-slab runs made ready ahead of demand (`prefetch/refill.rs`).
+    ahead: crate::prefetch::Reserve,
 }
 
 impl std::fmt::Debug for Arena {
@@ -283,6 +286,8 @@ impl Arena {
             memlock,
             slabs,
             purge_delay: cfg.purge_delay,
+            prefetch: crate::prefetch::Prefetcher::new(cfg.prefetch && mode == RegMode::Odp, caps),
+            ahead: crate::prefetch::Reserve::new().map_err(unreserve)?,
         })
     }
 
@@ -376,6 +381,47 @@ impl Arena {
     /// memory it covers is live): what grants bind windows to.
     pub(crate) fn exposed_region(&self, ptr: usize) -> Option<&crate::nic::Mr> {
         self.table.exposed_region(ptr)
+    }
+
+    /// The keys of the region covering `addr` if it is an ODP region (`Some(None)` for a
+    /// pinned one, `None` for unregistered memory), without exposing it: ODP regions are
+    /// never re-registered, so their keys are stable.
+    pub(crate) fn odp_keys(&self, addr: usize) -> Option<Option<Keys>> {
+        let (id, keys) = self.table.peek(addr)?;
+        Some(self.table.reg(id).is_odp().then_some(keys))
+    }
+
+    /// The prefetch state.
+    pub(crate) fn prefetcher(&self) -> &crate::prefetch::Prefetcher {
+        &self.prefetch
+    }
+
+    /// The reserve of ready slabs.
+    pub(crate) fn ahead(&self) -> &crate::prefetch::Reserve {
+        &self.ahead
+    }
+
+    /// Prefetch a run just committed or revived, if its region (`id`) is an ODP region.
+    pub(crate) fn prefetch_fresh(&self, id: Option<u32>, addr: usize, len: usize) {
+        let Some(id) = id else { return };
+        let reg = self.table.reg(id);
+        if reg.is_odp() && self.prefetch.is_auto() {
+            self.prefetch
+                .automatic(&self.pd, reg.keys().lkey, addr, len);
+        }
+    }
+
+    /// What prefetching did, with the reserve's and the device's figures.
+    pub fn prefetch_stats(&self) -> crate::prefetch::PrefetchStats {
+        let (held, target, refilled, hits) = self.ahead.counts();
+        crate::prefetch::PrefetchStats {
+            reserve_slabs: held,
+            reserve_target: target,
+            refilled,
+            reserve_hits: hits,
+            nic_page_faults: self.pd.nic().as_soft().map(|s| s.counters().page_faults),
+            ..self.prefetch.stats()
+        }
     }
 
     /// One SGE for `buf` (its lkey).

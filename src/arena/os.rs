@@ -2,7 +2,8 @@
 //! zero-initialised metadata arrays mapped straight from the kernel.
 //!
 //! Contract: nothing here allocates through the global allocator (the arena runs inside
-//! `GlobalAlloc`); every failure is the call's `errno`.
+//! `GlobalAlloc`); every failure is the call's `errno`. Dropping, unmapping or replacing pages
+//! is told to the soft NIC's model of the kernel's MMU notifier (`nic::soft::mmu_notify`).
 //!
 //! Invariant: an [`MmapArray<T>`] of `n` elements is `n * size_of::<T>()` zero bytes when
 //! created, so `T` must be valid when all-zero (integers and atomics).
@@ -77,6 +78,7 @@ pub(crate) unsafe fn map_fixed(addr: *mut u8, len: usize, huge: bool) -> Result<
     if p == libc::MAP_FAILED {
         Err(errno())
     } else {
+        crate::nic::soft::mmu_notify(addr as usize, len);
         Ok(())
     }
 }
@@ -100,17 +102,22 @@ pub(crate) unsafe fn unmap_to_reserved(addr: *mut u8, len: usize) -> Result<(), 
     if p == libc::MAP_FAILED {
         Err(errno())
     } else {
+        crate::nic::soft::mmu_notify(addr as usize, len);
         Ok(())
     }
 }
 
-/// `madvise(addr, len, advice)`.
+/// `madvise(addr, len, advice)`; a discarding advice (`MADV_DONTNEED`) is told to the soft
+/// NIC's model of the MMU notifier.
 ///
 /// # Safety
 /// The advice must not discard memory anyone still uses (`MADV_DONTNEED`).
 pub(crate) unsafe fn madvise(addr: *mut u8, len: usize, advice: libc::c_int) -> Result<(), i32> {
     // SAFETY: forwarded from the caller.
     if unsafe { libc::madvise(addr.cast(), len, advice) } == 0 {
+        if advice == libc::MADV_DONTNEED {
+            crate::nic::soft::mmu_notify(addr as usize, len);
+        }
         Ok(())
     } else {
         Err(errno())

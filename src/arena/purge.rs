@@ -404,17 +404,21 @@ impl Arena {
             kind = self.pages.remap_ordinary(addr as *mut u8, len)?;
             self.set_kind(addr, e - s, kind);
         }
-        let registered = self.table.reg_at(s).is_some();
+        let registered = self.table.reg_at(s);
         add(&self.counters.committed_bytes, len as u64);
         add(self.kind_counter(kind), (e - s) as u64);
-        if registered {
-            // An ODP region kept its slabs.
+        if let Some(id) = registered {
+            // An ODP region kept its slabs: the purge dropped their pages, fault them back.
             add(&self.counters.registered_bytes, len as u64);
+            self.prefetch_fresh(Some(id), addr, len);
         } else {
             let c = self.chunk_of(addr as *const u8).unwrap_or(0);
             let spans = self.chunk_of((addr + len - 1) as *const u8) != Some(c);
             let huge = kind == PageKind::Hugetlb;
             let r = self.register_run(c, addr, len, spans, || self.register_new(addr, len, huge));
+            if let Ok(id) = r {
+                self.prefetch_fresh(id, addr, len);
+            }
             if let Err(err) = r {
                 // SAFETY: nothing lives in the slabs yet.
                 let _ = unsafe { os::madvise(addr as *mut u8, len, libc::MADV_DONTNEED) };

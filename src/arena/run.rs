@@ -39,6 +39,20 @@ impl Arena {
     /// # Ok::<(), rdma_pool::arena::Error>(())
     /// ```
     pub fn alloc_run(&self, len: usize, align: usize) -> Result<Run, Error> {
+        if len != 0 && len <= SLAB && align.is_power_of_two() && align <= SLAB {
+            if let Some(addr) = self.ahead.take() {
+                add(&self.counters.runs, 1);
+                return Ok(Run {
+                    ptr: NonNull::new(addr as *mut u8).ok_or(Error::NotRegistered)?,
+                    len: SLAB,
+                });
+            }
+        }
+        self.alloc_fresh(len, align)
+    }
+
+    /// [`Arena::alloc_run`] without the reserve of ready slabs: commit and register now.
+    pub(crate) fn alloc_fresh(&self, len: usize, align: usize) -> Result<Run, Error> {
         if provision::active() {
             return Err(Error::Reentrant);
         }
@@ -117,6 +131,10 @@ impl Arena {
             pinned_id = Some(id);
             Ok(id)
         });
+        if let Ok(id) = registered {
+            // Outside the lock: a NIC call.
+            self.prefetch_fresh(id, addr, len);
+        }
         let mut st = self.lock();
         let Some(ch) = st.chunks.get_mut(c) else {
             return Err(Error::ReservationFull {
@@ -187,7 +205,8 @@ impl Arena {
         self.committed(c, kind, addr, slabs as u32);
         let huge = kind == PageKind::Hugetlb;
         match self.register_run(c, addr, len, true, || self.register_new(addr, len, huge)) {
-            Ok(_) => {
+            Ok(id) => {
+                self.prefetch_fresh(id, addr, len);
                 add(&self.counters.runs, 1);
                 Ok(Run {
                     ptr: NonNull::new(addr as *mut u8).ok_or(Error::NotRegistered)?,

@@ -194,7 +194,7 @@ impl Reg {
     }
 
     #[inline]
-    fn keys(&self) -> Keys {
+    pub(crate) fn keys(&self) -> Keys {
         let keys = self.keys.load(Ordering::Relaxed);
         Keys {
             lkey: Lkey(keys as u32),
@@ -278,6 +278,15 @@ impl Table {
         // SAFETY: live and exposed: `mr` is written no more (module contract), and the
         // caller's memory, which it covers, is live, so no purge takes it out meanwhile.
         Some(unsafe { (*reg.mr.get()).assume_init_ref() })
+    }
+
+    /// The registration covering `addr` and its keys, without exposing it (the keys of a
+    /// private region may change under a grower: callers use this for ODP regions only).
+    pub(crate) fn peek(&self, addr: usize) -> Option<(u32, Keys)> {
+        let slot = self.slots.get(addr.wrapping_sub(self.base) >> SLAB_SHIFT)?;
+        let id = (slot.meta.load(Ordering::Acquire) as u32).checked_sub(1)?;
+        let reg = self.regs.get(id as usize)?;
+        reg.is_live().then(|| (id, reg.keys()))
     }
 
     /// First lookup through a slot: expose the registration and cache its keys in the slot.

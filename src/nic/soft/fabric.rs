@@ -35,6 +35,33 @@ pub(super) fn device_of(gid: &[u8; 16]) -> Option<Arc<Device>> {
         .and_then(|(_, w)| w.upgrade())
 }
 
+/// Run `f` on every live device, without allocating. The list's lock is only tried (a
+/// device being created may hold it while it allocates, and this runs inside the allocator):
+/// after a bounded wait the call is skipped.
+pub(super) fn for_each_live(mut f: impl FnMut(&Device)) {
+    for _ in 0..1000 {
+        match FABRIC.try_lock() {
+            Ok(fabric) => {
+                for (_, w) in fabric.iter() {
+                    if let Some(dev) = w.upgrade() {
+                        f(&dev);
+                    }
+                }
+                return;
+            }
+            Err(std::sync::TryLockError::Poisoned(p)) => {
+                for (_, w) in p.into_inner().iter() {
+                    if let Some(dev) = w.upgrade() {
+                        f(&dev);
+                    }
+                }
+                return;
+            }
+            Err(std::sync::TryLockError::WouldBlock) => std::thread::yield_now(),
+        }
+    }
+}
+
 /// A soft device's GID.
 pub(super) fn soft_gid(id: u32) -> [u8; 16] {
     let mut g = [0u8; 16];

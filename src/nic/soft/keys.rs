@@ -394,12 +394,16 @@ impl KeyTable {
         Ok(())
     }
 
-    /// Every occupied index (cold: tests and ODP invalidation).
+    /// Every occupied index (cold: tests).
     pub(super) fn occupied(&self) -> Vec<u32> {
+        self.occupied_iter().collect()
+    }
+
+    /// Every occupied index, without allocating (ODP invalidation runs inside the allocator).
+    pub(super) fn occupied_iter(&self) -> impl Iterator<Item = u32> + '_ {
         (1..self.capacity)
             .filter(|&i| self.chunks[(i / CHUNK) as usize].get().is_some())
             .filter(|&i| self.read(i).obj.is_some())
-            .collect()
     }
 }
 

@@ -154,17 +154,7 @@ impl SoftNic {
     /// Drop `[addr, addr + len)` from every ODP region's translation, as the kernel's MMU
     /// notifier does when pages are reclaimed, migrated or unmapped.
     pub fn invalidate_odp_range(&self, addr: usize, len: usize) {
-        let ps = mem::page_size();
-        let end = addr.saturating_add(len);
-        for index in self.dev.keys.occupied() {
-            let slot = self.dev.keys.read(index);
-            if let Some(KeyObj::Mr(mr)) = slot.obj.as_ref() {
-                let (lo, hi) = (addr.max(mr.addr), end.min(mr.addr.saturating_add(mr.len)));
-                if let (Some(res), true) = (&mr.odp, lo < hi) {
-                    res.remove_range(lo / ps, (hi - 1) / ps);
-                }
-            }
-        }
+        invalidate_in(&self.dev, addr, len);
     }
 
     /// Check the key table's invariants (`|free| + |occupied| == capacity - 1`, and every
@@ -202,4 +192,28 @@ impl SoftNic {
     pub fn sees_page_frames(&self) -> bool {
         pin::frames_visible()
     }
+}
+
+/// Drop `[addr, addr + len)` from the ODP translations of `dev`. Allocates nothing.
+fn invalidate_in(dev: &Device, addr: usize, len: usize) {
+    let ps = mem::page_size();
+    let end = addr.saturating_add(len);
+    for index in dev.keys.occupied_iter() {
+        let slot = dev.keys.read(index);
+        if let Some(KeyObj::Mr(mr)) = slot.obj.as_ref() {
+            let (lo, hi) = (addr.max(mr.addr), end.min(mr.addr.saturating_add(mr.len)));
+            if let (Some(res), true) = (&mr.odp, lo < hi) {
+                res.remove_range(lo / ps, (hi - 1) / ps);
+            }
+        }
+    }
+}
+
+/// The kernel's MMU notifier, for the memory calls this crate makes (`arena/os.rs`): pages of
+/// `[addr, addr + len)` were dropped, unmapped or replaced, so every soft device drops their
+/// ODP translations (the next NIC access faults, as on hardware). Changes made by other code
+/// (its own `madvise`, `munmap`) are not seen: tests call [`SoftNic::invalidate_odp_range`].
+/// Allocates nothing; skips a device list that stays busy (creation of a device elsewhere).
+pub(crate) fn mmu_notify(addr: usize, len: usize) {
+    fabric::for_each_live(|dev| invalidate_in(dev, addr, len));
 }

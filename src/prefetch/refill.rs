@@ -1,0 +1,208 @@
+//! The reserve: one-slab runs committed, registered and prefetched ahead of demand by a
+//! background thread, so an allocation that needs a fresh slab takes a ready one instead of
+//! committing, registering and faulting it in on its own slow path.
+//!
+//! Contract: the reserve holds at most [`RESERVE_MAX`] runs (their addresses in memory mapped
+//! from the kernel; no allocation on `take`, which runs inside `GlobalAlloc`). A `take` that
+//! leaves fewer than the target wakes the thread. The thread is started by
+//! `Pool::start_refill` (never from inside the allocator), and stopped and joined by
+//! `Pool::stop_refill` or the pool's drop; it reaches the arena through a pointer that stays
+//! valid until then (the pool's shared state is dropped only after the join, or never).
+//! Runs in the reserve are neither handed out twice nor purged; they go with the arena.
+//!
+//! Invariant: `len <= target <= RESERVE_MAX`, except right after the target was lowered.
+
+use crate::arena::os::MmapArray;
+use crate::arena::{Arena, SLAB};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+/// Most slabs kept in the reserve.
+pub const RESERVE_MAX: usize = 64;
+
+struct State {
+    target: usize,
+    stop: bool,
+}
+
+/// See the module contract.
+pub(crate) struct Reserve {
+    state: Mutex<State>,
+    cv: Condvar,
+    runs: MmapArray<AtomicUsize>,
+    /// Runs held (`runs[..len]`), changed under `state`; read without it to skip the lock.
+    len: AtomicUsize,
+    refilled: AtomicU64,
+    hits: AtomicU64,
+}
+
+impl Reserve {
+    pub(crate) fn new() -> Result<Reserve, i32> {
+        Ok(Reserve {
+            state: Mutex::new(State {
+                target: 0,
+                stop: false,
+            }),
+            cv: Condvar::new(),
+            // SAFETY: zero is a valid AtomicUsize.
+            runs: unsafe { MmapArray::zeroed(RESERVE_MAX)? },
+            len: AtomicUsize::new(0),
+            refilled: AtomicU64::new(0),
+            hits: AtomicU64::new(0),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn slot(&self, i: usize) -> &AtomicUsize {
+        self.runs.get(i).expect("i < RESERVE_MAX")
+    }
+
+    /// A ready one-slab run, if the reserve holds one.
+    pub(crate) fn take(&self) -> Option<usize> {
+        if self.len.load(Relaxed) == 0 {
+            return None;
+        }
+        let st = self.lock();
+        let n = self.len.load(Relaxed);
+        let n = n.checked_sub(1)?;
+        let run = self.slot(n).load(Relaxed);
+        self.len.store(n, Relaxed);
+        self.hits.fetch_add(1, Relaxed);
+        if n < st.target {
+            self.cv.notify_one();
+        }
+        Some(run)
+    }
+
+    /// Block until the reserve has room below its target (true) or the refill stops (false).
+    fn wait_for_room(&self) -> bool {
+        let mut st = self.lock();
+        loop {
+            if st.stop {
+                return false;
+            }
+            if self.len.load(Relaxed) < st.target {
+                return true;
+            }
+            st = self
+                .cv
+                .wait_timeout(st, Duration::from_millis(200))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Add a ready run; false (the caller keeps it) when the reserve is full.
+    fn put(&self, run: usize) -> bool {
+        let _st = self.lock();
+        let n = self.len.load(Relaxed);
+        if n >= RESERVE_MAX {
+            return false;
+        }
+        self.slot(n).store(run, Relaxed);
+        self.len.store(n + 1, Relaxed);
+        self.refilled.fetch_add(1, Relaxed);
+        true
+    }
+
+    fn configure(&self, target: usize, stop: bool) {
+        let mut st = self.lock();
+        st.target = target.min(RESERVE_MAX);
+        st.stop = stop;
+        self.cv.notify_all();
+    }
+
+    /// `(held, target, refilled, hits)`.
+    pub(crate) fn counts(&self) -> (u64, u64, u64, u64) {
+        let target = self.lock().target as u64;
+        (
+            self.len.load(Relaxed) as u64,
+            target,
+            self.refilled.load(Relaxed),
+            self.hits.load(Relaxed),
+        )
+    }
+}
+
+/// The arena, sent to the refill thread (see the module contract for why it stays valid).
+struct ArenaPtr(*const Arena);
+// SAFETY: `Arena` is `Sync`; the pointer is only dereferenced while the arena lives.
+unsafe impl Send for ArenaPtr {}
+
+/// The refill thread of one pool.
+#[derive(Default)]
+pub(crate) struct Refill {
+    handle: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Refill {
+    /// Keep `slabs` ready slabs in `arena`'s reserve from now on (0 stops the thread).
+    ///
+    /// # Safety
+    /// `arena` stays valid until [`Refill::stop`] returned.
+    pub(crate) unsafe fn start(&self, arena: &Arena, slabs: usize) -> std::io::Result<()> {
+        let mut h = self.handle.lock().unwrap_or_else(|e| e.into_inner());
+        if slabs == 0 {
+            drop(h);
+            self.stop(arena);
+            return Ok(());
+        }
+        arena.ahead().configure(slabs, false);
+        if h.is_some() {
+            return Ok(());
+        }
+        let ptr = ArenaPtr(arena);
+        let spawned = std::thread::Builder::new()
+            .name("rdma-pool-refill".into())
+            .spawn(move || {
+                let ptr = ptr;
+                // SAFETY: valid until `stop` joined this thread (the caller's contract).
+                let arena = unsafe { &*ptr.0 };
+                refill(arena);
+            });
+        match spawned {
+            Ok(t) => {
+                *h = Some(t);
+                Ok(())
+            }
+            Err(e) => {
+                arena.ahead().configure(0, false);
+                Err(e)
+            }
+        }
+    }
+
+    /// Stop the thread and wait for it.
+    pub(crate) fn stop(&self, arena: &Arena) {
+        let t = self.handle.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(t) = t {
+            arena.ahead().configure(0, true);
+            let _ = t.join();
+        }
+        arena.ahead().configure(0, false);
+    }
+}
+
+/// The thread: commit (and so register and prefetch) one-slab runs while the reserve is below
+/// its target; pause after a failure.
+fn refill(arena: &Arena) {
+    while arena.ahead().wait_for_room() {
+        match arena.alloc_fresh(SLAB, SLAB) {
+            Ok(run) => {
+                if !arena.ahead().put(run.as_ptr() as usize) {
+                    // Full meanwhile: the run stays committed and unused until the arena
+                    // goes (a slab at most per lowered target).
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+            Err(e) => {
+                tracing::debug!(target: "rdma_pool::prefetch", error = %e, "refill failed; pausing");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+}
