@@ -56,6 +56,7 @@ mod api2;
 mod bootstrap;
 mod config;
 mod grant;
+mod prefetch;
 mod stats;
 
 pub use bootstrap::BYTES as BOOTSTRAP_BYTES;
