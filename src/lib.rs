@@ -55,5 +55,6 @@ pub mod global;
 pub mod grant;
 pub mod nic;
 pub mod prefetch;
+pub mod queue_mem;
 
 pub use global::{GlobalPool, keys_of, stats};

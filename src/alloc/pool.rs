@@ -202,6 +202,8 @@ pub(crate) struct PoolInner {
     pub(crate) grants: crate::grant::Grants,
     /// The refill thread (`prefetch/refill.rs`), stopped by the pool's drop.
     pub(crate) refill: crate::prefetch::Refill,
+    /// DEVX queue memory (`queue_mem/`): its UMEMs go before the arena's slabs.
+    pub(crate) queue: crate::queue_mem::QueueMem,
     pub(crate) id: u64,
     pub(crate) arena: Arena,
     pub(crate) table: PageTable,
@@ -243,6 +245,7 @@ impl PoolInner {
         Ok(PoolInner {
             grants: crate::grant::Grants::new()?,
             refill: crate::prefetch::Refill::default(),
+            queue: crate::queue_mem::QueueMem::default(),
             id,
             arena,
             table,
@@ -532,5 +535,6 @@ impl PoolInner {
             .all(MediumSlab::validate)
             && self.arena.validate()
             && self.grants.validate()
+            && self.queue.validate()
     }
 }

@@ -120,6 +120,8 @@ struct ChunkState {
 struct State {
     next_chunk: usize,
     open: Option<usize>,
+    /// The chunk unregistered runs (DEVX queue memory) are cut from, if one is open.
+    queue: Option<usize>,
     chunks: MmapArray<ChunkState>,
 }
 
@@ -263,6 +265,7 @@ impl Arena {
             state: Mutex::new(State {
                 next_chunk: 0,
                 open: None,
+                queue: None,
                 chunks,
             }),
             counters: Counters::default(),

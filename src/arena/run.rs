@@ -222,6 +222,83 @@ impl Arena {
         }
     }
 
+    /// Whole slabs, committed and **not registered** (no region covers them, and none ever
+    /// will: for memory the device reaches another way, DEVX UMEMs), from a chunk of their own
+    /// (or fresh chunks, above one chunk); never purged, kept until the arena goes. Returns the
+    /// run and its page kind (what page sizes a UMEM over it may use).
+    ///
+    /// # Errors
+    /// As [`Arena::alloc_run`], without the registration errors.
+    pub(crate) fn alloc_unregistered(&self, len: usize) -> Result<(Run, PageKind), Error> {
+        if provision::active() {
+            return Err(Error::Reentrant);
+        }
+        let _mark = provision::Provisioning::enter();
+        if len == 0 {
+            return Err(Error::InvalidArgument("zero-length run"));
+        }
+        let slabs = len.div_ceil(SLAB);
+        let spc = self.slabs_per_chunk;
+        let (addr, kind) = {
+            let mut st = self.lock();
+            let (c, s, n) = if slabs > spc as usize {
+                let m = slabs.div_ceil(spc as usize);
+                (self.open_chunks(&mut st, m, 1)?, 0, m as u32 * spc)
+            } else {
+                let fits = st.queue.filter(|&c| {
+                    st.chunks
+                        .get(c)
+                        .is_some_and(|ch| ch.used + slabs as u32 <= spc)
+                });
+                let c = match fits {
+                    Some(c) => c,
+                    None => {
+                        let c = self.open_chunks(&mut st, 1, 1)?;
+                        st.queue = Some(c);
+                        c
+                    }
+                };
+                let s = st.chunks.get(c).map_or(0, |ch| ch.used);
+                (c, s, spc)
+            };
+            let base = self.chunk_base(c) as *mut u8;
+            let Some(ch) = st.chunks.get_mut(c) else {
+                return Err(Error::ReservationFull {
+                    reserved: self.reserve,
+                });
+            };
+            let mut huge_until = ch.huge_until;
+            if n > spc {
+                huge_until = self.pages.map_range(base, n)?;
+            }
+            let kind = self
+                .pages
+                .commit(base, n, &mut huge_until, s, s + slabs as u32)?;
+            ch.huge_until = huge_until;
+            ch.used = if n > spc { spc } else { s + slabs as u32 };
+            for i in c + 1..c + (n / spc) as usize {
+                if let Some(ch) = st.chunks.get_mut(i) {
+                    ch.used = spc;
+                }
+            }
+            (self.chunk_base(c) + s as usize * SLAB, kind)
+        };
+        self.committed(
+            self.chunk_of(addr as *const u8).unwrap_or(0),
+            kind,
+            addr,
+            slabs as u32,
+        );
+        add(&self.counters.queue_bytes, (slabs * SLAB) as u64);
+        Ok((
+            Run {
+                ptr: NonNull::new(addr as *mut u8).ok_or(Error::NotRegistered)?,
+                len: slabs * SLAB,
+            },
+            kind,
+        ))
+    }
+
     /// Take `m` fresh chunks whose start is aligned to `align`, map them, and return the first.
     fn open_chunks(&self, st: &mut State, m: usize, align: usize) -> Result<usize, Error> {
         let mut c = st.next_chunk;

@@ -58,6 +58,9 @@ pub struct ArenaStats {
     pub unregistered_bytes: u64,
     /// Runs handed out unregistered.
     pub unregistered_runs: u64,
+    /// Bytes committed for memory that no region covers by design (DEVX queue memory, see
+    /// [`crate::queue_mem`]): never registered as a region, never purged.
+    pub queue_bytes: u64,
     /// Refused registrations that degraded (to ODP or to unregistered memory) or failed a
     /// run under `RegistrationPolicy::Required`.
     pub degradations: u64,
@@ -100,6 +103,7 @@ pub(crate) struct Counters {
     pub(crate) odp_fallbacks: AtomicU64,
     pub(crate) unregistered_bytes: AtomicU64,
     pub(crate) unregistered_runs: AtomicU64,
+    pub(crate) queue_bytes: AtomicU64,
     pub(crate) degradations: AtomicU64,
     pub(crate) purged_bytes: AtomicU64,
     pub(crate) purges: AtomicU64,
@@ -154,6 +158,7 @@ impl Counters {
             odp_fallbacks: r(&self.odp_fallbacks),
             unregistered_bytes: r(&self.unregistered_bytes),
             unregistered_runs: r(&self.unregistered_runs),
+            queue_bytes: r(&self.queue_bytes),
             degradations: r(&self.degradations),
             last_degradation: Degradation::unpack(f.last_degradation),
             memlock: f.memlock,

@@ -1544,6 +1544,30 @@ impl Umem {
     pub fn as_raw(&self) -> u64 {
         self.handle
     }
+
+    /// Deregister now and say how it went (dropping deregisters too, logging a failure).
+    ///
+    /// # Errors
+    /// The device's refusal (a UMEM still used by a DEVX object); the UMEM is then left
+    /// registered (leaked), as `Drop` would.
+    ///
+    /// # Examples
+    /// ```
+    /// let nic = rdma_pool::nic::Nic::soft();
+    /// let mut buf = memmap2::MmapMut::map_anon(1 << 16).unwrap();
+    /// // SAFETY: `buf` outlives the UMEM.
+    /// let umem = unsafe {
+    ///     nic.umem_reg(buf.as_mut_ptr(), buf.len(), rdma_pool::nic::Access::LOCAL_WRITE, 1 << 12)
+    /// }.unwrap();
+    /// umem.dereg().unwrap();
+    /// ```
+    pub fn dereg(self) -> Result<()> {
+        let me = std::mem::ManuallyDrop::new(self);
+        let r = me.nic.backend.umem_dereg(me.handle);
+        // SAFETY: `me` is not used again; its NIC handle is released once, here.
+        drop(unsafe { std::ptr::read(&me.nic) });
+        r
+    }
 }
 
 impl Drop for Umem {
