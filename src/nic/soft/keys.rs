@@ -401,8 +401,10 @@ impl KeyTable {
 
     /// Every occupied index, without allocating (ODP invalidation runs inside the allocator).
     pub(super) fn occupied_iter(&self) -> impl Iterator<Item = u32> + '_ {
-        (1..self.capacity)
-            .filter(|&i| self.chunks[(i / CHUNK) as usize].get().is_some())
+        // Whole chunks never touched are skipped at once.
+        (0..self.capacity.div_ceil(CHUNK))
+            .filter(|&c| self.chunks[c as usize].get().is_some())
+            .flat_map(|c| (c * CHUNK).max(1)..((c + 1) * CHUNK).min(self.capacity))
             .filter(|&i| self.read(i).obj.is_some())
     }
 }
