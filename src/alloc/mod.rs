@@ -36,12 +36,12 @@ pub use stats::{ClassStats, PoolStats};
 pub(crate) use tls::keys_of_any;
 
 use crate::arena::os::MmapBox;
-use crate::arena::{Arena, ArenaConfig, Error, Keys};
+use crate::arena::{Arena, ArenaConfig, Error, Keys, SLAB};
 use crate::nic::{Pd, Sge};
 use class::{class_for, class_of};
 use heap::Heap;
 use medium::{MEDIUM_ALIGN, MEDIUM_MIN};
-use page::{LARGE, MEDIUM, SMALL};
+use page::{LARGE, MEDIUM, SMALL, UNUSED};
 use pool::{PageTable, PoolInner};
 use std::alloc::Layout;
 use std::mem::ManuallyDrop;
@@ -503,8 +503,29 @@ impl Pool {
                 let (start, len) = (page.start.load(Relaxed), page.large_len.load(Relaxed));
                 (addr - start < len).then_some((start, len))
             }
+            UNUSED => self.large_run_around(addr),
             _ => None,
         }
+    }
+
+    /// The live large run holding `addr`, whose head (slab aligned) lies below: a large run
+    /// marks its head granule only, the others stay `UNUSED` (cold: grants only).
+    #[cold]
+    fn large_run_around(&self, addr: usize) -> Option<(usize, usize)> {
+        let base = self.inner().base;
+        let mut at = addr & !(SLAB - 1);
+        while at >= base {
+            let d = self.inner().desc(at);
+            match d.kind.load(Relaxed) {
+                UNUSED => at = at.checked_sub(SLAB)?,
+                LARGE => {
+                    let (start, len) = (d.start.load(Relaxed), d.large_len.load(Relaxed));
+                    return (start == at && addr - start < len).then_some((start, len));
+                }
+                _ => return None,
+            }
+        }
+        None
     }
 
     /// The granule counter of open grants for blocks starting at `block` (in the pool).

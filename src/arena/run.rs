@@ -223,43 +223,34 @@ impl Arena {
     }
 
     /// Whole slabs, committed and **not registered** (no region covers them, and none ever
-    /// will: for memory the device reaches another way, DEVX UMEMs), from a chunk of their own
-    /// (or fresh chunks, above one chunk); never purged, kept until the arena goes. Returns the
-    /// run and its page kind (what page sizes a UMEM over it may use).
+    /// will: for memory the device reaches another way, DEVX UMEMs), cut from a chunk of their
+    /// own; never purged, kept until the arena goes. Returns the run and its page kind (what
+    /// page sizes a UMEM over it may use).
     ///
     /// # Errors
-    /// As [`Arena::alloc_run`], without the registration errors.
+    /// [`Error::InvalidArgument`] for a zero length or one above a chunk; otherwise as
+    /// [`Arena::alloc_run`], without the registration errors. On error nothing stays
+    /// committed, and a chunk opened for the run is given back.
     pub(crate) fn alloc_unregistered(&self, len: usize) -> Result<(Run, PageKind), Error> {
         if provision::active() {
             return Err(Error::Reentrant);
         }
         let _mark = provision::Provisioning::enter();
-        if len == 0 {
-            return Err(Error::InvalidArgument("zero-length run"));
-        }
-        let slabs = len.div_ceil(SLAB);
         let spc = self.slabs_per_chunk;
-        let (addr, kind) = {
+        if len == 0 || len > self.chunk_size() {
+            return Err(Error::InvalidArgument(
+                "queue memory runs hold 1 byte up to one chunk",
+            ));
+        }
+        let slabs = len.div_ceil(SLAB) as u32;
+        let (addr, kind, c) = {
             let mut st = self.lock();
-            let (c, s, n) = if slabs > spc as usize {
-                let m = slabs.div_ceil(spc as usize);
-                (self.open_chunks(&mut st, m, 1)?, 0, m as u32 * spc)
-            } else {
-                let fits = st.queue.filter(|&c| {
-                    st.chunks
-                        .get(c)
-                        .is_some_and(|ch| ch.used + slabs as u32 <= spc)
-                });
-                let c = match fits {
-                    Some(c) => c,
-                    None => {
-                        let c = self.open_chunks(&mut st, 1, 1)?;
-                        st.queue = Some(c);
-                        c
-                    }
-                };
-                let s = st.chunks.get(c).map_or(0, |ch| ch.used);
-                (c, s, spc)
+            let fits = st
+                .queue
+                .filter(|&c| st.chunks.get(c).is_some_and(|ch| ch.used + slabs <= spc));
+            let (c, fresh) = match fits {
+                Some(c) => (c, false),
+                None => (self.open_chunks(&mut st, 1, 1)?, true),
             };
             let base = self.chunk_base(c) as *mut u8;
             let Some(ch) = st.chunks.get_mut(c) else {
@@ -267,33 +258,32 @@ impl Arena {
                     reserved: self.reserve,
                 });
             };
-            let mut huge_until = ch.huge_until;
-            if n > spc {
-                huge_until = self.pages.map_range(base, n)?;
-            }
-            let kind = self
+            let s = ch.used;
+            match self
                 .pages
-                .commit(base, n, &mut huge_until, s, s + slabs as u32)?;
-            ch.huge_until = huge_until;
-            ch.used = if n > spc { spc } else { s + slabs as u32 };
-            for i in c + 1..c + (n / spc) as usize {
-                if let Some(ch) = st.chunks.get_mut(i) {
-                    ch.used = spc;
+                .commit(base, spc, &mut ch.huge_until, s, s + slabs)
+            {
+                Ok(kind) => {
+                    ch.used = s + slabs;
+                    if fresh {
+                        st.queue = Some(c);
+                    }
+                    (self.chunk_base(c) + s as usize * SLAB, kind, c)
+                }
+                Err(e) => {
+                    if fresh {
+                        self.close_chunks(&mut st, c, 1);
+                    }
+                    return Err(e);
                 }
             }
-            (self.chunk_base(c) + s as usize * SLAB, kind)
         };
-        self.committed(
-            self.chunk_of(addr as *const u8).unwrap_or(0),
-            kind,
-            addr,
-            slabs as u32,
-        );
-        add(&self.counters.queue_bytes, (slabs * SLAB) as u64);
+        self.committed(c, kind, addr, slabs);
+        add(&self.counters.queue_bytes, slabs as u64 * SLAB as u64);
         Ok((
             Run {
                 ptr: NonNull::new(addr as *mut u8).ok_or(Error::NotRegistered)?,
-                len: slabs * SLAB,
+                len: slabs as usize * SLAB,
             },
             kind,
         ))

@@ -14,7 +14,8 @@ pub const WAIT: Duration = Duration::from_secs(10);
 /// A peer's key to exactly one range of a pool buffer, borrowed for `'a`: while the grant
 /// lives, safe code cannot free or move the buffer. Dropping it starts the revocation without
 /// blocking (the memory stays quarantined until the invalidation completed); [`Grant::revoke`]
-/// waits for it.
+/// waits for it. After dropping an unrevoked grant, the peer may still write into the buffer
+/// until the invalidation completed: revoke first when the contents matter.
 ///
 /// # Examples
 /// ```
@@ -131,8 +132,24 @@ impl<'a> Grant<'a> {
     /// [`GrantError::Revoked`] when already revoked; [`GrantError::Timeout`] after [`WAIT`]
     /// (the revocation goes on: the memory stays quarantined until
     /// [`Pool::on_completion`] sees it); a polling error.
-    pub fn revoke(&mut self, cq: &Cq, mut other: impl FnMut(Completion)) -> Result<(), GrantError> {
+    pub fn revoke(&mut self, cq: &Cq, other: impl FnMut(Completion)) -> Result<(), GrantError> {
         self.start_revoke()?;
+        self.wait_revoked(cq, other)
+    }
+
+    /// Wait until the key is dead, polling `cq` as [`Grant::wait`] does; starts the revocation
+    /// first if nothing did (so it also finishes a [`Grant::revoke`] that timed out).
+    ///
+    /// # Errors
+    /// [`GrantError::Timeout`] after [`WAIT`]; a polling error.
+    pub fn wait_revoked(
+        &mut self,
+        cq: &Cq,
+        mut other: impl FnMut(Completion),
+    ) -> Result<(), GrantError> {
+        if !self.revoked {
+            self.start_revoke()?;
+        }
         let grants = &self.pool.inner().grants;
         self.poll(cq, &mut other, |_| {
             grants
@@ -237,8 +254,7 @@ grant_buf!(
 /// a.connect(&b.endpoint()?)?;
 /// b.connect(&a.endpoint()?)?;
 /// let grant = pool.grant_owned(vec![in &pool; 7u8; 100], &a, Access::REMOTE_WRITE).map_err(|(_, e)| e)?;
-/// let (buf, revoked) = grant.revoke(&cq, |_| {});
-/// revoked?;
+/// let buf = grant.revoke(&cq, |_| {}).map_err(|(_, e)| e)?;
 /// assert_eq!(buf[99], 7);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
@@ -266,16 +282,27 @@ impl<'p, B: GrantBuf> OwnedGrant<'p, B> {
         &mut self.grant
     }
 
-    /// Revoke, wait as [`Grant::revoke`] does, and give the buffer back. On an error the
-    /// buffer is given back all the same: if the key may still be alive, freeing the buffer
-    /// parks it in quarantine until the revocation completes.
-    pub fn revoke(self, cq: &Cq, other: impl FnMut(Completion)) -> (B, Result<(), GrantError>) {
+    /// Revoke, wait as [`Grant::wait_revoked`] does, and give the buffer back once the key is
+    /// dead. On an error (a timeout) the key may still work: the grant comes back with the
+    /// error, still owning the buffer — call `revoke` again, or drop it (the buffer then waits
+    /// in quarantine).
+    ///
+    /// # Errors
+    /// As [`Grant::wait_revoked`], with the grant.
+    #[allow(clippy::result_large_err)]
+    pub fn revoke(
+        mut self,
+        cq: &Cq,
+        other: impl FnMut(Completion),
+    ) -> Result<B, (Self, GrantError)> {
+        if let Err(e) = self.grant.wait_revoked(cq, other) {
+            return Err((self, e));
+        }
         let me = std::mem::ManuallyDrop::new(self);
         // SAFETY: `me` is never used or dropped again; each field is moved out once.
-        let (mut grant, buf) = unsafe { (std::ptr::read(&me.grant), std::ptr::read(&me.buf)) };
-        let r = grant.revoke(cq, other);
+        let (grant, buf) = unsafe { (std::ptr::read(&me.grant), std::ptr::read(&me.buf)) };
         drop(grant);
-        (buf, r)
+        Ok(buf)
     }
 }
 

@@ -136,14 +136,15 @@ impl Pool {
         let (block, block_len) = c.block;
         let flag = self.granted_flag(block);
         let Some(record) = g.ledger.open(block, block_len, flag) else {
-            g.drop_region(dedicated, len);
+            // Never handed out: dropping a refused region only logs.
+            drop(g.drop_region(dedicated, len));
             return Err(GrantError::Limit {
                 what: "open grants",
                 max: super::ledger::CAP as u64,
             });
         };
         let undo = |region| {
-            g.drop_region(region, len);
+            drop(g.drop_region(region, len));
             g.ledger.close(record, flag);
         };
         let mut active = lock(&g.active);
@@ -155,7 +156,7 @@ impl Pool {
                 max: super::MAX_ACTIVE as u64,
             });
         }
-        let seq = g.seq.fetch_add(1, Relaxed) as u16;
+        let seq = (g.seq.fetch_add(1, Relaxed) & super::SEQ_MASK) as u16;
         let key = active.vacant_key();
         let mut a = Active {
             seq,
@@ -173,6 +174,7 @@ impl Pool {
             done: false,
             orphan: false,
             peer_invalidated: false,
+            retry_inv: false,
         };
         let mw_type = match c.kind {
             GrantKind::Type2 => Some(MwType::Type2),
@@ -186,7 +188,7 @@ impl Pool {
             }
             Some(ty) => {
                 let mr = dedicated.as_ref().or(c.region).expect("checked: a region");
-                let wr = wr_id(OP_BIND, self.inner().id, key, seq);
+                let wr = wr_id(OP_BIND, g.tag, key, seq);
                 match g.bind(qp, ty, mr, addr, len, access, wr) {
                     Ok((lent, rkey)) => {
                         a.window = Some(lent);
@@ -310,16 +312,18 @@ impl Grants {
         })
     }
 
-    /// Deregister a dedicated region (if any) of a grant of `len` bytes.
-    pub(super) fn drop_region(&self, mr: Option<Mr>, len: usize) {
-        if let Some(mr) = mr {
-            if let Err(e) = mr.dereg() {
-                // Still bound (cannot be after an invalidation): dropping logs and leaks it.
-                tracing::warn!(error = %e.error, "rdma_pool: a grant's region refused dereg");
-            }
-            self.counters.dedicated.fetch_sub(1, Relaxed);
-            self.counters.dedicated_bytes.fetch_sub(len as u64, Relaxed);
+    /// Deregister a dedicated region (if any) of a grant of `len` bytes. A refusal gives the
+    /// region back: its key may still work, so the caller must keep the grant's memory out of
+    /// use. (A region whose key was never handed out may be dropped instead: dropping logs.)
+    pub(super) fn drop_region(&self, mr: Option<Mr>, len: usize) -> Option<Mr> {
+        let mr = mr?;
+        if let Err(e) = mr.dereg() {
+            tracing::warn!(error = %e.error, "rdma_pool: a grant's region refused dereg");
+            return Some(e.mr);
         }
+        self.counters.dedicated.fetch_sub(1, Relaxed);
+        self.counters.dedicated_bytes.fetch_sub(len as u64, Relaxed);
+        None
     }
 
     /// Take a window of type `ty` and bind it to `[addr, addr + len)` of `mr` through `qp`.

@@ -32,6 +32,11 @@
 //!   (error state, full queue) or whose invalidation fails has its window *deallocated*, which
 //!   kills the key too: a grant is never left live. A peer's SEND_WITH_INV, where the device
 //!   reports it (`Completion::invalidated_rkey`), counts as the invalidation.
+//!   A window deallocated this way gives its index back to the device, which may hand it to a
+//!   later window; that window's keys step through variants an old key of the index may carry,
+//!   so a stale key of a deallocated *type 1* window can match a later grant sooner than the
+//!   retired-window bound below promises (type 2 keys stay bound to the failed QP). A region
+//!   that refuses deregistration keeps its grant open and its memory parked.
 //! - **Key rotation.** Windows are pooled per PD (`windows.rs`); every bind advances the key's
 //!   8-bit variant, and a window is retired (kept allocated) before its variants wrap, so a
 //!   stale key does not match a later grant: the retired windows are bounded (4096, or half of
@@ -123,6 +128,9 @@ pub struct GrantStats {
     pub peer_invalidations: u64,
     /// Binds that completed with an error.
     pub failed_binds: u64,
+    /// Revocations whose region refused deregistration: the grant stays open (its memory
+    /// parked) and is retried on its next event.
+    pub stuck_revocations: u64,
     /// Dedicated regions live, and the bytes under them.
     pub dedicated_regions: u64,
     /// Bytes under dedicated regions.
@@ -176,6 +184,9 @@ struct Active {
     orphan: bool,
     /// The peer invalidated the window with SEND_WITH_INV.
     peer_invalidated: bool,
+    /// The invalidation could not be posted behind a bind in flight (full send queue): post
+    /// it when the bind completes.
+    retry_inv: bool,
 }
 
 #[derive(Default)]
@@ -191,6 +202,7 @@ struct Counters {
     dedicated: AtomicU64,
     dedicated_bytes: AtomicU64,
     in_flight: AtomicU64,
+    stuck: AtomicU64,
     limit_regions: AtomicU64,
     limit_bytes: AtomicU64,
 }
@@ -202,6 +214,8 @@ pub(crate) struct Grants {
     ledger: Ledger,
     counters: Counters,
     seq: AtomicU64,
+    /// This pool's tag in its `wr_id`s.
+    tag: u16,
 }
 
 /// Top 16 bits of every `wr_id` the pool posts ("RP").
@@ -220,26 +234,30 @@ pub fn is_pool_wr_id(wr_id: u64) -> bool {
     wr_id >> 48 == TAG >> 48
 }
 
-/// `TAG | op (2 bits) | pool id (8) | slab key (22) | seq (16)`.
-fn wr_id(op: u64, pool: u64, key: usize, seq: u16) -> u64 {
-    TAG | op << 46 | (pool & 0xff) << 38 | ((key as u64) & 0x3f_ffff) << 16 | seq as u64
+/// `TAG (16 bits) | op (2) | pool tag (16) | slab key (16) | seq (14)`.
+fn wr_id(op: u64, tag: u16, key: usize, seq: u16) -> u64 {
+    TAG | op << 46 | (tag as u64) << 30 | ((key as u64) & 0xffff) << 14 | (seq as u64 & SEQ_MASK)
 }
 
-/// `(op, pool id, key, seq)` of a tagged `wr_id`.
-fn parse(wr_id: u64) -> Option<(u64, u64, usize, u16)> {
+/// `(op, pool tag, key, seq)` of a tagged `wr_id`.
+fn parse(wr_id: u64) -> Option<(u64, u16, usize, u16)> {
     is_pool_wr_id(wr_id).then_some((
         (wr_id >> 46) & 3,
-        (wr_id >> 38) & 0xff,
-        ((wr_id >> 16) & 0x3f_ffff) as usize,
-        wr_id as u16,
+        (wr_id >> 30) as u16,
+        ((wr_id >> 14) & 0xffff) as usize,
+        (wr_id & SEQ_MASK) as u16,
     ))
 }
 
-/// Where the next pool's `wr_id` sequence starts.
-static NEXT_SEQ: AtomicU64 = AtomicU64::new(0);
+/// The sequence bits of a `wr_id`.
+const SEQ_MASK: u64 = (1 << 14) - 1;
+
+/// The next pool's tag: process-wide, so a pool never takes another pool's completions for
+/// its own, nor a new pool the late completions of a dropped one (until 65536 more pools).
+static NEXT_TAG: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 /// Most grant entries at once (the key field of a `wr_id`).
-const MAX_ACTIVE: usize = 1 << 22;
+const MAX_ACTIVE: usize = 1 << 16;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -252,9 +270,8 @@ impl Grants {
             windows: Mutex::new(Windows::default()),
             ledger: Ledger::new()?,
             counters: Counters::default(),
-            // Process-wide, so a new pool that reuses a dropped pool's id does not take that
-            // pool's late completions for its own.
-            seq: AtomicU64::new(NEXT_SEQ.fetch_add(1 << 12, Relaxed)),
+            seq: AtomicU64::new(0),
+            tag: NEXT_TAG.fetch_add(1, Relaxed) as u16,
         };
         g.set_limits(GrantLimits::default());
         Ok(g)
@@ -291,6 +308,7 @@ impl Grants {
             revoked_by_dealloc: c.by_dealloc.load(Relaxed),
             peer_invalidations: c.peer_inv.load(Relaxed),
             failed_binds: c.failed_binds.load(Relaxed),
+            stuck_revocations: c.stuck.load(Relaxed),
             dedicated_regions: c.dedicated.load(Relaxed),
             dedicated_bytes: c.dedicated_bytes.load(Relaxed),
             windows,

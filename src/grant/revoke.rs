@@ -9,7 +9,7 @@
 
 use super::{Active, GrantError, GrantKind, Grants, OP_BIND, OP_INV, Wr, lock, parse, wr_id};
 use crate::alloc::Pool;
-use crate::nic::{Access, Completion, WcStatus};
+use crate::nic::{Access, Completion, QpState, WcStatus};
 use slab::Slab;
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -32,13 +32,13 @@ impl Pool {
     /// ```
     pub fn on_completion(&self, wc: &Completion) -> bool {
         let g = &self.inner().grants;
-        let Some((op, pool, key, seq)) = parse(wc.wr_id) else {
+        let Some((op, tag, key, seq)) = parse(wc.wr_id) else {
             if let Some(rkey) = wc.invalidated_rkey {
                 g.peer_invalidated(wc.qp_num, rkey);
             }
             return false;
         };
-        if pool != self.inner().id & 0xff {
+        if tag != g.tag {
             return false;
         }
         let freed = g.completed(self, op, key, seq, wc.status);
@@ -74,6 +74,10 @@ impl Grants {
                 a.bind = Wr::Done(status);
                 if status != WcStatus::Success {
                     self.counters.failed_binds.fetch_add(1, Relaxed);
+                }
+                if std::mem::take(&mut a.retry_inv) {
+                    a.revoking = false;
+                    self.start(pool, key, a);
                 }
             }
             OP_INV => a.inv = Wr::Done(status),
@@ -111,7 +115,13 @@ impl Grants {
             }
         }
         let len = a.region.as_ref().map_or(0, |m| m.len());
-        self.drop_region(a.region.take(), len);
+        if let Some(kept) = self.drop_region(a.region.take(), len) {
+            // The key may still work: the grant stays open, its memory parked; the next event
+            // on the grant tries again.
+            a.region = Some(kept);
+            self.counters.stuck.fetch_add(1, Relaxed);
+            return None;
+        }
         a.qp = None;
         a.done = true;
         self.counters.revoked.fetch_add(1, Relaxed);
@@ -131,7 +141,7 @@ impl Grants {
         let (Some(qp), Some(l)) = (a.qp.clone(), a.window.as_mut()) else {
             return;
         };
-        let wr = wr_id(OP_INV, pool.inner().id, key, a.seq);
+        let wr = wr_id(OP_INV, self.tag, key, a.seq);
         let posted = match a.kind {
             GrantKind::Type2 => qp.post_invalidate(wr, &mut l.mw),
             _ => {
@@ -156,10 +166,16 @@ impl Grants {
                 self.counters.in_flight.fetch_add(1, Relaxed);
                 a.inv = Wr::InFlight;
             }
+            Err(e) if a.bind == Wr::InFlight && matches!(qp.state(), Ok(QpState::Ready)) => {
+                // A full send queue behind a bind the device will still run: deallocating the
+                // window now would fail that bind (and the QP). Try again when it completes.
+                tracing::debug!(error = %e, "rdma_pool: invalidation not posted; retried after the bind");
+                a.retry_inv = true;
+            }
             Err(e) => {
                 tracing::debug!(error = %e, "rdma_pool: invalidation not posted; deallocating the window");
-                // The window goes in `finish`, by deallocation; any bind still in flight
-                // completes flushed and is ignored.
+                // The window goes in `finish`, by deallocation. A bind still in flight sits on a
+                // failed QP: it completes flushed and is ignored.
                 a.bind = match a.bind {
                     Wr::InFlight => Wr::Done(WcStatus::WrFlushErr),
                     b => b,

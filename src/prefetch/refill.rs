@@ -140,15 +140,15 @@ pub(crate) struct Refill {
 }
 
 impl Refill {
-    /// Keep `slabs` ready slabs in `arena`'s reserve from now on (0 stops the thread).
+    /// Keep `slabs` ready slabs in `arena`'s reserve from now on (0 stops the thread). Start
+    /// and stop hold the handle's lock throughout, so they never interleave.
     ///
     /// # Safety
     /// `arena` stays valid until [`Refill::stop`] returned.
     pub(crate) unsafe fn start(&self, arena: &Arena, slabs: usize) -> std::io::Result<()> {
         let mut h = self.handle.lock().unwrap_or_else(|e| e.into_inner());
         if slabs == 0 {
-            drop(h);
-            self.stop(arena);
+            Self::stop_locked(&mut h, arena);
             return Ok(());
         }
         arena.ahead().configure(slabs, false);
@@ -178,9 +178,14 @@ impl Refill {
 
     /// Stop the thread and wait for it.
     pub(crate) fn stop(&self, arena: &Arena) {
-        let t = self.handle.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(t) = t {
+        let mut h = self.handle.lock().unwrap_or_else(|e| e.into_inner());
+        Self::stop_locked(&mut h, arena);
+    }
+
+    fn stop_locked(h: &mut Option<std::thread::JoinHandle<()>>, arena: &Arena) {
+        if let Some(t) = h.take() {
             arena.ahead().configure(0, true);
+            // The thread never takes the handle's lock: joining under it cannot deadlock.
             let _ = t.join();
         }
         arena.ahead().configure(0, false);

@@ -133,8 +133,8 @@ pub(crate) struct QueueMem {
 
 #[derive(Default)]
 struct State {
-    /// Areas by index (`None`: deregistered; indices are never reused for another area while a
-    /// carve may name them, so they only grow).
+    /// Areas by index (`None`: deregistered, free for the next area: no carve names an area
+    /// that emptied).
     areas: Vec<Option<Area>>,
     /// Committed runs of deregistered areas: `(addr, len, kind)`.
     spare: Vec<(usize, usize, PageKind)>,
@@ -251,7 +251,9 @@ impl Pool {
             }
         }
         // A new UMEM: on spare slabs if they fit, else on fresh ones.
-        let want = len.max(UMEM_BYTES).next_multiple_of(SLAB);
+        let want = len
+            .max(UMEM_BYTES.min(self.arena().chunk_size()))
+            .next_multiple_of(SLAB);
         let run = match st.spare.iter().position(|r| r.1 >= want) {
             Some(i) => st.spare.swap_remove(i),
             None => {
@@ -267,8 +269,17 @@ impl Pool {
             }
         };
         let off = a.take(len, align).expect("a fresh UMEM holds the carve");
-        let i = st.areas.len();
-        st.areas.push(Some(a));
+        // A deregistered area's slot is free: no carve names an area that emptied.
+        let i = match st.areas.iter().position(Option::is_none) {
+            Some(i) => {
+                st.areas[i] = Some(a);
+                i
+            }
+            None => {
+                st.areas.push(Some(a));
+                st.areas.len() - 1
+            }
+        };
         let a = st.areas[i].as_ref().expect("just pushed");
         Ok(self.carve(i, a, off, len))
     }

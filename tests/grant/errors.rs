@@ -177,8 +177,7 @@ fn owned_grants_give_the_buffer_back() {
         write(&bed.a, &bed.qa, &src, 16, w.addr, w.rkey),
         WcStatus::Success
     );
-    let (buf, r) = og.revoke(&bed.b.cq, |_| {});
-    r.unwrap();
+    let buf = og.revoke(&bed.b.cq, |_| {}).map_err(|(_, e)| e).unwrap();
     assert!(buf.iter().all(|&b| b == 0x5A));
     // Dropped unrevoked: the buffer is freed into quarantine until the pool sees the
     // invalidation.
@@ -195,4 +194,79 @@ fn owned_grants_give_the_buffer_back() {
         .grant_owned(vec![1u8; 8], &bed.qb, Access::REMOTE_WRITE)
         .unwrap_err();
     assert!(matches!(e, GrantError::OutsidePool) && back == [1u8; 8]);
+}
+
+#[test]
+fn two_pools_on_one_qp_never_take_each_others_completions() {
+    let _s = serial();
+    let bed = bed();
+    let (p1, p2) = (pool_on(&bed.b.pd), pool_on(&bed.b.pd));
+    let (v1, v2) = (
+        allocator_api2::vec![in &p1; 0u8; 64],
+        allocator_api2::vec![in &p2; 0u8; 64],
+    );
+    for _ in 0..3 {
+        let g1 = p1.grant(&v1, &bed.qb, Access::REMOTE_READ).unwrap();
+        let g2 = p2.grant(&v2, &bed.qb, Access::REMOTE_READ).unwrap();
+        drop((g1, g2));
+        let mut seen = 0;
+        while seen < 4 {
+            let wc = bed.b.wait();
+            let taken = p1.on_completion(&wc) as u8 + p2.on_completion(&wc) as u8;
+            assert_eq!(taken, 1, "exactly one pool owns {wc:?}");
+            seen += 1;
+        }
+    }
+    nothing_leaked(&p1);
+    nothing_leaked(&p2);
+}
+
+#[test]
+fn a_region_that_refuses_deregistration_keeps_its_grant_open() {
+    let _s = serial();
+    let bed = soft_bed(Default::default());
+    let pool = pool_on(&bed.b.pd);
+    let buf = allocator_api2::vec![in &pool; 0u8; 64];
+    let (_src, src) = scratch(&bed.a, 8, 0x11);
+    let mut g = pool
+        .grant_with(&buf, &bed.qb, Access::REMOTE_WRITE, GrantKind::Region)
+        .unwrap();
+    let w = g.wire();
+    let soft = bed.b.nic.as_soft().unwrap();
+    soft.fail_next(rdma_pool::nic::Verb::DeregMr, 1, libc::EBUSY);
+    g.start_revoke().unwrap();
+    let s = pool.grant_stats();
+    assert_eq!((s.stuck_revocations, s.open), (1, 1), "{s:?}");
+    assert!(!g.is_revoked(), "the key may still work: not revoked");
+    // Dropping the handle tries again; now the region goes and the grant closes.
+    drop(g);
+    assert_eq!(pool.grant_stats().open, 0);
+    assert!(refused(write(&bed.a, &bed.qa, &src, 8, w.addr, w.rkey)));
+    nothing_leaked(&pool);
+}
+
+#[test]
+fn any_part_of_a_large_block_can_be_granted() {
+    let _s = serial();
+    let bed = bed();
+    let pool = pool_on(&bed.b.pd);
+    let big = allocator_api2::vec![in &pool; 0u8; 4 << 20];
+    let (_src, src) = scratch(&bed.a, 64, 0x77);
+    let mut g = pool
+        .grant(
+            &big[3 << 20..(3 << 20) + 4096],
+            &bed.qb,
+            Access::REMOTE_WRITE,
+        )
+        .unwrap();
+    bound(&mut g, &bed.b);
+    let w = g.wire();
+    assert_eq!(
+        write(&bed.a, &bed.qa, &src, 64, w.addr, w.rkey),
+        WcStatus::Success
+    );
+    assert!(big[3 << 20..(3 << 20) + 64].iter().all(|&b| b == 0x77));
+    revoke(&mut g, &bed.b);
+    drop(g);
+    nothing_leaked(&pool);
 }

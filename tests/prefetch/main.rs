@@ -308,3 +308,27 @@ fn the_refill_keeps_prefetched_slabs_ready_and_stops_cleanly() {
     drop(pool);
     assert_eq!(refill_threads(), 0);
 }
+
+#[test]
+fn refill_start_and_stop_from_two_threads_never_hang_or_leak_a_thread() {
+    let _s = serial();
+    let bed = bed();
+    let pool = odp_pool(&bed.b.pd, true);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for _ in 0..50 {
+                pool.start_refill(2).unwrap();
+            }
+        });
+        for _ in 0..50 {
+            pool.stop_refill();
+        }
+    });
+    pool.start_refill(1).unwrap();
+    until("a running refill", || {
+        pool.prefetch_stats().reserve_slabs >= 1
+    });
+    pool.stop_refill();
+    until("no refill thread", || refill_threads() == 0);
+    assert_eq!(pool.prefetch_stats().reserve_target, 0);
+}

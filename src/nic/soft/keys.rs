@@ -104,6 +104,19 @@ impl Residency {
         }
     }
 
+    /// [`Residency::remove_range`] that never waits: an implicit region's set whose lock is
+    /// held (by this very thread, say, growing it inside the allocator) is left as it is.
+    pub(super) fn try_remove_range(&self, first: usize, last: usize) {
+        match self {
+            Residency::Implicit(set) => {
+                if let Ok(mut set) = set.try_lock() {
+                    set.retain(|&p, _| p < first || p > last);
+                }
+            }
+            explicit => explicit.remove_range(first, last),
+        }
+    }
+
     /// Drop pages `first..=last` from the device's translation (an MMU-notifier
     /// invalidation). Pages outside the region are ignored.
     pub(super) fn remove_range(&self, first: usize, last: usize) {
@@ -353,6 +366,15 @@ impl KeyTable {
         self.slot(index).read().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// [`KeyTable::read`] that never waits (`None` while a writer holds or waits for it).
+    pub(super) fn try_read(&self, index: u32) -> Option<RwLockReadGuard<'_, Slot>> {
+        match self.slot(index).try_read() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
     pub(super) fn write(&self, index: u32) -> RwLockWriteGuard<'_, Slot> {
         self.slot(index).write().unwrap_or_else(|e| e.into_inner())
     }
@@ -396,16 +418,17 @@ impl KeyTable {
 
     /// Every occupied index (cold: tests).
     pub(super) fn occupied(&self) -> Vec<u32> {
-        self.occupied_iter().collect()
+        self.indices()
+            .filter(|&i| self.read(i).obj.is_some())
+            .collect()
     }
 
-    /// Every occupied index, without allocating (ODP invalidation runs inside the allocator).
-    pub(super) fn occupied_iter(&self) -> impl Iterator<Item = u32> + '_ {
-        // Whole chunks never touched are skipped at once.
+    /// Every index whose slot exists (occupied or not), without allocating or locking; chunks
+    /// never touched are skipped at once.
+    pub(super) fn indices(&self) -> impl Iterator<Item = u32> + '_ {
         (0..self.capacity.div_ceil(CHUNK))
             .filter(|&c| self.chunks[c as usize].get().is_some())
             .flat_map(|c| (c * CHUNK).max(1)..((c + 1) * CHUNK).min(self.capacity))
-            .filter(|&i| self.read(i).obj.is_some())
     }
 }
 

@@ -154,7 +154,17 @@ impl SoftNic {
     /// Drop `[addr, addr + len)` from every ODP region's translation, as the kernel's MMU
     /// notifier does when pages are reclaimed, migrated or unmapped.
     pub fn invalidate_odp_range(&self, addr: usize, len: usize) {
-        invalidate_in(&self.dev, addr, len);
+        let ps = mem::page_size();
+        let end = addr.saturating_add(len);
+        for index in self.dev.keys.occupied() {
+            let slot = self.dev.keys.read(index);
+            if let Some(KeyObj::Mr(mr)) = slot.obj.as_ref() {
+                let (lo, hi) = (addr.max(mr.addr), end.min(mr.addr.saturating_add(mr.len)));
+                if let (Some(res), true) = (&mr.odp, lo < hi) {
+                    res.remove_range(lo / ps, (hi - 1) / ps);
+                }
+            }
+        }
     }
 
     /// Check the key table's invariants (`|free| + |occupied| == capacity - 1`, and every
@@ -194,16 +204,21 @@ impl SoftNic {
     }
 }
 
-/// Drop `[addr, addr + len)` from the ODP translations of `dev`. Allocates nothing.
+/// Drop `[addr, addr + len)` from the ODP translations of `dev`. Allocates nothing and never
+/// waits: it runs inside the allocator, possibly on a thread that holds a slot or a residency
+/// lock while it allocates; such a region keeps its translations (the model then counts fewer
+/// faults than hardware would, never more).
 fn invalidate_in(dev: &Device, addr: usize, len: usize) {
     let ps = mem::page_size();
     let end = addr.saturating_add(len);
-    for index in dev.keys.occupied_iter() {
-        let slot = dev.keys.read(index);
+    for index in dev.keys.indices() {
+        let Some(slot) = dev.keys.try_read(index) else {
+            continue;
+        };
         if let Some(KeyObj::Mr(mr)) = slot.obj.as_ref() {
             let (lo, hi) = (addr.max(mr.addr), end.min(mr.addr.saturating_add(mr.len)));
             if let (Some(res), true) = (&mr.odp, lo < hi) {
-                res.remove_range(lo / ps, (hi - 1) / ps);
+                res.try_remove_range(lo / ps, (hi - 1) / ps);
             }
         }
     }
