@@ -3,7 +3,7 @@
 
 use super::{PrefetchError, PrefetchStats};
 use crate::alloc::Pool;
-use crate::nic::{Advice, AdviseFlags, Sge};
+use crate::nic::{Advice, AdviseFlags};
 
 impl Pool {
     /// Make the NIC's translations of `buf` (pool memory) present now, waiting until they are
@@ -60,16 +60,7 @@ impl Pool {
             if !keys.contains(addr, b.len()) {
                 return Err(PrefetchError::Unregistered);
             }
-            let mut at = addr;
-            while at < addr + b.len() {
-                let l = (addr + b.len() - at).min(super::MAX_ENTRY);
-                sges.push(Sge {
-                    addr: at as u64,
-                    length: l as u32,
-                    lkey: keys.lkey,
-                });
-                at += l;
-            }
+            sges.extend(super::entries(keys.lkey, addr, b.len()));
             bytes += b.len();
         }
         if sges.is_empty() {

@@ -88,6 +88,16 @@ pub struct PrefetchStats {
     pub reserve_hits: u64,
 }
 
+/// `[addr, addr + len)` of the region `lkey` as scatter/gather entries of at most
+/// [`MAX_ENTRY`] bytes (allocates nothing).
+fn entries(lkey: Lkey, addr: usize, len: usize) -> impl Iterator<Item = Sge> {
+    (addr..addr + len).step_by(MAX_ENTRY).map(move |at| Sge {
+        addr: at as u64,
+        length: (addr + len - at).min(MAX_ENTRY) as u32,
+        lkey,
+    })
+}
+
 /// The arena's prefetch state (see the module contract).
 pub(crate) struct Prefetcher {
     /// The arena prefetches by itself (configured, and the arena is in ODP mode).
@@ -155,18 +165,12 @@ impl Prefetcher {
         len: usize,
     ) -> Result<(), PrefetchError> {
         let mut list = [Sge::default(); 64];
-        let (mut at, end) = (addr, addr + len);
-        while at < end {
+        let mut entries = entries(lkey, addr, len).peekable();
+        while entries.peek().is_some() {
             let mut n = 0;
-            while at < end && n < list.len() {
-                let l = (end - at).min(MAX_ENTRY);
-                list[n] = Sge {
-                    addr: at as u64,
-                    length: l as u32,
-                    lkey,
-                };
+            for (slot, e) in list.iter_mut().zip(entries.by_ref()) {
+                *slot = e;
                 n += 1;
-                at += l;
             }
             self.advise(pd, advice, flags, &list[..n])?;
         }
@@ -281,5 +285,20 @@ impl Prefetcher {
             failures: std::array::from_fn(|i| self.failures[i].load(Relaxed)),
             ..Default::default()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_range_is_cut_into_entries_of_at_most_one_gib() {
+        let e: Vec<_> = entries(Lkey(7), 0x1000, (5 << 30) / 2).collect();
+        let lens: Vec<u32> = e.iter().map(|s| s.length).collect();
+        assert_eq!(lens, [1 << 30, 1 << 30, 1 << 29]);
+        assert_eq!(e[2].addr, 0x1000 + (2u64 << 30));
+        assert!(e.iter().all(|s| s.lkey == Lkey(7)));
+        assert_eq!(entries(Lkey(7), 0x1000, 0).count(), 0);
     }
 }
