@@ -57,4 +57,4 @@ pub mod nic;
 pub mod prefetch;
 pub mod queue_mem;
 
-pub use global::{GlobalPool, keys_of, stats};
+pub use global::{GlobalPool, keys_of, keys_of_on, stats};

@@ -26,6 +26,7 @@ mod medium;
 mod page;
 mod pool;
 mod purge;
+mod rails;
 mod stats;
 mod tcache;
 mod tls;
@@ -33,7 +34,7 @@ mod tls;
 pub(crate) use api2::slice;
 pub use class::{CLASSES, MAX_SMALL, class_size};
 pub use stats::{ClassStats, PoolStats};
-pub(crate) use tls::keys_of_any;
+pub(crate) use tls::{keys_of_any, keys_of_any_on};
 
 use crate::arena::os::MmapBox;
 use crate::arena::{Arena, ArenaConfig, Error, Keys, SLAB};

@@ -240,9 +240,21 @@ pub(crate) fn forget(pool: &PoolInner) {
 /// The keys of `p` in whichever live pool holds it (one range check per pool, under the
 /// registry lock, which keeps every listed pool alive while it is read).
 pub(crate) fn keys_of_any(p: *const u8) -> Option<crate::arena::Keys> {
+    keys_of_any_on(p, None)
+}
+
+/// As [`keys_of_any`], on `nic` (`None`: each pool's own device).
+pub(crate) fn keys_of_any_on(
+    p: *const u8,
+    nic: Option<&crate::nic::Nic>,
+) -> Option<crate::arena::Keys> {
     let r = registry();
     r.live.iter().filter(|e| e.0 != 0).find_map(|&(_, inner)| {
         // SAFETY: a registered pool is alive while the registry lock is held.
-        unsafe { &*(inner as *const PoolInner) }.arena.keys_of(p)
+        let arena = &unsafe { &*(inner as *const PoolInner) }.arena;
+        match nic {
+            None => arena.keys_of(p),
+            Some(nic) => arena.contains(p).then(|| arena.keys_of_on(p, nic))?,
+        }
     })
 }

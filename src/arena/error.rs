@@ -50,6 +50,10 @@ pub enum Error {
     /// inside its own initialisation.
     #[error("the arena cannot grow from inside its own provisioning")]
     Reentrant,
+    /// The operation must wait: something still uses what it would take away (e.g. open
+    /// grants on a PD being detached).
+    #[error("busy: {0}")]
+    Busy(&'static str),
     /// The NIC refused a registration.
     #[error(transparent)]
     Nic(#[from] nic::Error),

@@ -39,6 +39,7 @@ mod grow;
 pub(crate) mod os;
 pub mod provision;
 mod purge;
+mod rails;
 mod register;
 mod run;
 mod stats;
@@ -48,6 +49,7 @@ pub use commit::PageKind;
 pub use config::{ArenaConfig, Hugepages, Registration, RegistrationPolicy};
 pub use error::Error;
 pub use fork::ForkPolicy;
+pub use rails::{MAX_RAILS, RailStats};
 pub use register::{
     Degradation, DegradeCause, MemlockInfo, ModeReason, RegMode, preflight_memlock,
 };
@@ -174,6 +176,11 @@ pub struct Arena {
     prefetch: crate::prefetch::Prefetcher,
     /// One-slab runs made ready ahead of demand (`prefetch/refill.rs`).
     ahead: crate::prefetch::Reserve,
+    /// The registration asked for, and the remote rights: how rails register (`rails.rs`).
+    asked: Registration,
+    remote: Access,
+    /// Other devices the arena is registered on (`rails.rs`).
+    rails: rails::Rails,
 }
 
 impl std::fmt::Debug for Arena {
@@ -291,6 +298,9 @@ impl Arena {
             purge_delay: cfg.purge_delay,
             prefetch: crate::prefetch::Prefetcher::new(cfg.prefetch && mode == RegMode::Odp, caps),
             ahead: crate::prefetch::Reserve::new().map_err(unreserve)?,
+            asked: cfg.registration,
+            remote: cfg.remote,
+            rails: rails::Rails::default(),
         })
     }
 
@@ -447,18 +457,8 @@ impl Arena {
     /// # Ok::<(), rdma_pool::arena::Error>(())
     /// ```
     pub fn sge_of(&self, buf: &[u8]) -> Result<Sge, Error> {
-        let addr = buf.as_ptr() as usize;
         let keys = self.keys_of(buf.as_ptr()).ok_or(Error::NotRegistered)?;
-        if !keys.contains(addr, buf.len()) {
-            return Err(Error::NotRegistered);
-        }
-        let length = u32::try_from(buf.len())
-            .map_err(|_| Error::InvalidArgument("a slice of 4 GiB or more is not one SGE"))?;
-        Ok(Sge {
-            addr: addr as u64,
-            length,
-            lkey: keys.lkey,
-        })
+        sge_in(&keys, buf)
     }
 
     /// A snapshot of the counters, read without a lock.
@@ -522,14 +522,31 @@ impl Arena {
         chunks_ok
             && purged_ok
             && self.table.validate()
+            && self.rails_valid()
             && s.committed_bytes == SLAB as u64 * (s.slabs_hugetlb + s.slabs_thp + s.slabs_small)
             && s.registered_bytes <= s.committed_bytes
     }
 }
 
+/// One SGE for `buf` with `keys`, which must cover it.
+fn sge_in(keys: &Keys, buf: &[u8]) -> Result<Sge, Error> {
+    let addr = buf.as_ptr() as usize;
+    if !keys.contains(addr, buf.len()) {
+        return Err(Error::NotRegistered);
+    }
+    let length = u32::try_from(buf.len())
+        .map_err(|_| Error::InvalidArgument("a slice of 4 GiB or more is not one SGE"))?;
+    Ok(Sge {
+        addr: addr as u64,
+        length,
+        lkey: keys.lkey,
+    })
+}
+
 impl Drop for Arena {
     fn drop(&mut self) {
         let _mark = provision::Provisioning::enter();
+        self.rails.drop_all();
         self.table.drop_all();
         // SAFETY: every region over the reservation is gone; nothing else uses it.
         unsafe { libc::munmap(self.base as *mut libc::c_void, self.reserve) };

@@ -38,7 +38,14 @@ const BUSY: u8 = 2;
 pub(crate) struct SlabInfo {
     state: AtomicU8,
     kind: AtomicU8,
+    /// [`RUN_HEAD`], [`QUEUE`]: where runs start, what no region may cover (`rails.rs`).
+    pub(super) flags: AtomicU8,
 }
+
+/// In [`SlabInfo::flags`]: the first slab of a run handed out.
+pub(super) const RUN_HEAD: u8 = 1;
+/// In [`SlabInfo::flags`]: queue memory, never registered as a region.
+pub(super) const QUEUE: u8 = 2;
 
 /// What happened to a group of slabs covered by one registration (or by none).
 enum Unregistered {
@@ -56,6 +63,46 @@ impl Arena {
         for i in first..first + slabs {
             if let Some(s) = self.slabs.get(i) {
                 s.kind.store(kind.code(), Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Whether slab `i` is committed, live (not purged, not being purged or revived) and not
+    /// queue memory: what every region of every device must cover.
+    pub(super) fn slab_in_use(&self, i: usize) -> bool {
+        self.slabs.get(i).is_some_and(|s| {
+            s.state.load(Ordering::Acquire) == LIVE
+                && s.kind.load(Ordering::Relaxed) != 0
+                && s.flags.load(Ordering::Relaxed) & QUEUE == 0
+        })
+    }
+
+    /// Whether slab `i` starts a run.
+    pub(super) fn is_run_head(&self, i: usize) -> bool {
+        self.slabs
+            .get(i)
+            .is_some_and(|s| s.flags.load(Ordering::Relaxed) & RUN_HEAD != 0)
+    }
+
+    /// Note the run `[addr, addr + slabs · SLAB)` just handed out (`QUEUE`: queue memory).
+    pub(super) fn mark_run(&self, addr: usize, slabs: usize, queue: bool) {
+        let first = self.slab_index(addr);
+        for i in first..first + slabs {
+            if let Some(s) = self.slabs.get(i) {
+                let head = if i == first { RUN_HEAD } else { 0 };
+                s.flags
+                    .store(head | if queue { QUEUE } else { 0 }, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Slabs `[addr, addr + slabs · SLAB)` are no longer committed (a failed run).
+    pub(super) fn forget_kind(&self, addr: usize, slabs: usize) {
+        let first = self.slab_index(addr);
+        for i in first..first + slabs {
+            if let Some(s) = self.slabs.get(i) {
+                s.kind.store(0, Ordering::Relaxed);
+                s.flags.store(0, Ordering::Relaxed);
             }
         }
     }
@@ -131,9 +178,18 @@ impl Arena {
             while e < first + n && self.table.reg_at(e) == id {
                 e += 1;
             }
-            let outcome = match id {
-                None => Unregistered::Kept { registered: false },
-                Some(id) => self.unregister(id, i, e),
+            // Other devices first: their pinned regions must not outlive the pages either.
+            let outcome = if !self.rails_unregister(i, e) {
+                Unregistered::Refused
+            } else {
+                let o = match id {
+                    None => Unregistered::Kept { registered: false },
+                    Some(id) => self.unregister(id, i, e),
+                };
+                if matches!(o, Unregistered::Refused) {
+                    self.rails_recover(i, e);
+                }
+                o
             };
             match outcome {
                 Unregistered::Refused => {
@@ -427,6 +483,7 @@ impl Arena {
                 return Err(err);
             }
         }
+        self.rails_register(addr, len);
         add(&self.counters.revived_bytes, len as u64);
         Ok(())
     }

@@ -109,6 +109,7 @@ impl Arena {
         let addr = self.chunk_base(c) + s as usize * SLAB;
         let len = slabs as usize * SLAB;
         self.committed(c, kind, addr, slabs);
+        self.mark_run(addr, slabs as usize, false);
         let huge = kind == PageKind::Hugetlb;
         let mut pinned_id = None;
         let registered = self.register_run(c, addr, len, false, || {
@@ -132,8 +133,9 @@ impl Arena {
             Ok(id)
         });
         if let Ok(id) = registered {
-            // Outside the lock: a NIC call.
+            // Outside the lock: NIC calls.
             self.prefetch_fresh(id, addr, len);
+            self.rails_register(addr, len);
         }
         let mut st = self.lock();
         let Some(ch) = st.chunks.get_mut(c) else {
@@ -203,10 +205,12 @@ impl Arena {
         };
         let addr = self.chunk_base(c);
         self.committed(c, kind, addr, slabs as u32);
+        self.mark_run(addr, slabs, false);
         let huge = kind == PageKind::Hugetlb;
         match self.register_run(c, addr, len, true, || self.register_new(addr, len, huge)) {
             Ok(id) => {
                 self.prefetch_fresh(id, addr, len);
+                self.rails_register(addr, len);
                 add(&self.counters.runs, 1);
                 Ok(Run {
                     ptr: NonNull::new(addr as *mut u8).ok_or(Error::NotRegistered)?,
@@ -279,6 +283,7 @@ impl Arena {
             }
         };
         self.committed(c, kind, addr, slabs);
+        self.mark_run(addr, slabs as usize, true);
         add(&self.counters.queue_bytes, slabs as u64 * SLAB as u64);
         Ok((
             Run {
@@ -350,6 +355,7 @@ impl Arena {
 
     fn uncommitted(&self, addr: usize, kind: PageKind, slabs: u32) {
         self.pages.decommit(addr as *mut u8, slabs as usize * SLAB);
+        self.forget_kind(addr, slabs as usize);
         sub(&self.counters.committed_bytes, slabs as u64 * SLAB as u64);
         sub(self.kind_counter(kind), slabs as u64);
         add(&self.counters.failed_runs, 1);

@@ -378,6 +378,25 @@ impl Table {
         }
     }
 
+    /// Unpublish every slab and take out every live registration, handing each region to
+    /// `f` and releasing its id: the table is empty and reusable afterwards.
+    ///
+    /// # Safety
+    /// The caller excludes every other writer of the table and every holder of a reference
+    /// from [`Table::exposed_region`] until it returns.
+    pub(crate) unsafe fn clear(&self, mut f: impl FnMut(Mr)) {
+        self.publish(0, self.len >> SLAB_SHIFT, None);
+        let n = (self.next_reg.load(Ordering::Relaxed) as usize).min(self.regs.len());
+        for id in 0..n {
+            let reg = self.reg(id as u32);
+            if reg.is_live() {
+                // SAFETY: live; the caller excludes everyone else (see above).
+                f(unsafe { reg.take() });
+                self.release(id as u32);
+            }
+        }
+    }
+
     /// Deregister every live registration (the arena is being dropped).
     pub(crate) fn drop_all(&mut self) {
         let n = (self.next_reg.load(Ordering::Relaxed) as usize).min(self.regs.len());

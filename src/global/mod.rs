@@ -521,6 +521,46 @@ impl GlobalPool {
         self.ready()?.keys_of(p)
     }
 
+    /// The keys of the registration covering `p` on `nic`: the pool's own device, or one it
+    /// was attached to with [`GlobalPool::attach`].
+    #[inline]
+    pub fn keys_of_on(&self, p: *const u8, nic: &crate::nic::Nic) -> Option<Keys> {
+        self.ready()?.keys_of_on(p, nic)
+    }
+
+    /// Register every heap block of the program on `pd` too (a second rail): see
+    /// [`Pool::attach`].
+    ///
+    /// # Errors
+    /// Why initialisation failed, or as [`Pool::attach`].
+    ///
+    /// # Examples
+    /// ```
+    /// use rdma_pool::nic::Nic;
+    /// static POOL: rdma_pool::GlobalPool = rdma_pool::GlobalPool::new();
+    /// let rail1 = Nic::soft();
+    /// POOL.attach(&rail1.alloc_pd()?)?;
+    /// let l = std::alloc::Layout::new::<[u8; 64]>();
+    /// // SAFETY: a non-zero-size layout, freed with the same one.
+    /// unsafe {
+    ///     let p = std::alloc::GlobalAlloc::alloc(&POOL, l);
+    ///     assert!(POOL.keys_of_on(p, &rail1).is_some());
+    ///     std::alloc::GlobalAlloc::dealloc(&POOL, p, l);
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn attach(&self, pd: &Pd) -> Result<usize, Error> {
+        self.init().map_err(|_| not_ready())?.attach(pd)
+    }
+
+    /// Deregister the pool from `pd` (see [`Pool::detach`]).
+    ///
+    /// # Errors
+    /// Why initialisation failed, or as [`Pool::detach`].
+    pub fn detach(&self, pd: &Pd) -> Result<(), Error> {
+        self.init().map_err(|_| not_ready())?.detach(pd)
+    }
+
     /// One SGE (with its lkey) for `buf`, a slice of memory the pool handed out.
     ///
     /// # Errors
@@ -743,6 +783,40 @@ pub fn keys_of<T: ?Sized>(p: *const T) -> Option<Keys> {
         return ready.pool.keys_of(p);
     }
     crate::alloc::keys_of_any(p)
+}
+
+/// What the front end answers when its pool could not initialise (the cause is kept by
+/// [`GlobalPool::init_error`]).
+fn not_ready() -> Error {
+    Error::Config("the global pool could not initialise: see GlobalPool::init_error")
+}
+
+/// The keys of any heap pointer on `nic`: as [`keys_of`], on the global pool's own device or
+/// on a device it was attached to ([`GlobalPool::attach`]); `None` where the memory is not
+/// registered on `nic`.
+///
+/// # Examples
+/// ```
+/// use rdma_pool::alloc::Pool;
+/// use rdma_pool::nic::Nic;
+/// let (a, b) = (Nic::soft(), Nic::soft());
+/// let pool = Pool::new(&a.alloc_pd()?)?;
+/// pool.attach(&b.alloc_pd()?)?;
+/// let p = pool.alloc(std::alloc::Layout::new::<[u8; 64]>());
+/// assert_eq!(rdma_pool::keys_of_on(p, &b), pool.keys_of_on(p, &b));
+/// assert!(rdma_pool::keys_of_on(p, &b).is_some());
+/// assert!(rdma_pool::keys_of_on(&0u8, &a).is_none());
+/// # unsafe { pool.free(p) };
+/// # Ok::<(), rdma_pool::arena::Error>(())
+/// ```
+pub fn keys_of_on<T: ?Sized>(p: *const T, nic: &crate::nic::Nic) -> Option<Keys> {
+    let p = p.cast::<u8>();
+    if let Some(ready) = instance()
+        && ready.pool.contains(p)
+    {
+        return ready.pool.keys_of_on(p, nic);
+    }
+    crate::alloc::keys_of_any_on(p, Some(nic))
 }
 
 /// The statistics of the global pool (the first [`GlobalPool`] that initialised); `None` when

@@ -30,6 +30,8 @@ pub(super) struct Issued {
 
 /// A checked request: the block the range lies in and the region under it.
 struct Checked<'p> {
+    /// The PD of the grant's QP, and the rail it is attached as (`None`: the pool's own).
+    pd: &'p crate::nic::Pd,
     block: (usize, usize),
     region: Option<&'p Mr>,
     kind: GrantKind,
@@ -38,14 +40,17 @@ struct Checked<'p> {
 
 impl Pool {
     /// Check `[addr, addr + len)`, `qp` and `access`, and choose the kind.
-    fn check_grant(
-        &self,
+    fn check_grant<'p, 'a>(
+        &'p self,
         addr: usize,
         len: usize,
-        qp: &Qp,
+        qp: &'a Qp,
         access: Access,
         kind: GrantKind,
-    ) -> Result<Checked<'_>, GrantError> {
+    ) -> Result<Checked<'a>, GrantError>
+    where
+        'p: 'a,
+    {
         if len == 0 {
             return Err(GrantError::Empty);
         }
@@ -61,19 +66,28 @@ impl Pool {
                 excess: end - (block.0 + block.1),
             });
         }
-        let keys = self
-            .keys_of(addr as *const u8)
-            .ok_or(GrantError::Unregistered)?;
+        // The QP names the device: the pool's own PD, or one attached as a rail.
+        let rail = if qp.pd() == self.pd() {
+            None
+        } else {
+            Some(
+                self.arena()
+                    .rail_of_pd(qp.pd())
+                    .ok_or(GrantError::ForeignQp)?,
+            )
+        };
+        let keys = match rail {
+            None => self.keys_of(addr as *const u8),
+            Some(r) => self.arena().keys_of_rail(addr as *const u8, r),
+        }
+        .ok_or(GrantError::Unregistered)?;
         if !keys.contains(addr, len) {
             return Err(GrantError::Unregistered);
         }
         if access.is_empty() || !Access::REMOTE.contains(access) {
             return Err(GrantError::Rights(access));
         }
-        if !qp.pd().nic().same_device(self.nic()) || qp.pd().as_raw() != self.pd().as_raw() {
-            return Err(GrantError::ForeignQp);
-        }
-        let caps = self.nic().caps();
+        let caps = qp.pd().nic().caps();
         let windows = caps.max_mw > 0;
         let fits = len <= MAX_WINDOW;
         let kind = match kind {
@@ -101,14 +115,17 @@ impl Pool {
                 s => return Err(GrantError::QpNotReady(s)),
             }
         }
-        let region = self.arena().exposed_region(addr);
+        let region = self.arena().exposed_region_on(addr, rail);
         // A window over the pool's region is bounded by the window alone: where the device
         // does not enforce window bounds, or the region is the implicit ODP one, the window
-        // gets a region of its own over exactly the range.
+        // gets a region of its own over exactly the range. A type 1 window on a rail gets one
+        // too: its unbind needs the region, and a rail's regions go when it is detached.
         let dedicated = kind == GrantKind::Region
             || quirks::applies(caps, Quirk::MwBoundsNotEnforced)
-            || region.is_none_or(|r| r.addr() == 0);
+            || region.is_none_or(|r| r.addr() == 0)
+            || (rail.is_some() && kind == GrantKind::Type1);
         Ok(Checked {
+            pd: qp.pd(),
             block,
             region,
             kind,
@@ -126,10 +143,11 @@ impl Pool {
         access: Access,
         kind: GrantKind,
     ) -> Result<Issued, GrantError> {
-        let c = self.check_grant(addr, len, qp, access, kind)?;
         let g = &self.inner().grants;
+        let _gate = g.rails_gate.read().unwrap_or_else(|e| e.into_inner());
+        let c = self.check_grant(addr, len, qp, access, kind)?;
         let dedicated = if c.dedicated {
-            Some(g.dedicated_region(self, addr, len, access, &c)?)
+            Some(g.dedicated_region(addr, len, access, &c)?)
         } else {
             None
         };
@@ -159,6 +177,7 @@ impl Pool {
         let seq = (g.seq.fetch_add(1, Relaxed) & super::SEQ_MASK) as u16;
         let key = active.vacant_key();
         let mut a = Active {
+            pd: Some(qp.pd().clone()),
             seq,
             kind: c.kind,
             window: None,
@@ -265,7 +284,6 @@ impl Grants {
     /// grant's rights for a region grant, with `MW_BIND` only for a window over it.
     fn dedicated_region(
         &self,
-        pool: &Pool,
         addr: usize,
         len: usize,
         access: Access,
@@ -302,8 +320,7 @@ impl Grants {
         // arena lives; the region is deregistered before the grant's record closes, so before
         // the block can be reused.
         let mr = unsafe {
-            pool.pd()
-                .reg_mr(addr as *mut u8, len, Access::LOCAL_WRITE | rights | odp)
+            c.pd.reg_mr(addr as *mut u8, len, Access::LOCAL_WRITE | rights | odp)
         };
         mr.map_err(|e| {
             n.dedicated.fetch_sub(1, Relaxed);

@@ -162,6 +162,8 @@ enum Wr {
 
 /// One grant's state in the pool (a `slab` entry, keyed by the `wr_id`).
 struct Active {
+    /// The PD of the grant's QP (a rail's, or the pool's own).
+    pd: Option<crate::nic::Pd>,
     seq: u16,
     kind: GrantKind,
     window: Option<Lent>,
@@ -209,6 +211,9 @@ struct Counters {
 
 /// The pool's grant state (a field of the pool's shared state).
 pub(crate) struct Grants {
+    /// Held (shared) while a grant is issued, so that a rail it uses is not detached under
+    /// it; exclusively by `Pool::detach`.
+    rails_gate: std::sync::RwLock<()>,
     active: Mutex<Slab<Active>>,
     windows: Mutex<Windows>,
     ledger: Ledger,
@@ -266,6 +271,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Grants {
     pub(crate) fn new() -> Result<Grants, i32> {
         let g = Grants {
+            rails_gate: std::sync::RwLock::new(()),
             active: Mutex::new(Slab::new()),
             windows: Mutex::new(Windows::default()),
             ledger: Ledger::new()?,
@@ -275,6 +281,20 @@ impl Grants {
         };
         g.set_limits(GrantLimits::default());
         Ok(g)
+    }
+
+    /// Run `f` (a detach of `pd`) with no grant being issued meanwhile, unless a grant whose
+    /// QP is in `pd` is open: then [`GrantError::Unavailable`]-like refusal, `None`.
+    pub(crate) fn without_grants_on<T>(
+        &self,
+        pd: &crate::nic::Pd,
+        f: impl FnOnce() -> T,
+    ) -> Option<T> {
+        let _gate = self.rails_gate.write().unwrap_or_else(|e| e.into_inner());
+        let open = lock(&self.active)
+            .iter()
+            .any(|(_, a)| !a.done && a.pd.as_ref() == Some(pd));
+        (!open).then(f)
     }
 
     pub(crate) fn set_limits(&self, l: GrantLimits) {

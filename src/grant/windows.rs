@@ -50,12 +50,15 @@ fn slot(ty: MwType) -> usize {
 }
 
 impl Windows {
-    /// A window of type `ty`: a cached one, or a fresh one from `pd`.
+    /// A window of type `ty` in `pd`: a cached one, or a fresh one.
     ///
     /// # Errors
     /// `ibv_alloc_mw`'s failure (`Limit` above `max_mw`).
     pub(crate) fn take(&mut self, pd: &Pd, ty: MwType) -> Result<Lent, crate::nic::Error> {
-        let lent = match self.free[slot(ty)].pop() {
+        let free = &mut self.free[slot(ty)];
+        // The newest window of `pd` (the pool's own PD, or a rail's).
+        let mine = free.iter().rposition(|l| l.mw.pd() == pd);
+        let lent = match mine.map(|i| free.swap_remove(i)) {
             Some(l) => l,
             None => {
                 let mw = pd.alloc_mw(ty)?;

@@ -264,6 +264,12 @@ impl Nic {
         Arc::ptr_eq(&self.backend, &other.backend)
     }
 
+    /// A number that identifies the opened device while any handle to it lives (what
+    /// [`Nic::same_device`] compares), for lock-free lookups.
+    pub(crate) fn device_id(&self) -> usize {
+        Arc::as_ptr(&self.backend) as *const () as usize
+    }
+
     /// Which backend this is.
     pub fn kind(&self) -> NicKind {
         self.backend.kind()
@@ -537,6 +543,12 @@ impl Pd {
     /// The NIC this PD belongs to.
     pub fn nic(&self) -> &Nic {
         &self.inner.nic
+    }
+
+    /// A number that identifies this PD while any handle to it lives (what `==` compares),
+    /// for lock-free lookups.
+    pub(crate) fn id(&self) -> usize {
+        Arc::as_ptr(&self.inner) as usize
     }
 
     /// The backend's handle (`struct ibv_pd *` on verbs, a table index on the soft NIC).

@@ -1,0 +1,117 @@
+//! The pool on several devices at once (multi-rail): attach and detach PDs, keys per device.
+//!
+//! Contract: a thin front end over the arena's rails (`arena/rails.rs`): every block of the
+//! pool is registered on every attached device, `keys_of_on` answers per device in O(1)
+//! without a lock, and [`Pool::keys_of`] keeps meaning the pool's own device. A grant names
+//! its device through its QP's PD; a PD with open grants is not detached.
+
+use super::Pool;
+use crate::arena::{Error, Keys, RailStats};
+use crate::nic::{Nic, Pd, Sge};
+
+impl Pool {
+    /// Register the whole pool on `pd` too (a PD of another NIC, for a second rail): what is
+    /// already committed now, everything later as it is committed. Returns the rail's index.
+    ///
+    /// # Errors
+    /// As [`Arena::attach`](crate::arena::Arena::attach).
+    ///
+    /// # Examples
+    /// ```
+    /// use rdma_pool::alloc::Pool;
+    /// use rdma_pool::nic::Nic;
+    /// let (rail0, rail1) = (Nic::soft(), Nic::soft());
+    /// let pool = Pool::new(&rail0.alloc_pd()?)?;
+    /// pool.attach(&rail1.alloc_pd()?)?;
+    /// let v = allocator_api2::vec![in &pool; 7u8; 4096];
+    /// let k0 = pool.keys_of_on(v.as_ptr(), &rail0).unwrap();
+    /// let k1 = pool.keys_of_on(v.as_ptr(), &rail1).unwrap();
+    /// assert_ne!(k0.lkey, k1.lkey);
+    /// assert_eq!(Some(k0), pool.keys_of(v.as_ptr()));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn attach(&self, pd: &Pd) -> Result<usize, Error> {
+        self.arena().attach(pd)
+    }
+
+    /// Deregister the pool from `pd` (see [`Arena::detach`](crate::arena::Arena::detach)).
+    ///
+    /// # Errors
+    /// [`Error::Busy`] while a grant whose QP is in `pd` is open; otherwise as
+    /// [`Arena::detach`](crate::arena::Arena::detach).
+    ///
+    /// # Examples
+    /// ```
+    /// # use rdma_pool::alloc::Pool;
+    /// # use rdma_pool::nic::Nic;
+    /// # let (rail0, rail1) = (Nic::soft(), Nic::soft());
+    /// # let pool = Pool::new(&rail0.alloc_pd()?)?;
+    /// let pd1 = rail1.alloc_pd()?;
+    /// pool.attach(&pd1)?;
+    /// let b = allocator_api2::boxed::Box::new_in([0u8; 256], &pool);
+    /// pool.detach(&pd1)?;
+    /// assert_eq!(pool.keys_of_on(b.as_ptr(), &rail1), None);
+    /// assert!(pool.keys_of_on(b.as_ptr(), &rail0).is_some());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn detach(&self, pd: &Pd) -> Result<(), Error> {
+        self.inner()
+            .grants
+            .without_grants_on(pd, || self.arena().detach(pd))
+            .unwrap_or(Err(Error::Busy("open grants use this PD")))
+    }
+
+    /// The keys of the registration covering `p` on `nic` (the pool's own device or an
+    /// attached one); `None` where the pool is not registered on `nic`. O(1), no lock.
+    ///
+    /// # Examples
+    /// ```
+    /// # use rdma_pool::alloc::Pool;
+    /// # use rdma_pool::nic::Nic;
+    /// let nic = Nic::soft();
+    /// let pool = Pool::new(&nic.alloc_pd()?)?;
+    /// let b = allocator_api2::boxed::Box::new_in(1u64, &pool);
+    /// let p = &*b as *const u64 as *const u8;
+    /// assert_eq!(pool.keys_of_on(p, &nic), pool.keys_of(p));
+    /// assert_eq!(pool.keys_of_on(p, &Nic::soft()), None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[inline]
+    pub fn keys_of_on(&self, p: *const u8, nic: &Nic) -> Option<Keys> {
+        self.arena().keys_of_on(p, nic)
+    }
+
+    /// One SGE for `buf` on `nic`.
+    ///
+    /// # Errors
+    /// As [`Arena::sge_of_on`](crate::arena::Arena::sge_of_on).
+    ///
+    /// # Examples
+    /// ```
+    /// # use rdma_pool::alloc::Pool;
+    /// # use rdma_pool::nic::Nic;
+    /// # let (rail0, rail1) = (Nic::soft(), Nic::soft());
+    /// # let pool = Pool::new(&rail0.alloc_pd()?)?;
+    /// pool.attach(&rail1.alloc_pd()?)?;
+    /// let v = allocator_api2::vec![in &pool; 1u8; 100];
+    /// assert_eq!(pool.sge_of_on(&v, &rail1)?.length, 100);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn sge_of_on(&self, buf: &[u8], nic: &Nic) -> Result<Sge, Error> {
+        self.arena().sge_of_on(buf, nic)
+    }
+
+    /// What each attached device holds (see [`RailStats`]).
+    ///
+    /// # Examples
+    /// ```
+    /// # use rdma_pool::alloc::Pool;
+    /// # use rdma_pool::nic::Nic;
+    /// # let pool = Pool::new(&Nic::soft().alloc_pd()?)?;
+    /// assert!(pool.rail_stats().is_empty());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn rail_stats(&self) -> Vec<RailStats> {
+        self.arena().rail_stats()
+    }
+}
