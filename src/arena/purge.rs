@@ -46,6 +46,9 @@ pub(crate) struct SlabInfo {
 pub(super) const RUN_HEAD: u8 = 1;
 /// In [`SlabInfo::flags`]: queue memory, never registered as a region.
 pub(super) const QUEUE: u8 = 2;
+/// In [`SlabInfo::flags`]: committed for a run whose thread has not yet registered it on the
+/// rails (`rails.rs`); an attach leaves such slabs to that thread.
+pub(super) const PENDING: u8 = 4;
 
 /// What happened to a group of slabs covered by one registration (or by none).
 enum Unregistered {
@@ -73,7 +76,7 @@ impl Arena {
         self.slabs.get(i).is_some_and(|s| {
             s.state.load(Ordering::Acquire) == LIVE
                 && s.kind.load(Ordering::Relaxed) != 0
-                && s.flags.load(Ordering::Relaxed) & QUEUE == 0
+                && s.flags.load(Ordering::Acquire) & (QUEUE | PENDING) == 0
         })
     }
 
@@ -84,14 +87,24 @@ impl Arena {
             .is_some_and(|s| s.flags.load(Ordering::Relaxed) & RUN_HEAD != 0)
     }
 
-    /// Note the run `[addr, addr + slabs · SLAB)` just handed out (`QUEUE`: queue memory).
+    /// Note the run `[addr, addr + slabs · SLAB)` about to be committed (`QUEUE`: queue
+    /// memory; otherwise `PENDING` until [`Arena::rails_register`] clears it).
     pub(super) fn mark_run(&self, addr: usize, slabs: usize, queue: bool) {
         let first = self.slab_index(addr);
+        let rest = if queue { QUEUE } else { PENDING };
         for i in first..first + slabs {
             if let Some(s) = self.slabs.get(i) {
                 let head = if i == first { RUN_HEAD } else { 0 };
-                s.flags
-                    .store(head | if queue { QUEUE } else { 0 }, Ordering::Relaxed);
+                s.flags.store(head | rest, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Clear `PENDING` on slabs `[first, first + n)`.
+    pub(super) fn unpend(&self, first: usize, n: usize) {
+        for i in first..first + n {
+            if let Some(s) = self.slabs.get(i) {
+                s.flags.fetch_and(!PENDING, Ordering::Release);
             }
         }
     }
@@ -437,6 +450,8 @@ impl Arena {
                 return Err(err);
             }
             self.set_state(i, e - i, LIVE);
+            // Live first, then the rails: an attach either sees the slabs live or is seen.
+            self.rails_register(self.base + (i << SLAB_SHIFT), (e - i) << SLAB_SHIFT);
             i = e;
         }
         Ok(())
@@ -483,7 +498,6 @@ impl Arena {
                 return Err(err);
             }
         }
-        self.rails_register(addr, len);
         add(&self.counters.revived_bytes, len as u64);
         Ok(())
     }

@@ -33,7 +33,7 @@ use super::table::{Keys, Table};
 use super::{Arena, Error, SLAB_SHIFT, os::MmapArray, provision};
 use crate::nic::{Access, Mr, Nic, Pd, Sge};
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering, fence};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 /// Most devices (PDs) an arena is attached to besides its own.
@@ -238,6 +238,11 @@ impl Arena {
             odp_usable,
             access,
         };
+        // Visible to committing threads before the walk (see `rails_register`): a run still
+        // `PENDING`, or being purged or revived, is left to its thread, which waits for the
+        // lock and registers it on this rail too.
+        slot.pd.store(pd.id(), Ordering::SeqCst);
+        fence(Ordering::SeqCst);
         // Register what is in use: units are runs (broken at run heads and at slabs not in
         // use), so every block lies in one region.
         let n = self.span() >> SLAB_SHIFT;
@@ -255,7 +260,6 @@ impl Arena {
             i = e;
         }
         slot.device.store(pd.nic().device_id(), Ordering::Release);
-        slot.pd.store(pd.id(), Ordering::Release);
         tracing::info!(
             target: "rdma_pool::arena",
             rail = r as u64,
@@ -458,13 +462,18 @@ impl Arena {
             .collect()
     }
 
-    /// Register the run `[addr, addr + len)` just committed or revived on every rail.
+    /// Register the run `[addr, addr + len)` just committed (clearing its `PENDING` mark) or
+    /// revived on every rail.
     pub(crate) fn rails_register(&self, addr: usize, len: usize) {
+        let (s, e) = (self.slab_index(addr), self.slab_index(addr + len));
+        self.unpend(s, e - s);
+        // Pairs with the fence in `attach`: either the attach sees the run in use (and
+        // registers it), or this thread sees the rail (and registers it, after the walk).
+        fence(Ordering::SeqCst);
         if !self.rails.any() {
             return;
         }
         let held = self.rails.hold();
-        let (s, e) = (self.slab_index(addr), self.slab_index(addr + len));
         for r in held.attached() {
             self.rail_cover(&held, r, s, e);
         }
@@ -474,6 +483,8 @@ impl Arena {
     /// refused (a region whose keys were handed out also covers live slabs, or a device
     /// refused a deregistration); whatever was taken out is registered again then.
     pub(crate) fn rails_unregister(&self, s: usize, e: usize) -> bool {
+        // Pairs with the fence in `attach` (the slabs are BUSY by now).
+        fence(Ordering::SeqCst);
         if !self.rails.any() {
             return true;
         }

@@ -108,8 +108,8 @@ impl Arena {
         };
         let addr = self.chunk_base(c) + s as usize * SLAB;
         let len = slabs as usize * SLAB;
-        self.committed(c, kind, addr, slabs);
         self.mark_run(addr, slabs as usize, false);
+        self.committed(c, kind, addr, slabs);
         let huge = kind == PageKind::Hugetlb;
         let mut pinned_id = None;
         let registered = self.register_run(c, addr, len, false, || {
@@ -204,8 +204,8 @@ impl Arena {
             (c, kind)
         };
         let addr = self.chunk_base(c);
-        self.committed(c, kind, addr, slabs as u32);
         self.mark_run(addr, slabs, false);
+        self.committed(c, kind, addr, slabs as u32);
         let huge = kind == PageKind::Hugetlb;
         match self.register_run(c, addr, len, true, || self.register_new(addr, len, huge)) {
             Ok(id) => {
@@ -282,8 +282,8 @@ impl Arena {
                 }
             }
         };
-        self.committed(c, kind, addr, slabs);
         self.mark_run(addr, slabs as usize, true);
+        self.committed(c, kind, addr, slabs);
         add(&self.counters.queue_bytes, slabs as u64 * SLAB as u64);
         Ok((
             Run {
