@@ -528,7 +528,17 @@ impl Arena {
         self.lock().chunks.get(c).map_or(0, |ch| ch.node)
     }
 
-    /// What [`ArenaConfig::numa`] resolved to.
+    /// What [`ArenaConfig::numa`] resolved to (also in [`ArenaStats::numa`]).
+    ///
+    /// # Examples
+    /// ```
+    /// use rdma_pool::arena::{Arena, ArenaConfig, Hugepages, NumaPlacement, NumaPolicy};
+    /// use rdma_pool::nic::Nic;
+    /// let pd = Nic::soft().alloc_pd()?; // a soft NIC reports no node by default
+    /// let cfg = ArenaConfig { reserve: 1 << 30, chunk: 1 << 26, hugepages: Hugepages::Off, numa: NumaPolicy::DeviceNode, ..Default::default() };
+    /// assert_eq!(Arena::new(&pd, cfg)?.numa_placement(), NumaPlacement::DeviceHasNoNode);
+    /// # Ok::<(), rdma_pool::arena::Error>(())
+    /// ```
     pub fn numa_placement(&self) -> NumaPlacement {
         self.numa
     }

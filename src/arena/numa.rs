@@ -50,10 +50,14 @@ const MPOL_F_MEMS_ALLOWED: libc::c_ulong = 4;
 ///
 /// # Examples
 /// ```
-/// use rdma_pool::arena::{ArenaConfig, Hugepages, NumaPolicy};
-/// let cfg = ArenaConfig { numa: NumaPolicy::Node(0), hugepages: Hugepages::Off, ..Default::default() };
+/// use rdma_pool::arena::{Arena, ArenaConfig, Hugepages, NumaPlacement, NumaPolicy};
 /// assert_eq!(ArenaConfig::default().numa, NumaPolicy::Any);
-/// # let _ = cfg;
+/// let pd = rdma_pool::nic::Nic::soft().alloc_pd()?;
+/// let cfg = ArenaConfig { reserve: 1 << 30, chunk: 1 << 26, numa: NumaPolicy::Node(0), hugepages: Hugepages::Off, ..Default::default() };
+/// assert_eq!(Arena::new(&pd, cfg)?.numa_placement(), NumaPlacement::Node(0));
+/// let nowhere = ArenaConfig { numa: NumaPolicy::Node(100_000), ..cfg };
+/// assert!(matches!(Arena::new(&pd, nowhere), Err(rdma_pool::arena::Error::Config(_))));
+/// # Ok::<(), rdma_pool::arena::Error>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum NumaPolicy {
@@ -364,6 +368,13 @@ pub fn policy_of(addr: *const u8) -> Option<(i32, Option<u32>)> {
 
 /// The node the page at `addr` would be (or was) allocated on under the mapping's policy
 /// (`get_mempolicy(MPOL_F_NODE | MPOL_F_ADDR)`), `None` when the call fails.
+///
+/// # Examples
+/// ```
+/// let x = Box::new(7u64);
+/// let p = &*x as *const u64 as *const u8;
+/// assert_eq!(rdma_pool::arena::numa::policy_node_of(p), rdma_pool::arena::numa::node_of_page(p));
+/// ```
 pub fn policy_node_of(addr: *const u8) -> Option<u32> {
     let mut node: libc::c_int = -1;
     // SAFETY: with MPOL_F_NODE the kernel writes one int into `node`, no mask.
