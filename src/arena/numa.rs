@@ -73,7 +73,8 @@ pub enum NumaPolicy {
     /// Each chunk bound to the node of the thread that opens it, one open chunk per node: a
     /// thread's fresh runs (and so its thread cache's fresh pages) come from its CPU's node.
     /// Memory recycled through shared free lists, or taken by another thread, may come from
-    /// another node; the refill reserve (`Pool::start_refill`) is not used under `Local`.
+    /// another node; the refill reserve is not used under `Local` (`Pool::start_refill`
+    /// starts nothing).
     Local,
 }
 

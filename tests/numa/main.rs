@@ -287,3 +287,19 @@ fn the_pool_reports_the_node_of_its_blocks() {
     assert_eq!(unbound.node_of(v.as_ptr()), None);
     assert_eq!(policy_of(v.as_ptr()), Some((MPOL_DEFAULT, None)));
 }
+
+#[test]
+fn local_placement_keeps_no_refill_reserve() {
+    let pd = Nic::soft().alloc_pd().unwrap();
+    // This test's own thread, pinned so its node cannot change under the check below.
+    assert!(pin_to(allowed_cpus()[0]));
+    let local = Pool::with_config(&pd, cfg(NumaPolicy::Local, Hugepages::Off)).unwrap();
+    local.start_refill(2).unwrap();
+    assert_eq!(local.prefetch_stats().reserve_target, 0);
+    let v = allocator_api2::vec![in &local; 1u8; 100];
+    assert_eq!(local.node_of(v.as_ptr()), current_node());
+    let fixed = Pool::with_config(&pd, cfg(NumaPolicy::Node(0), Hugepages::Off)).unwrap();
+    fixed.start_refill(2).unwrap();
+    assert_eq!(fixed.prefetch_stats().reserve_target, 2);
+    fixed.stop_refill();
+}
