@@ -548,6 +548,26 @@ impl Pool {
         self.inner().arena.sge_of(buf)
     }
 
+    /// The NUMA node the memory at `p` was bound to (see [`Arena::chunk_node`]): `None` for a
+    /// pointer outside the pool or memory the pool did not bind
+    /// ([`ArenaConfig::numa`](crate::arena::ArenaConfig::numa)).
+    ///
+    /// # Examples
+    /// ```
+    /// use rdma_pool::alloc::Pool;
+    /// use rdma_pool::arena::{ArenaConfig, Hugepages, NumaPolicy};
+    /// let pd = rdma_pool::nic::Nic::soft().alloc_pd()?;
+    /// let cfg = ArenaConfig { reserve: 1 << 32, hugepages: Hugepages::Off, numa: NumaPolicy::Node(0), ..Default::default() };
+    /// let pool = Pool::with_config(&pd, cfg)?;
+    /// let v = allocator_api2::vec![in &pool; 0u8; 1000];
+    /// assert_eq!(pool.node_of(v.as_ptr()), Some(0));
+    /// assert_eq!(pool.node_of(&0u8), None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn node_of(&self, p: *const u8) -> Option<u32> {
+        self.inner().arena.chunk_node(p)
+    }
+
     /// The arena the pool allocates from.
     pub fn arena(&self) -> &Arena {
         &self.inner().arena

@@ -7,12 +7,16 @@
 //! empty; the range from the failing slab to the end of the chunk is then remapped as ordinary
 //! memory once (two VMAs, still O(1)), unless the policy is [`Hugepages::Require`].
 //!
+//! A remap binds the new mapping to the chunk's NUMA node again (`numa.rs`): a fresh mapping
+//! has no policy.
+//!
 //! Invariant: in a mapped range, slabs `[0, huge_until)` are hugetlb-mapped and slabs
 //! `[huge_until, end)` ordinary; `huge_until` only decreases.
 
 use super::fork::ForkPolicy;
 use super::os;
-use super::{Error, Hugepages, SLAB};
+use super::{Error, Hugepages, SLAB, numa};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// What backs a committed slab.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -51,10 +55,35 @@ pub(crate) struct Pages {
     pub(crate) fork: ForkPolicy,
     /// THP is enabled in sysfs.
     pub(crate) thp: bool,
+    /// `mbind` calls that failed (the memory stayed unbound).
+    pub(crate) bind_failures: AtomicU64,
 }
 
 impl Pages {
-    /// Map `[addr, addr + slabs·SLAB)` and return its `huge_until`.
+    /// Bind `[addr, addr + len)` (mapped, untouched) to node `node - 1`; `node == 0` binds
+    /// nothing. Returns the node code in force: `node`, or 0 when `mbind` failed (counted,
+    /// never an error: the memory stays usable, unbound).
+    pub(crate) fn bind(&self, addr: *mut u8, len: usize, node: u32) -> u32 {
+        if node == 0 {
+            return 0;
+        }
+        // SAFETY: the range is a mapping of the arena's; only its policy changes.
+        match unsafe { numa::bind(addr, len, node - 1) } {
+            Ok(()) => node,
+            Err(errno) => {
+                self.bind_failures.fetch_add(1, Relaxed);
+                tracing::debug!(
+                    target: "rdma_pool::arena",
+                    node = node - 1,
+                    errno,
+                    "mbind failed; the memory stays unbound"
+                );
+                0
+            }
+        }
+    }
+
+    /// Map `[addr, addr + slabs·SLAB)` and return its `huge_until` (unbound: the caller binds).
     pub(crate) fn map_range(&self, addr: *mut u8, slabs: u32) -> Result<u32, Error> {
         let len = slabs as usize * SLAB;
         if self.policy != Hugepages::Off {
@@ -70,11 +99,13 @@ impl Pages {
                 Err(_) => {}
             }
         }
-        self.map_ordinary(addr, len)?;
+        self.map_ordinary(addr, len, 0)?;
         Ok(0)
     }
 
-    fn map_ordinary(&self, addr: *mut u8, len: usize) -> Result<(), Error> {
+    /// Map ordinary memory over `[addr, addr + len)`, bound to node code `node` (see
+    /// [`Pages::bind`]).
+    fn map_ordinary(&self, addr: *mut u8, len: usize, node: u32) -> Result<(), Error> {
         // SAFETY: the range belongs to the arena and holds no handed-out memory.
         unsafe { os::map_fixed(addr, len, false) }.map_err(|errno| Error::Os {
             what: "mmap",
@@ -88,6 +119,7 @@ impl Pages {
         // SAFETY: advice about page size only. Failure (no THP in the kernel) is not an error:
         // the slabs are then counted as 4 KiB.
         let _ = unsafe { os::madvise(addr, len, advice) };
+        self.bind(addr, len, node);
         self.dontfork_range(addr, len)
     }
 
@@ -110,14 +142,15 @@ impl Pages {
         }
     }
 
-    /// Commit slabs `[s, e)` of the range mapped at `base` with `slabs` slabs.
+    /// Commit slabs `[s, e)` of the range mapped at `base` with `slabs` slabs, bound to node
+    /// code `node` (what a remap of its hugetlb part is bound to).
     pub(crate) fn commit(
         &self,
         base: *mut u8,
         slabs: u32,
         huge_until: &mut u32,
-        s: u32,
-        e: u32,
+        (s, e): (u32, u32),
+        node: u32,
     ) -> Result<PageKind, Error> {
         let at = |i: u32| base.wrapping_add(i as usize * SLAB);
         let len = (e - s) as usize * SLAB;
@@ -135,7 +168,7 @@ impl Pages {
         }
         if s < *huge_until {
             // The hugetlb pool ran dry: the rest of the range becomes ordinary memory.
-            self.map_ordinary(at(s), (slabs - s) as usize * SLAB)?;
+            self.map_ordinary(at(s), (slabs - s) as usize * SLAB, node)?;
             *huge_until = s;
         }
         os::populate_write(at(s), len).map_err(|errno| Error::Os {
@@ -146,9 +179,14 @@ impl Pages {
     }
 
     /// Map `[addr, addr + len)` anew as ordinary memory and commit it (a purged hugetlb range
-    /// revived after the hugetlb pool ran dry).
-    pub(crate) fn remap_ordinary(&self, addr: *mut u8, len: usize) -> Result<PageKind, Error> {
-        self.map_ordinary(addr, len)?;
+    /// revived after the hugetlb pool ran dry), bound to node code `node`.
+    pub(crate) fn remap_ordinary(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        node: u32,
+    ) -> Result<PageKind, Error> {
+        self.map_ordinary(addr, len, node)?;
         os::populate_write(addr, len).map_err(|errno| Error::Os {
             what: "madvise(MADV_POPULATE_WRITE)",
             errno,

@@ -5,9 +5,10 @@
 //! reports the size it used. `remote` is a subset of [`Access::REMOTE`]: empty by default, so
 //! the pool's own rkeys give a peer nothing. `registration` picks pinned or ODP regions (see
 //! `register.rs` for how `Auto` decides), `policy` what happens when memory cannot be
-//! registered, `purge_delay` how long freed slabs stay committed (see `purge.rs`).
+//! registered, `purge_delay` how long freed slabs stay committed (see `purge.rs`), `numa`
+//! which node chunks are placed on (see `numa.rs`).
 
-use super::{Error, SLAB};
+use super::{Error, NumaPolicy, SLAB};
 use crate::nic::Access;
 use std::time::Duration;
 
@@ -98,6 +99,9 @@ pub struct ArenaConfig {
     /// committed and purged ranges revived, so a peer's first access takes no page fault
     /// (see [`crate::prefetch`]). No effect on pinned memory. Default `true`.
     pub prefetch: bool,
+    /// Which NUMA node chunks take their memory from (see [`NumaPolicy`]; `mbind` with
+    /// `MPOL_PREFERRED`). Default [`NumaPolicy::Any`]: no binding.
+    pub numa: NumaPolicy,
 }
 
 impl Default for ArenaConfig {
@@ -113,6 +117,7 @@ impl Default for ArenaConfig {
             policy: RegistrationPolicy::Degrade,
             purge_delay: Some(Duration::from_secs(1)),
             prefetch: true,
+            numa: NumaPolicy::Any,
         }
     }
 }

@@ -19,7 +19,10 @@
 //!   out only when it covers nothing live (its keys then stop working), never re-registers it;
 //! - the arena's own code never allocates through the global allocator (its metadata is mapped
 //!   from the kernel), never holds its lock across a NIC call, and makes NIC calls only on the
-//!   growth, purge and revive paths, never in [`Arena::keys_of`].
+//!   growth, purge and revive paths, never in [`Arena::keys_of`];
+//! - each chunk is bound to a NUMA node as [`ArenaConfig::numa`] says, right after it is
+//!   mapped and before any page of it is touched (`numa.rs`); the node is recorded per chunk
+//!   ([`Arena::chunk_node`]) and a failed binding leaves the chunk unbound, never fails a run.
 //!
 //! Invariants (checked by [`Arena::validate`]):
 //! - `used(c) <= slabs_per_chunk` for every chunk, `next_chunk <= chunks`;
@@ -36,6 +39,7 @@ mod config;
 mod error;
 mod fork;
 mod grow;
+pub mod numa;
 pub(crate) mod os;
 pub mod provision;
 mod purge;
@@ -49,11 +53,12 @@ pub use commit::PageKind;
 pub use config::{ArenaConfig, Hugepages, Registration, RegistrationPolicy};
 pub use error::Error;
 pub use fork::ForkPolicy;
+pub use numa::{NumaPlacement, NumaPolicy};
 pub use rails::{MAX_RAILS, RailStats};
 pub use register::{
     Degradation, DegradeCause, MemlockInfo, ModeReason, RegMode, preflight_memlock,
 };
-pub use stats::ArenaStats;
+pub use stats::{ArenaStats, MAX_STAT_NODES};
 pub use table::Keys;
 
 use crate::nic::{Access, Pd, Sge};
@@ -117,11 +122,15 @@ struct ChunkState {
     /// A pinned registration of the chunk failed and its ODP region took over: later slabs of
     /// the chunk use it too.
     fallback: bool,
+    /// `n + 1` for a chunk bound to NUMA node `n`, 0 for an unbound one.
+    node: u32,
 }
 
 struct State {
     next_chunk: usize,
-    open: Option<usize>,
+    /// The chunk runs are cut from, per slot: slot 0 unless the placement is
+    /// [`NumaPlacement::Local`], then `node % MAX_NODES` of the calling thread.
+    open: [Option<usize>; numa::MAX_NODES],
     /// The chunk unregistered runs (DEVX queue memory) are cut from, if one is open.
     queue: Option<usize>,
     chunks: MmapArray<ChunkState>,
@@ -170,6 +179,8 @@ pub struct Arena {
     implicit_lock: Mutex<()>,
     last_degradation: AtomicU64,
     memlock: MemlockInfo,
+    /// What the configured [`NumaPolicy`] resolved to.
+    numa: NumaPlacement,
     /// Per slab of the reservation: purge state and page kind (`purge.rs`).
     slabs: MmapArray<purge::SlabInfo>,
     purge_delay: Option<std::time::Duration>,
@@ -200,7 +211,9 @@ impl Arena {
     ///
     /// # Errors
     /// [`Error::Config`] for an inconsistent configuration (or a device whose `max_mr_size`
-    /// is below one slab); [`Error::Os`] when the reservation cannot be made.
+    /// is below one slab, or a NUMA node — asked for, or the device's under
+    /// [`NumaPolicy::DeviceNode`] — that is not online); [`Error::Os`] when the reservation
+    /// cannot be made.
     ///
     /// # Examples
     /// ```
@@ -219,6 +232,7 @@ impl Arena {
         let chunk = cfg.chunk_for(caps.max_mr_size)?;
         let (mode, mode_reason, odp_usable) =
             register::choose_mode(cfg.registration, caps, cfg.remote)?;
+        let numa = NumaPlacement::resolve(cfg.numa, caps.numa_node).map_err(Error::Config)?;
         let base = os::reserve(cfg.reserve, chunk).map_err(|errno| Error::Os {
             what: "mmap(PROT_NONE) reservation",
             errno,
@@ -271,7 +285,7 @@ impl Arena {
             table,
             state: Mutex::new(State {
                 next_chunk: 0,
-                open: None,
+                open: [None; numa::MAX_NODES],
                 queue: None,
                 chunks,
             }),
@@ -280,6 +294,7 @@ impl Arena {
                 policy: cfg.hugepages,
                 fork,
                 thp: os::thp_available(),
+                bind_failures: AtomicU64::new(0),
             },
             access,
             rereg: AtomicBool::new(cfg.grow_by_rereg && caps.rereg_mr && mode == RegMode::Pinned),
@@ -294,6 +309,7 @@ impl Arena {
             implicit_lock: Mutex::new(()),
             last_degradation: AtomicU64::new(0),
             memlock,
+            numa,
             slabs,
             purge_delay: cfg.purge_delay,
             prefetch: crate::prefetch::Prefetcher::new(cfg.prefetch && mode == RegMode::Odp, caps),
@@ -482,7 +498,62 @@ impl Arena {
             mode_reason: self.mode_reason,
             memlock: self.memlock,
             last_degradation: self.last_degradation.load(Ordering::Relaxed),
+            numa: self.numa,
+            numa_bind_failures: self.pages.bind_failures.load(Ordering::Relaxed),
         })
+    }
+
+    /// The NUMA node the chunk holding `ptr` was bound to when it was opened; `None` for a
+    /// pointer outside the arena, a chunk not opened, or an unbound chunk (placement
+    /// [`NumaPlacement::Unbound`], or a failed `mbind`). Takes the arena's lock.
+    ///
+    /// # Examples
+    /// ```
+    /// use rdma_pool::arena::{Arena, ArenaConfig, Hugepages, NumaPolicy};
+    /// let pd = rdma_pool::nic::Nic::soft().alloc_pd()?;
+    /// let cfg = ArenaConfig { reserve: 1 << 30, chunk: 1 << 26, hugepages: Hugepages::Off, numa: NumaPolicy::Node(0), ..Default::default() };
+    /// let arena = Arena::new(&pd, cfg)?;
+    /// let run = arena.alloc_run(4096, 64)?;
+    /// assert_eq!(arena.chunk_node(run.as_ptr()), Some(0));
+    /// assert_eq!(arena.stats().node_chunk_bytes[0], 1 << 26);
+    /// # Ok::<(), rdma_pool::arena::Error>(())
+    /// ```
+    pub fn chunk_node(&self, ptr: *const u8) -> Option<u32> {
+        let c = self.chunk_of(ptr)?;
+        self.chunk_node_code(c).checked_sub(1)
+    }
+
+    /// `ChunkState::node` of chunk `c` (0 for none).
+    pub(crate) fn chunk_node_code(&self, c: usize) -> u32 {
+        self.lock().chunks.get(c).map_or(0, |ch| ch.node)
+    }
+
+    /// What [`ArenaConfig::numa`] resolved to (also in [`ArenaStats::numa`]).
+    ///
+    /// # Examples
+    /// ```
+    /// use rdma_pool::arena::{Arena, ArenaConfig, Hugepages, NumaPlacement, NumaPolicy};
+    /// use rdma_pool::nic::Nic;
+    /// let pd = Nic::soft().alloc_pd()?; // a soft NIC reports no node by default
+    /// let cfg = ArenaConfig { reserve: 1 << 30, chunk: 1 << 26, hugepages: Hugepages::Off, numa: NumaPolicy::DeviceNode, ..Default::default() };
+    /// assert_eq!(Arena::new(&pd, cfg)?.numa_placement(), NumaPlacement::DeviceHasNoNode);
+    /// # Ok::<(), rdma_pool::arena::Error>(())
+    /// ```
+    pub fn numa_placement(&self) -> NumaPlacement {
+        self.numa
+    }
+
+    /// The node code (`n + 1`, 0 for none) a chunk opened now by this thread is bound to, and
+    /// the open-chunk slot its runs are cut from.
+    fn wanted_node(&self) -> (u32, usize) {
+        match self.numa {
+            NumaPlacement::Unbound | NumaPlacement::DeviceHasNoNode => (0, 0),
+            NumaPlacement::Node(n) => (n + 1, 0),
+            NumaPlacement::Local => match numa::current_node() {
+                Some(n) => (n + 1, n as usize % numa::MAX_NODES),
+                None => (0, 0),
+            },
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {

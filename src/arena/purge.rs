@@ -375,6 +375,9 @@ impl Arena {
                 // Before Linux 5.18 hugetlb memory cannot be dropped by madvise: map it anew.
                 // SAFETY: as above; the slab is the arena's own mapping.
                 let _ = unsafe { os::map_fixed(at, SLAB, true) };
+                // A fresh mapping has no NUMA policy: the chunk's again.
+                let node = self.chunk_of(at).map_or(0, |c| self.chunk_node_code(c));
+                self.pages.bind(at, SLAB, node);
                 let _ = self.pages.dontfork_range(at, SLAB);
             }
             sub(self.kind_counter(kind), 1);
@@ -472,7 +475,10 @@ impl Arena {
             // The hugetlb pool ran dry meanwhile: these slabs become ordinary memory.
             // SAFETY: the slabs are purged: nothing lives in them.
             let _ = unsafe { os::madvise(addr as *mut u8, len, libc::MADV_DONTNEED) };
-            kind = self.pages.remap_ordinary(addr as *mut u8, len)?;
+            let node = self
+                .chunk_of(addr as *const u8)
+                .map_or(0, |c| self.chunk_node_code(c));
+            kind = self.pages.remap_ordinary(addr as *mut u8, len, node)?;
             self.set_kind(addr, e - s, kind);
         }
         let registered = self.table.reg_at(s);

@@ -5,12 +5,15 @@
 //! Contract: the arena's lock is held only while slabs are reserved and chunk state changes,
 //! never across a NIC call; a run that cannot be committed, or registered under
 //! `RegistrationPolicy::Required`, gives its slabs back (`failed_runs`), and nothing of it stays
-//! committed.
+//! committed. A chunk is bound to its NUMA node (`numa.rs`) when it is opened, before any of
+//! its pages is committed; under `NumaPlacement::Local` runs are cut from the open chunk of
+//! the calling thread's node, and the reserve of ready slabs is not used.
 
 use super::commit::PageKind;
 use super::grow::Grown;
+use super::stats::MAX_STAT_NODES;
 use super::stats::{add, sub};
-use super::{Arena, ChunkState, Error, Run, SLAB, State, os, provision};
+use super::{Arena, ChunkState, Error, NumaPlacement, Run, SLAB, State, os, provision};
 use std::ptr::NonNull;
 use std::sync::atomic::Ordering;
 
@@ -39,7 +42,12 @@ impl Arena {
     /// # Ok::<(), rdma_pool::arena::Error>(())
     /// ```
     pub fn alloc_run(&self, len: usize, align: usize) -> Result<Run, Error> {
-        if len != 0 && len <= SLAB && align.is_power_of_two() && align <= SLAB {
+        if len != 0
+            && len <= SLAB
+            && align.is_power_of_two()
+            && align <= SLAB
+            && self.numa != NumaPlacement::Local
+        {
             if let Some(addr) = self.ahead.take() {
                 add(&self.counters.runs, 1);
                 return Ok(Run {
@@ -75,18 +83,19 @@ impl Arena {
 
     fn alloc_in_chunk(&self, slabs: u32, align_slabs: u32) -> Result<Run, Error> {
         let spc = self.slabs_per_chunk;
+        let (node, slot) = self.wanted_node();
         let (c, old_used, s, kind, tail) = {
             let mut st = self.lock();
             let fits = |ch: &ChunkState| {
                 let s = ch.used.next_multiple_of(align_slabs);
                 (s + slabs <= spc).then_some(s)
             };
-            let open = st.open.and_then(|c| Some((c, fits(st.chunks.get(c)?)?)));
+            let open = st.open[slot].and_then(|c| Some((c, fits(st.chunks.get(c)?)?)));
             let (c, s) = match open {
                 Some(cs) => cs,
                 None => {
-                    let c = self.open_chunks(&mut st, 1, 1)?;
-                    st.open = Some(c);
+                    let c = self.open_chunks(&mut st, 1, 1, node)?;
+                    st.open[slot] = Some(c);
                     (c, 0)
                 }
             };
@@ -98,7 +107,7 @@ impl Arena {
             };
             let kind = self
                 .pages
-                .commit(base, spc, &mut ch.huge_until, s, s + slabs)?;
+                .commit(base, spc, &mut ch.huge_until, (s, s + slabs), ch.node)?;
             let old_used = ch.used;
             ch.used = s + slabs;
             let tail = (self.rereg.load(Ordering::Relaxed) && ch.tail != 0 && ch.tail_end == s)
@@ -179,15 +188,18 @@ impl Arena {
         }
         let m = len.div_ceil(self.chunk_size());
         let total = m as u32 * self.slabs_per_chunk;
+        let (node, _) = self.wanted_node();
         let (c, kind) = {
             let mut st = self.lock();
-            let c = self.open_chunks(&mut st, m, align)?;
+            let c = self.open_chunks(&mut st, m, align, node)?;
+            let node = st.chunks.get(c).map_or(0, |ch| ch.node);
             let base = self.chunk_base(c) as *mut u8;
             let mut huge_until = 0;
             let mapped = self.pages.map_range(base, total).and_then(|hu| {
                 huge_until = hu;
+                self.pages.bind(base, total as usize * SLAB, node);
                 self.pages
-                    .commit(base, total, &mut huge_until, 0, slabs as u32)
+                    .commit(base, total, &mut huge_until, (0, slabs as u32), node)
             });
             let kind = match mapped {
                 Ok(kind) => kind,
@@ -247,6 +259,7 @@ impl Arena {
             ));
         }
         let slabs = len.div_ceil(SLAB) as u32;
+        let (node, _) = self.wanted_node();
         let (addr, kind, c) = {
             let mut st = self.lock();
             let fits = st
@@ -254,7 +267,7 @@ impl Arena {
                 .filter(|&c| st.chunks.get(c).is_some_and(|ch| ch.used + slabs <= spc));
             let (c, fresh) = match fits {
                 Some(c) => (c, false),
-                None => (self.open_chunks(&mut st, 1, 1)?, true),
+                None => (self.open_chunks(&mut st, 1, 1, node)?, true),
             };
             let base = self.chunk_base(c) as *mut u8;
             let Some(ch) = st.chunks.get_mut(c) else {
@@ -265,7 +278,7 @@ impl Arena {
             let s = ch.used;
             match self
                 .pages
-                .commit(base, spc, &mut ch.huge_until, s, s + slabs)
+                .commit(base, spc, &mut ch.huge_until, (s, s + slabs), ch.node)
             {
                 Ok(kind) => {
                     ch.used = s + slabs;
@@ -294,8 +307,16 @@ impl Arena {
         ))
     }
 
-    /// Take `m` fresh chunks whose start is aligned to `align`, map them, and return the first.
-    fn open_chunks(&self, st: &mut State, m: usize, align: usize) -> Result<usize, Error> {
+    /// Take `m` fresh chunks whose start is aligned to `align`, map them, bind them to node
+    /// code `node` (`n + 1`, 0 for none; the node in force is recorded in each chunk's state),
+    /// and return the first.
+    fn open_chunks(
+        &self,
+        st: &mut State,
+        m: usize,
+        align: usize,
+        node: u32,
+    ) -> Result<usize, Error> {
         let mut c = st.next_chunk;
         while self.chunk_base(c) % align != 0 && c < self.chunks() {
             c += 1;
@@ -309,14 +330,30 @@ impl Arena {
         let huge_until = self
             .pages
             .map_range(base, m as u32 * self.slabs_per_chunk)?;
+        // Before any page is touched: the policy decides where the first fault places it.
+        let node = self.pages.bind(base, m << self.chunk_shift, node);
         if m == 1 {
             if let Some(ch) = st.chunks.get_mut(c) {
                 ch.huge_until = huge_until;
             }
         }
+        for i in c..c + m {
+            if let Some(ch) = st.chunks.get_mut(i) {
+                ch.node = node;
+            }
+        }
+        if let Some(bytes) = self.node_bytes(node) {
+            add(bytes, (m << self.chunk_shift) as u64);
+        }
         st.next_chunk = c + m;
         add(&self.counters.chunks, m as u64);
         Ok(c)
+    }
+
+    /// The per-node chunk byte counter of node code `node`, if it has one.
+    fn node_bytes(&self, node: u32) -> Option<&std::sync::atomic::AtomicU64> {
+        let n = node.checked_sub(1)? as usize;
+        (n < MAX_STAT_NODES).then(|| &self.counters.node_chunk_bytes[n])
     }
 
     /// Undo [`Arena::open_chunks`] when nothing was opened after it.
@@ -324,6 +361,15 @@ impl Arena {
         let len = m << self.chunk_shift;
         // SAFETY: the chunks hold nothing handed out.
         let _ = unsafe { os::unmap_to_reserved(self.chunk_base(c) as *mut u8, len) };
+        let node = st.chunks.get(c).map_or(0, |ch| ch.node);
+        if let Some(bytes) = self.node_bytes(node) {
+            sub(bytes, len as u64);
+        }
+        for i in c..c + m {
+            if let Some(ch) = st.chunks.get_mut(i) {
+                ch.node = 0;
+            }
+        }
         if st.next_chunk == c + m {
             st.next_chunk = c;
         }

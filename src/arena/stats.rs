@@ -6,8 +6,12 @@
 //! committed_bytes`; `resident_bytes + hugetlb_bytes == committed_bytes`.
 
 use super::fork::ForkPolicy;
+use super::numa::NumaPlacement;
 use super::register::{Degradation, MemlockInfo, ModeReason, RegMode};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// Nodes whose chunk bytes [`ArenaStats::node_chunk_bytes`] reports one by one.
+pub const MAX_STAT_NODES: usize = 32;
 
 /// A snapshot of an arena's counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -81,6 +85,15 @@ pub struct ArenaStats {
     pub purges_refused: u64,
     /// Bytes of purged slabs committed (and registered) again for reuse (cumulative).
     pub revived_bytes: u64,
+    /// Where chunks are placed: what [`ArenaConfig::numa`](super::ArenaConfig::numa)
+    /// resolved to.
+    pub numa: NumaPlacement,
+    /// Bytes of the chunks opened and bound to node `n`, at index `n` (chunks on nodes at or
+    /// above [`MAX_STAT_NODES`] are not counted here): committed memory is a prefix of them.
+    /// Unbound chunks are the rest of `chunks`. All zero on an arena that binds nothing.
+    pub node_chunk_bytes: [u64; MAX_STAT_NODES],
+    /// `mbind` calls that failed: the memory stayed unbound (allocations never fail for it).
+    pub numa_bind_failures: u64,
 }
 
 #[derive(Default)]
@@ -109,6 +122,7 @@ pub(crate) struct Counters {
     pub(crate) purges: AtomicU64,
     pub(crate) purges_refused: AtomicU64,
     pub(crate) revived_bytes: AtomicU64,
+    pub(crate) node_chunk_bytes: [AtomicU64; MAX_STAT_NODES],
 }
 
 /// What the snapshot reads besides the counters.
@@ -119,6 +133,8 @@ pub(crate) struct Fixed {
     pub(crate) mode_reason: ModeReason,
     pub(crate) memlock: MemlockInfo,
     pub(crate) last_degradation: u64,
+    pub(crate) numa: NumaPlacement,
+    pub(crate) numa_bind_failures: u64,
 }
 
 /// `counter += n`.
@@ -168,6 +184,9 @@ impl Counters {
             purges: r(&self.purges),
             purges_refused: r(&self.purges_refused),
             revived_bytes: r(&self.revived_bytes),
+            numa: f.numa,
+            node_chunk_bytes: std::array::from_fn(|n| r(&self.node_chunk_bytes[n])),
+            numa_bind_failures: f.numa_bind_failures,
         }
     }
 }

@@ -5,12 +5,13 @@
 //! allocation, no lock): `RDMA_POOL_REGISTRATION=pinned|odp|auto` overrides
 //! [`GlobalConfig::registration`], `RDMA_POOL_HUGEPAGES=require|prefer|off` overrides
 //! [`GlobalConfig::hugepages`], `RDMA_POOL_PURGE_MS=<milliseconds>|off` overrides
-//! [`GlobalConfig::purge_delay`], and `RDMA_POOL_NIC` picks the device as for
+//! [`GlobalConfig::purge_delay`], `RDMA_POOL_NUMA=any|device|local|<node>` overrides
+//! [`GlobalConfig::numa`], and `RDMA_POOL_NIC` picks the device as for
 //! [`Nic::open_default`] when [`GlobalConfig::open`] is `None`. An unknown value is ignored
 //! (and counted in [`GlobalStats::env_ignored`](super::GlobalStats::env_ignored)).
 
 pub use crate::arena::Registration;
-use crate::arena::{ArenaConfig, Hugepages, RegistrationPolicy};
+use crate::arena::{ArenaConfig, Hugepages, NumaPolicy, RegistrationPolicy};
 use crate::nic::{self, Access, Nic};
 use std::ffi::CStr;
 use std::time::Duration;
@@ -66,6 +67,10 @@ pub struct GlobalConfig {
     /// `RDMA_POOL_PURGE_MS`; `None`: only on [`GlobalPool::purge`](super::GlobalPool::purge)).
     /// Default 1 s.
     pub purge_delay: Option<Duration>,
+    /// NUMA placement of the pool's chunks (env `RDMA_POOL_NUMA=any|device|local|<node>`; see
+    /// [`NumaPolicy`]). Default `Any`: no binding. A node that is not online makes the arena
+    /// fail to open, and the pool then degrades as [`GlobalConfig::on_failure`] says.
+    pub numa: NumaPolicy,
     /// Opens the NIC; `None` uses [`Nic::open_default`] (which honours `RDMA_POOL_NIC`). It
     /// runs inside the allocator, on the thread of the first allocation: its own allocations
     /// are served from the bootstrap region.
@@ -83,6 +88,7 @@ impl GlobalConfig {
         remote: Access::empty(),
         on_failure: OnFailure::Degrade,
         purge_delay: Some(Duration::from_secs(1)),
+        numa: NumaPolicy::Any,
         open: None,
     };
 
@@ -112,6 +118,13 @@ impl GlobalConfig {
                 None => ignored += 1,
             },
         }
+        match getenv(c"RDMA_POOL_NUMA") {
+            None => {}
+            Some(v) => match parse_numa(v) {
+                Some(numa) => self.numa = numa,
+                None => ignored += 1,
+            },
+        }
         (self, ignored)
     }
 
@@ -128,6 +141,7 @@ impl GlobalConfig {
                 OnFailure::Fail => RegistrationPolicy::Required,
             },
             purge_delay: self.purge_delay,
+            numa: self.numa,
             ..ArenaConfig::default()
         }
     }
@@ -136,6 +150,18 @@ impl GlobalConfig {
 impl Default for GlobalConfig {
     fn default() -> Self {
         GlobalConfig::DEFAULT
+    }
+}
+
+/// An `RDMA_POOL_NUMA` value: `any`, `device`, `local` or a node number.
+fn parse_numa(v: &[u8]) -> Option<NumaPolicy> {
+    match v {
+        b"any" => Some(NumaPolicy::Any),
+        b"device" => Some(NumaPolicy::DeviceNode),
+        b"local" => Some(NumaPolicy::Local),
+        _ => parse_u64(v)
+            .and_then(|n| u32::try_from(n).ok())
+            .map(NumaPolicy::Node),
     }
 }
 
@@ -182,6 +208,23 @@ mod tests {
         assert_eq!(auto.registration, Registration::Auto);
         assert_eq!(auto.policy, RegistrationPolicy::Degrade);
         assert!(auto.remote.is_empty());
+    }
+
+    #[test]
+    fn numa_values_parse() {
+        assert_eq!(parse_numa(b"any"), Some(NumaPolicy::Any));
+        assert_eq!(parse_numa(b"device"), Some(NumaPolicy::DeviceNode));
+        assert_eq!(parse_numa(b"local"), Some(NumaPolicy::Local));
+        assert_eq!(parse_numa(b"3"), Some(NumaPolicy::Node(3)));
+        assert_eq!(parse_numa(b"Local"), None);
+        assert_eq!(parse_numa(b"-1"), None);
+        assert_eq!(parse_numa(b"99999999999"), None);
+        assert_eq!(GlobalConfig::DEFAULT.arena().numa, NumaPolicy::Any);
+        let local = GlobalConfig {
+            numa: NumaPolicy::Local,
+            ..GlobalConfig::DEFAULT
+        };
+        assert_eq!(local.arena().numa, NumaPolicy::Local);
     }
 
     #[test]

@@ -292,6 +292,21 @@ impl Nic {
         self.backend.caps()
     }
 
+    /// The NUMA node the device is attached to ([`Caps::numa_node`]): `None` when it reports
+    /// none (sysfs `-1`, a single-node machine, a soft NIC without
+    /// [`soft::SoftConfig::numa_node`]).
+    ///
+    /// # Examples
+    /// ```
+    /// use rdma_pool::nic::{Nic, soft::SoftConfig};
+    /// assert_eq!(Nic::soft().numa_node(), None);
+    /// let nic = Nic::soft_with(SoftConfig { numa_node: Some(0), ..Default::default() });
+    /// assert_eq!(nic.numa_node(), Some(0));
+    /// ```
+    pub fn numa_node(&self) -> Option<u32> {
+        self.caps().numa_node
+    }
+
     /// The soft NIC behind this handle (its counters and fault injection), if it is one.
     ///
     /// # Examples

@@ -300,6 +300,11 @@ pub struct Caps {
     pub devx: bool,
     /// Active path MTU of port 1 in bytes.
     pub path_mtu: u32,
+    /// The NUMA node the device is attached to (verbs: `/sys/class/infiniband/<name>/device/
+    /// numa_node`, `None` for `-1` or a missing file; soft: [`SoftConfig::numa_node`]).
+    ///
+    /// [`SoftConfig::numa_node`]: crate::nic::soft::SoftConfig::numa_node
+    pub numa_node: Option<u32>,
 }
 
 /// A scatter/gather entry (`struct ibv_sge`).

@@ -78,7 +78,9 @@ impl Pool {
     /// Keep `slabs` (at most [`RESERVE_MAX`](super::RESERVE_MAX)) one-slab runs
     /// committed, registered and prefetched ahead of demand, by a background thread; `0`
     /// stops it. Call it from ordinary code (not from inside an allocator); the thread stops
-    /// with [`Pool::stop_refill`] or when the pool is dropped.
+    /// with [`Pool::stop_refill`] or when the pool is dropped. Under
+    /// [`NumaPolicy::Local`](crate::arena::NumaPolicy::Local) placement the reserve is not used
+    /// (runs come from the calling thread's node), and the call starts nothing.
     ///
     /// # Errors
     /// The thread could not be spawned.

@@ -140,14 +140,17 @@ pub(crate) struct Refill {
 }
 
 impl Refill {
-    /// Keep `slabs` ready slabs in `arena`'s reserve from now on (0 stops the thread). Start
+    /// Keep `slabs` ready slabs in `arena`'s reserve from now on (0, or an arena with NUMA
+    /// `Local` placement, stops the thread). Start
     /// and stop hold the handle's lock throughout, so they never interleave.
     ///
     /// # Safety
     /// `arena` stays valid until [`Refill::stop`] returned.
     pub(crate) unsafe fn start(&self, arena: &Arena, slabs: usize) -> std::io::Result<()> {
         let mut h = self.handle.lock().unwrap_or_else(|e| e.into_inner());
-        if slabs == 0 {
+        // Under NUMA `Local` placement runs are cut per node of the caller: slabs made ready
+        // by this thread, on its node, would never be taken.
+        if slabs == 0 || arena.numa_placement() == crate::arena::NumaPlacement::Local {
             Self::stop_locked(&mut h, arena);
             return Ok(());
         }

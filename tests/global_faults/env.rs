@@ -2,7 +2,7 @@
 
 use crate::common::serial;
 use rdma_pool::GlobalPool;
-use rdma_pool::arena::Hugepages;
+use rdma_pool::arena::{Hugepages, NumaPlacement, NumaPolicy};
 use rdma_pool::global::{GlobalConfig, Registration};
 use rdma_pool::nic::{self, Nic};
 
@@ -51,10 +51,12 @@ fn environment_overrides_are_applied_and_unknown_values_counted() {
             ("RDMA_POOL_HUGEPAGES", "off"),
             ("RDMA_POOL_REGISTRATION", "auto"),
             ("RDMA_POOL_NIC", "soft"),
+            ("RDMA_POOL_NUMA", "0"),
         ]);
         child(&[
             ("RDMA_POOL_CHILD", "2"),
             ("RDMA_POOL_HUGEPAGES", "sometimes"),
+            ("RDMA_POOL_NUMA", "nearby"),
         ]);
         return;
     };
@@ -66,11 +68,21 @@ fn environment_overrides_are_applied_and_unknown_values_counted() {
             assert_eq!(cfg.hugepages, Hugepages::Off);
             assert_eq!(cfg.registration, Registration::Auto);
             assert_eq!(stats.pool.unwrap().arena.slabs_hugetlb, 0);
+            assert_eq!(cfg.numa, NumaPolicy::Node(0));
+            assert_eq!(stats.pool.unwrap().arena.numa, NumaPlacement::Node(0));
+            let layout = std::alloc::Layout::from_size_align(100, 8).unwrap();
+            // SAFETY: a non-zero layout; the block is freed below with it.
+            let p = unsafe { std::alloc::GlobalAlloc::alloc(&P, layout) };
+            assert!(P.keys_of(p).is_some());
+            assert_eq!(rdma_pool::arena::numa::policy_of(p).unwrap().1, Some(0));
+            // SAFETY: allocated above with this layout.
+            unsafe { std::alloc::GlobalAlloc::dealloc(&P, p, layout) };
         }
         _ => {
             // Unknown value: ignored (the constructor's setting stays) and counted.
             assert_eq!(cfg.hugepages, Hugepages::Prefer);
-            assert!(stats.env_ignored >= 1, "{stats:?}");
+            assert_eq!(cfg.numa, NumaPolicy::Any);
+            assert!(stats.env_ignored >= 2, "{stats:?}");
         }
     }
     assert_eq!(P.config().registration, Registration::Pinned);

@@ -79,6 +79,10 @@ pub struct SoftConfig {
     /// What `fork_status()` reports: `Unneeded` (default) models a kernel that copies pinned
     /// pages for a child, `Disabled`/`Enabled` one that needs `MADV_DONTFORK`.
     pub fork: ForkStatus,
+    /// The NUMA node the device reports ([`Caps::numa_node`](crate::nic::Caps::numa_node)):
+    /// where `NumaPolicy::DeviceNode` places the pool's memory. Default `None` (no node, as a
+    /// device whose sysfs `numa_node` is `-1`).
+    pub numa_node: Option<u32>,
 }
 
 impl Default for SoftConfig {
@@ -100,6 +104,7 @@ impl Default for SoftConfig {
             fault_cost: Duration::ZERO,
             umr_revoke_time: Duration::ZERO,
             fork: ForkStatus::Unneeded,
+            numa_node: None,
         }
     }
 }

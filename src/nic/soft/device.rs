@@ -87,6 +87,7 @@ fn caps_of(id: u32, config: &SoftConfig) -> Caps {
         advise_mr: config.advise_mr,
         devx: config.devx,
         path_mtu: 4096,
+        numa_node: config.numa_node,
     }
 }
 

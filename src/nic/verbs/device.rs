@@ -96,6 +96,21 @@ fn sysfs_driver(name: &str) -> Option<String> {
     Some(link.file_name()?.to_string_lossy().into_owned())
 }
 
+/// The NUMA node of the device (`/sys/class/infiniband/<name>/device/numa_node`): `None` for
+/// `-1` (no node, or a single-node machine), a missing file or an unreadable value.
+fn sysfs_numa_node(name: &str) -> Option<u32> {
+    let text = std::fs::read_to_string(format!("/sys/class/infiniband/{name}/device/numa_node"));
+    parse_numa_node(&text.ok()?)
+}
+
+/// A sysfs `numa_node` value: a node number, or `-1` for none.
+pub(super) fn parse_numa_node(text: &str) -> Option<u32> {
+    text.trim()
+        .parse::<i64>()
+        .ok()
+        .and_then(|n| u32::try_from(n).ok())
+}
+
 /// The result of `ibv_get_device_list`, freed on drop.
 struct DeviceList {
     list: NonNull<*mut ffi::ibv_device>,
@@ -307,7 +322,9 @@ pub(super) unsafe fn query_caps(
         implicit: general & u64::from(ffi::ibv_odp_general_caps::IBV_ODP_SUPPORT_IMPLICIT.0) != 0,
         rc: OdpOps::from_bits_truncate(attr.odp_caps.per_transport_caps.rc_odp_caps),
     };
+    let numa_node = sysfs_numa_node(&name);
     Ok(Caps {
+        numa_node,
         rereg_mr: !PROVIDERS_WITHOUT_REREG.contains(&driver.as_str()),
         name,
         driver,

@@ -7,6 +7,7 @@ mod fake_provider;
 
 use super::device::{
     RXE_VENDOR_ID, SIW_VENDOR_ID, c_chars_to_string, device_names, guess_driver, mtu_bytes,
+    parse_numa_node,
 };
 use super::inlines::completion;
 use super::*;
@@ -242,4 +243,13 @@ fn c_chars_stop_at_nul() {
     assert_eq!(c_chars_to_string(&buf), "rxe0");
     let full: Vec<c_char> = b"mlx5_0".iter().map(|&b| b as c_char).collect();
     assert_eq!(c_chars_to_string(&full), "mlx5_0");
+}
+
+#[test]
+fn sysfs_numa_nodes_parse() {
+    assert_eq!(parse_numa_node("1\n"), Some(1));
+    assert_eq!(parse_numa_node("0"), Some(0));
+    assert_eq!(parse_numa_node("-1\n"), None);
+    assert_eq!(parse_numa_node(""), None);
+    assert_eq!(parse_numa_node("x"), None);
 }
