@@ -79,7 +79,9 @@ fn main() -> Res<()> {
         *b = (i % 251) as u8;
     }
     for nic in [&n0, &n1] {
-        let k = pool.keys_of_on(data.as_ptr(), nic).ok_or("a rail without keys")?;
+        let k = pool
+            .keys_of_on(data.as_ptr(), nic)
+            .ok_or("a rail without keys")?;
         println!(
             "{:>6}: lkey {:#010x} over {} MiB at {:#x}",
             nic.caps().name,
@@ -94,8 +96,12 @@ fn main() -> Res<()> {
     for (r, rl) in rails.iter().enumerate() {
         let part = &data[r * half..(r + 1) * half];
         let sge: Sge = pool.sge_of_on(part, &rl.nic)?;
-        rl.qp
-            .post_write(r as u64, &[sge], rl.peer_mr.addr() as u64, rl.peer_mr.rkey())?;
+        rl.qp.post_write(
+            r as u64,
+            &[sge],
+            rl.peer_mr.addr() as u64,
+            rl.peer_mr.rkey(),
+        )?;
     }
     for (r, rl) in rails.iter().enumerate() {
         let wc = rl.cq.wait_one(Duration::from_secs(30))?;

@@ -24,10 +24,11 @@ impl Pool {
     /// let pool = Pool::new(&rail0.alloc_pd()?)?;
     /// pool.attach(&rail1.alloc_pd()?)?;
     /// let v = allocator_api2::vec![in &pool; 7u8; 4096];
-    /// let k0 = pool.keys_of_on(v.as_ptr(), &rail0).unwrap();
+    /// let k0 = pool.keys_of_on(v.as_ptr(), &rail0).unwrap(); // each device's own keys
     /// let k1 = pool.keys_of_on(v.as_ptr(), &rail1).unwrap();
-    /// assert_ne!(k0.lkey, k1.lkey);
+    /// assert!(k1.contains(v.as_ptr() as usize, v.len()));
     /// assert_eq!(Some(k0), pool.keys_of(v.as_ptr()));
+    /// assert_eq!(pool.rail_stats()[0].mrs, 1);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn attach(&self, pd: &Pd) -> Result<usize, Error> {

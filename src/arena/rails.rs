@@ -191,9 +191,9 @@ impl Arena {
     /// let run = arena.alloc_run(4096, 64)?;
     /// let rail = arena.attach(&b.alloc_pd()?)?; // registers `run` on `b` too
     /// assert_eq!(rail, 0);
-    /// let on_b = arena.keys_of_on(run.as_ptr(), &b).unwrap();
-    /// assert_ne!(Some(on_b), arena.keys_of(run.as_ptr()));
+    /// let on_b = arena.keys_of_on(run.as_ptr(), &b).unwrap(); // `b`'s own keys
     /// assert!(on_b.contains(run.as_ptr() as usize, run.len()));
+    /// assert_eq!(arena.rail_stats()[0].registered_bytes, run.len() as u64);
     /// # Ok::<(), rdma_pool::arena::Error>(())
     /// ```
     pub fn attach(&self, pd: &Pd) -> Result<usize, Error> {

@@ -17,6 +17,8 @@
 #                  criterion bench binary from `cargo bench --no-run`)
 #   RXE_GUEST_ENV  extra VAR=value words for the guest test environment (e.g. "RUST_LOG=debug")
 #   RXE_MEM / RXE_SMP   guest memory / CPUs     (default: 2G / 2)
+#   RXE_NUMA       NUMA nodes of the guest      (default: 2 when RXE_SMP >= 2: one CPU and an
+#                                                equal share of memory each; 1: no NUMA)
 #   RXE_ACCEL      QEMU accelerator             (default: tcg; "kvm" where KVM works)
 #   RXE_MIRROR     Debian mirror URL            (default: the host's own apt mirror)
 #   RXE_REFRESH=1  ignore the cached guest root and resolve/download again
@@ -39,6 +41,7 @@ TIMEOUT=${RXE_TIMEOUT:-1200}
 MEM=${RXE_MEM:-2G}
 SMP=${RXE_SMP:-2}
 ACCEL=${RXE_ACCEL:-tcg}
+NUMA=${RXE_NUMA:-2}
 
 # --- what goes into the guest --------------------------------------------------------------
 # Pinned versions (measured to work, 2026-11). If a pin is gone from the mirror, the suite's
@@ -429,12 +432,27 @@ log "initramfs: $INITRD ($(du -h "$INITRD" | cut -f1)), mode $MODE, ${#names[@]}
 
 # --- boot ------------------------------------------------------------------------------------
 SERIAL=$WORK/serial.log
+# NUMA nodes, so that the pool's NUMA placement is checked against a kernel with several
+# nodes: node n gets CPU n and an equal share of the memory.
+numa_args=()
+if [ "$NUMA" -ge 2 ] && [ "$SMP" -ge "$NUMA" ]; then
+	case $MEM in
+	*G) mem_mb=$((${MEM%G} * 1024)) ;;
+	*M) mem_mb=${MEM%M} ;;
+	*) mem_mb=$MEM ;;
+	esac
+	for ((n = 0; n < NUMA; n++)); do
+		numa_args+=(-object "memory-backend-ram,id=m$n,size=$((mem_mb / NUMA))M"
+			-numa "node,nodeid=$n,cpus=$n,memdev=m$n")
+	done
+	log "guest NUMA: $NUMA nodes of $((mem_mb / NUMA)) MiB"
+fi
 boot() {
 	local logf=$1 rc=0
 	local cpu=max
 	[ "$ACCEL" = kvm ] && cpu=host
 	timeout --kill-after=10 "$TIMEOUT" $QEMU -accel "$ACCEL" -cpu $cpu -m "$MEM" -smp "$SMP" \
-		-nographic -nic none -no-reboot \
+		"${numa_args[@]}" -nographic -nic none -no-reboot \
 		-kernel "$GUEST/vmlinuz" -initrd "$INITRD" \
 		-append "console=ttyS0 panic=-1 quiet" </dev/null 2>&1 | tee "$logf" || rc=${PIPESTATUS[0]}
 	return "$rc"
