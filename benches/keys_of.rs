@@ -86,6 +86,15 @@ fn keys_of(c: &mut Criterion) {
     let mut g = c.benchmark_group("keys_of");
     for chunks in [1usize, 64] {
         let (arena, regs) = arena_with(&pd, chunks);
+        // A second rail (always a soft NIC: the lookup's cost does not depend on the device).
+        let rail = Nic::soft_with(SoftConfig {
+            memlock: MemlockLimit::Unlimited,
+            ..Default::default()
+        });
+        arena.attach(&rail.alloc_pd().unwrap()).unwrap();
+        for &(a, _) in &regs {
+            arena.keys_of_on(a as *const u8, &rail).unwrap();
+        }
         let addrs = addresses(&regs);
         let map: BTreeMap<usize, Keys> = regs.iter().map(|&(a, k)| (a, k)).collect();
         let mutex = Mutex::new(map.clone());
@@ -105,6 +114,15 @@ fn keys_of(c: &mut Criterion) {
                 let mut acc = 0usize;
                 for &a in batch() {
                     acc ^= use_keys(arena.keys_of(a as *const u8));
+                }
+                black_box(acc)
+            })
+        });
+        g.bench_function(id("arena_keys_of_on_rail"), |b| {
+            b.iter(|| {
+                let mut acc = 0usize;
+                for &a in batch() {
+                    acc ^= use_keys(arena.keys_of_on(a as *const u8, &rail));
                 }
                 black_box(acc)
             })

@@ -40,6 +40,7 @@ bins=$(cargo test --no-run --test scenarios --test pinning --test arena --test a
 cargo build --example grants --example two_rails
 bins="$bins target/debug/examples/grants target/debug/examples/two_rails"
 # The allocator's proptest model runs on the soft NIC in either place: a few cases in the
-# emulated guest, the full 100k operations on the host above.
-RXE_GUEST_ENV="${RXE_GUEST_ENV:-} PROPTEST_CASES=4 RDMA_POOL_RAILS=rxe0,rxe1" bash tests/rxe/run.sh $bins
+# emulated guest, the full 100k operations on the host above. The guest has 2 NUMA nodes
+# (tests/rxe/run.sh), which the NUMA tests check they see.
+RXE_GUEST_ENV="${RXE_GUEST_ENV:-} PROPTEST_CASES=4 RDMA_POOL_RAILS=rxe0,rxe1 RDMA_POOL_TEST_NUMA_NODES=2" bash tests/rxe/run.sh $bins
 echo "== all checks passed in $(( $(date +%s) - start )) s"

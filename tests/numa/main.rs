@@ -48,6 +48,18 @@ fn available_nodes() -> Vec<u32> {
     (0..1024).filter(|&n| is_available(n)).collect()
 }
 
+/// A test bed that promises several nodes (`RDMA_POOL_TEST_NUMA_NODES`, set by
+/// `scripts/test.sh` for the 2-node QEMU guest) has them, so the multi-node branches below
+/// really ran there.
+#[test]
+fn the_test_bed_has_the_nodes_it_promises() {
+    if let Ok(n) = std::env::var("RDMA_POOL_TEST_NUMA_NODES") {
+        let n: usize = n.parse().unwrap();
+        assert_eq!(available_nodes().len(), n);
+        assert_eq!(online_nodes() as usize, n);
+    }
+}
+
 /// The first node the machine does not have.
 fn missing_node() -> u32 {
     (0..).find(|&n| !is_available(n)).unwrap()
