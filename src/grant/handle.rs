@@ -151,11 +151,11 @@ impl<'a> Grant<'a> {
             self.start_revoke()?;
         }
         let grants = &self.pool.inner().grants;
-        self.poll(cq, &mut other, |_| {
-            grants
-                .state(self.g.key, self.g.seq)
-                .is_none_or(|(_, done)| done)
-                .then_some(Ok(()))
+        let (key, seq) = (self.g.key, self.g.seq);
+        self.poll(cq, &mut other, |pool| {
+            let done = grants.state(key, seq).is_none_or(|(_, done)| done);
+            // A region that refused deregistration is retried here: no completion would.
+            (done || grants.retry(pool, key, seq)).then_some(Ok(()))
         })
     }
 

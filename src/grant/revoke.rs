@@ -104,7 +104,7 @@ impl Grants {
     fn finish(&self, pool: &Pool, a: &mut Active) -> Freed {
         if let Some(l) = a.window.take() {
             if a.inv == Wr::Done(WcStatus::Success) {
-                let max_mw = pool.nic().caps().max_mw;
+                let max_mw = l.mw.pd().nic().caps().max_mw;
                 let recycled = lock(&self.windows).give_back(l, a.keys, max_mw);
                 drop(recycled);
             } else {
@@ -218,6 +218,23 @@ impl Grants {
         let freed = self.advance(pool, &mut active, key);
         drop(active);
         pool.unpark(freed);
+    }
+
+    /// Try again to finish entry `key` (a revocation whose region refused deregistration has
+    /// no work request whose completion would retry it): whether it is finished now.
+    pub(super) fn retry(&self, pool: &Pool, key: usize, seq: u16) -> bool {
+        let mut active = lock(&self.active);
+        let Some(a) = active.get(key).filter(|a| a.seq == seq) else {
+            return true;
+        };
+        if a.done {
+            return true;
+        }
+        let freed = self.advance(pool, &mut active, key);
+        let done = active.get(key).is_none_or(|a| a.seq != seq || a.done);
+        drop(active);
+        pool.unpark(freed);
+        done
     }
 
     /// `(bind state, finished)` of entry `key`.

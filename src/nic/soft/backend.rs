@@ -269,6 +269,7 @@ impl Backend for SoftNic {
     }
 
     fn poll_cq(&self, cq: u64, out: &mut [Completion]) -> Result<usize> {
+        self.dev.inject(Verb::PollCq)?;
         let c = self
             .dev
             .cqs
@@ -329,7 +330,8 @@ impl Backend for SoftNic {
     }
 
     fn qp_state(&self, qp: u64) -> Result<QpState> {
-        Ok(self.qp(qp, Verb::ModifyQp)?.state())
+        self.dev.inject(Verb::QueryQp)?;
+        Ok(self.qp(qp, Verb::QueryQp)?.state())
     }
 
     fn destroy_qp(&self, qp: u64) -> Result<()> {
