@@ -165,6 +165,11 @@ impl Heap {
         unsafe { self.tcache.get_unchecked(c) }.push(p)
     }
 
+    /// Whether block `p` of class `c` sits in this heap's cache (the owning thread only).
+    pub(crate) fn caches(&self, c: usize, p: *mut u8) -> bool {
+        self.tcache.get(c).is_some_and(|t| t.holds(p))
+    }
+
     /// Blocks of class `c` in this heap's cache (racy; statistics).
     pub(crate) fn cached(&self, c: usize) -> u32 {
         self.tcache.get(c).map_or(0, TCache::len)

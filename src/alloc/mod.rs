@@ -20,6 +20,7 @@
 //! (thread caches), `stats.rs`, `api2.rs` (the allocator-api2 front end).
 
 mod api2;
+mod checked;
 mod class;
 mod heap;
 mod medium;
@@ -32,6 +33,7 @@ mod tcache;
 mod tls;
 
 pub(crate) use api2::slice;
+pub use checked::FreeError;
 pub use class::{CLASSES, MAX_SMALL, class_size};
 pub use stats::{ClassStats, PoolStats};
 pub(crate) use tls::{keys_of_any, keys_of_any_on};

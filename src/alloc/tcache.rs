@@ -61,6 +61,13 @@ impl TCache {
         true
     }
 
+    /// Whether `p` is cached here (the owning thread only: a linear scan of at most
+    /// [`SLOTS`] entries).
+    pub(crate) fn holds(&self, p: *mut u8) -> bool {
+        let n = (self.n.load(R) as usize).min(SLOTS);
+        self.slots[..n].iter().any(|s| s.load(R) == p)
+    }
+
     /// Blocks cached (any thread may read it, racily, for statistics).
     pub(crate) fn len(&self) -> u32 {
         self.n.load(R)

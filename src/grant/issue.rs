@@ -60,6 +60,11 @@ impl Pool {
         let block = self
             .block_span(addr)
             .ok_or(GrantError::NotAllocated { addr })?;
+        // A small block's span comes from its page's geometry: where this thread owns the
+        // page, its free lists tell a freed block (a slice kept past its free) from a live one.
+        if self.check_live(block.0 as *const u8) == Err(crate::alloc::FreeError::NotLive) {
+            return Err(GrantError::NotAllocated { addr });
+        }
         let end = addr.saturating_add(len);
         if end > block.0 + block.1 {
             return Err(GrantError::AcrossBlocks {

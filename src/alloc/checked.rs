@@ -1,0 +1,147 @@
+//! Checked frees: [`Pool::try_free`] refuses, with a [`FreeError`], what [`Pool::free`] would
+//! ignore or be corrupted by — a pointer outside the pool, one into the middle of a block, a
+//! block already free — wherever the pool can tell cheaply.
+//!
+//! Contract: the checks read the page table and, for a small block of the calling thread's
+//! own page, walk that page's free lists and the thread's cache (bounded by the page's
+//! capacity); they take no lock but the medium lock `free` takes anyway. What they cannot see
+//! is reported as freeable: a small block freed by *another* thread and not yet collected by
+//! the page's owner. A checked free costs more than [`Pool::free`]: it is for boundaries where
+//! pointers come from outside (FFI, a peer's message), not for the fast path.
+
+use super::class::{CLASSES, class_of};
+use super::page::{Block, LARGE, LARGE_FREE, MEDIUM, SMALL};
+use super::{Pool, tls};
+use std::sync::atomic::Ordering::{Acquire, Relaxed};
+
+/// Why [`Pool::try_free`] refused a pointer (nothing was freed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FreeError {
+    /// The pointer is not inside the pool's reservation (or is null).
+    #[error("the pointer is not memory of this pool")]
+    Foreign,
+    /// The pointer lies inside a block but is not its first byte.
+    #[error("the pointer is {offset} bytes into a block, not its start")]
+    Interior {
+        /// Bytes from the block's first byte.
+        offset: usize,
+    },
+    /// No live block starts there: it was freed already, or never handed out.
+    #[error("no live block starts here: a double free, or memory never handed out")]
+    NotLive,
+}
+
+impl Pool {
+    /// Free `p` after checking that a live block of this pool starts there.
+    ///
+    /// # Errors
+    /// [`FreeError::Foreign`] for a pointer outside the pool (or null),
+    /// [`FreeError::Interior`] for one into the middle of a block, [`FreeError::NotLive`] for
+    /// a block already free (a double free) or memory never handed out. Nothing is freed on
+    /// error.
+    ///
+    /// # Safety
+    /// Nobody uses the block after the call (as for [`Pool::free`]); unlike `free`, `p` may be
+    /// any pointer.
+    ///
+    /// # Examples
+    /// ```
+    /// use rdma_pool::alloc::{FreeError, Pool};
+    /// use std::alloc::Layout;
+    /// let pool = Pool::new(&rdma_pool::nic::Nic::soft().alloc_pd()?)?;
+    /// let p = pool.alloc(Layout::from_size_align(256, 8)?);
+    /// // SAFETY: nobody uses the block afterwards.
+    /// unsafe {
+    ///     assert!(matches!(pool.try_free(p.add(8)), Err(FreeError::Interior { offset: 8 })));
+    ///     assert_eq!(pool.try_free(std::ptr::null_mut()), Err(FreeError::Foreign));
+    ///     pool.try_free(p)?;
+    ///     assert_eq!(pool.try_free(p), Err(FreeError::NotLive)); // a double free, caught
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub unsafe fn try_free(&self, p: *mut u8) -> Result<(), FreeError> {
+        self.check_live(p)?;
+        // SAFETY: a live block of this pool starts at `p`; the caller gives it up.
+        unsafe { self.free(p) };
+        Ok(())
+    }
+
+    /// `Ok` when a live block of this pool starts at `p` (see [`Pool::try_free`]).
+    ///
+    /// # Errors
+    /// As [`Pool::try_free`].
+    pub fn check_live(&self, p: *const u8) -> Result<(), FreeError> {
+        let page = self.inner().page_of(p).ok_or(FreeError::Foreign)?;
+        let addr = p as usize;
+        match page.kind.load(Acquire) {
+            SMALL => {
+                let (start, bs) = (page.start.load(Relaxed), page.block_size.load(Relaxed));
+                let heap = page.heap.load(Relaxed);
+                if heap.is_null() || bs == 0 {
+                    return Err(FreeError::NotLive);
+                }
+                let off = addr - start;
+                let i = off / bs as usize;
+                if i >= page.capacity.load(Relaxed) as usize {
+                    return Err(FreeError::NotLive);
+                }
+                if off % bs as usize != 0 {
+                    return Err(FreeError::Interior {
+                        offset: off % bs as usize,
+                    });
+                }
+                if heap == tls::heap_of(self.id) && self.owner_holds_free(page, heap, p) {
+                    return Err(FreeError::NotLive);
+                }
+                Ok(())
+            }
+            MEDIUM => match self.inner().medium_block(addr) {
+                Some((start, _)) if start == addr => Ok(()),
+                Some((start, _)) => Err(FreeError::Interior {
+                    offset: addr - start,
+                }),
+                None => Err(FreeError::NotLive),
+            },
+            LARGE if page.start.load(Relaxed) == addr => Ok(()),
+            LARGE_FREE if page.start.load(Relaxed) == addr => Err(FreeError::NotLive),
+            _ => match self.block_span(addr) {
+                Some((start, _)) => Err(FreeError::Interior {
+                    offset: addr - start,
+                }),
+                None => Err(FreeError::NotLive),
+            },
+        }
+    }
+
+    /// Whether `p`, a block of a page this thread's heap owns, is free: in the page's free
+    /// list, its list of frees from other threads, or this thread's cache.
+    fn owner_holds_free(
+        &self,
+        page: &super::page::Page,
+        heap: *mut super::heap::Heap,
+        p: *const u8,
+    ) -> bool {
+        let cap = page.capacity.load(Relaxed) as usize;
+        let walk = |mut b: *mut Block| {
+            // At most `capacity` links: a corrupted list cannot loop forever.
+            for _ in 0..=cap {
+                if b.is_null() {
+                    return false;
+                }
+                if b as *const u8 == p {
+                    return true;
+                }
+                // SAFETY: free blocks of the page, which only this thread (the owner) takes
+                // out of these lists; their first word is the link.
+                b = unsafe { (*b).next };
+            }
+            false
+        };
+        let class = class_of(page.block_size.load(Relaxed) as usize).min(CLASSES - 1);
+        walk(page.free.load(Relaxed))
+            || walk(page.thread_free.load(Acquire))
+            // SAFETY: this thread's own heap.
+            || unsafe { (*heap).caches(class, p as *mut u8) }
+    }
+}
