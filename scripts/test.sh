@@ -33,7 +33,7 @@ target/debug/compare --repeats 1 --scale 0.01 > /dev/null
 
 echo "== Soft-RoCE (rxe) scenario suite in a QEMU guest"
 # cargo prints "Executable tests/scenarios.rs (target/debug/deps/scenarios-HASH)".
-bins=$(cargo test --no-run --test scenarios --test pinning --test arena --test alloc --test global --test global_faults --test grant --test prefetch --test queue_mem --test rails --test numa --test hardening 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p')
+bins=$(cargo test --no-run --test scenarios --test pinning --test arena --test alloc --test global --test global_faults --test grant --test prefetch --test queue_mem --test rails --test numa --test hardening --test stress --test fork 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p')
 [ -n "$bins" ] || { echo "could not find the scenario test binaries" >&2; exit 1; }
 # The grants and two_rails examples run there too (they ignore the test harness's arguments;
 # two_rails on rxe0 and rxe1, RDMA_POOL_RAILS below).
@@ -43,5 +43,5 @@ bins="$bins target/debug/examples/grants target/debug/examples/two_rails"
 # soft NIC in either place: a few cases in the emulated guest, the full 100k operations each
 # on the host above. The guest has 2 NUMA nodes
 # (tests/rxe/run.sh), which the NUMA tests check they see.
-RXE_GUEST_ENV="${RXE_GUEST_ENV:-} PROPTEST_CASES=4 RDMA_POOL_RAILS=rxe0,rxe1 RDMA_POOL_TEST_NUMA_NODES=2" bash tests/rxe/run.sh $bins
+RXE_GUEST_ENV="${RXE_GUEST_ENV:-} PROPTEST_CASES=4 RDMA_POOL_RAILS=rxe0,rxe1 RDMA_POOL_TEST_NUMA_NODES=2 STRESS_SECS=4" bash tests/rxe/run.sh $bins
 echo "== all checks passed in $(( $(date +%s) - start )) s"

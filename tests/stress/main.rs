@@ -56,7 +56,13 @@ fn verify(b: Blk) {
     for i in offsets(b.len) {
         // SAFETY: as above.
         let x = unsafe { *(b.p as *const u8).add(i) };
-        assert_eq!(x, pat(b.seed, i), "block {:#x}+{} changed at byte {i}", b.p, b.len);
+        assert_eq!(
+            x,
+            pat(b.seed, i),
+            "block {:#x}+{} changed at byte {i}",
+            b.p,
+            b.len
+        );
     }
 }
 
@@ -70,7 +76,10 @@ struct Ledger {
 impl Ledger {
     fn insert(&mut self, p: usize, len: usize) -> Vec<(u64, Rkey)> {
         if let Some((&q, &l)) = self.live.range(..=p).next_back() {
-            assert!(q + l.max(1) <= p, "{p:#x} overlaps the live block {q:#x}+{l}");
+            assert!(
+                q + l.max(1) <= p,
+                "{p:#x} overlaps the live block {q:#x}+{l}"
+            );
         }
         if let Some((&q, _)) = self.live.range(p + 1..).next() {
             assert!(p + len <= q, "{p:#x}+{len} overlaps the live block {q:#x}");
@@ -145,11 +154,19 @@ impl Conn {
     }
 }
 
-/// A key that must be dead: an access with it is refused (and kills the pair: connect anew).
-fn assert_dead(c: &mut Conn, pool: &Pool, client: &Side, addr: u64, rkey: Rkey) {
+/// A key that must be dead: an access with it is refused (and kills the pair: connect anew;
+/// the old pair is kept in `old`, whose CQ may still get the pool's completions).
+fn assert_dead(
+    c: &mut Conn,
+    old: &mut Vec<Conn>,
+    pool: &Pool,
+    client: &Side,
+    addr: u64,
+    rkey: Rkey,
+) {
     let st = c.access(true, addr, 1, rkey);
     assert_ne!(st, WcStatus::Success, "a dead key worked");
-    *c = conn(pool, client);
+    old.push(std::mem::replace(c, conn(pool, client)));
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -162,8 +179,9 @@ fn worker(
     stop: &AtomicBool,
     tx: &Sender<Blk>,
     rx: &Receiver<Blk>,
-) {
+) -> Vec<Conn> {
     let mut c = conn(pool, client);
+    let mut old = Vec::new();
     let mut mine: Vec<Blk> = Vec::new();
     let mut x = 0x2545_F491_4F6C_DD1Du64 ^ (k as u64) << 32;
     let mut rnd = move || {
@@ -193,7 +211,10 @@ fn worker(
                 };
                 let p = pool.alloc(Layout::from_size_align(len, 8).unwrap());
                 assert!(!p.is_null());
-                assert!(pool.keys_of(p).is_some_and(|kk| kk.contains(p as usize, len)));
+                assert!(
+                    pool.keys_of(p)
+                        .is_some_and(|kk| kk.contains(p as usize, len))
+                );
                 let b = Blk {
                     p: p as usize,
                     len,
@@ -202,7 +223,7 @@ fn worker(
                 let dead = lock().insert(b.p, len);
                 for (addr, rkey) in dead {
                     counts.parked_reuse_checked.fetch_add(1, Relaxed);
-                    assert_dead(&mut c, pool, client, addr, rkey);
+                    assert_dead(&mut c, &mut old, pool, client, addr, rkey);
                 }
                 fill(b);
                 counts.allocs.fetch_add(1, Relaxed);
@@ -253,7 +274,7 @@ fn worker(
                 if !park {
                     g.revoke(&c.cq, |_| {}).unwrap();
                     drop(g);
-                    assert_dead(&mut c, pool, client, w.addr, w.rkey);
+                    assert_dead(&mut c, &mut old, pool, client, w.addr, w.rkey);
                     counts.stale_refused.fetch_add(1, Relaxed);
                 } else {
                     // Drop the grant (its revocation starts) and free the block now: parked.
@@ -290,9 +311,8 @@ fn worker(
     for b in mine {
         free(b, false);
     }
-    while let Some(wc) = c.cq.poll_one().unwrap() {
-        pool.on_completion(&wc);
-    }
+    old.push(c);
+    old
 }
 
 fn secs() -> u64 {
@@ -324,17 +344,37 @@ fn threads_allocating_freeing_granting_purging_and_moving_bytes_at_once() {
     let stop = AtomicBool::new(false);
     let chans: Vec<(Sender<Blk>, Receiver<Blk>)> = (0..THREADS).map(|_| unbounded()).collect();
     let start = Instant::now();
-    std::thread::scope(|s| {
+    let conns: Vec<Conn> = std::thread::scope(|s| {
+        let mut handles = Vec::new();
         for k in 0..THREADS {
             let (pool, client, ledger, counts, stop) = (&pool, &client, &ledger, &counts, &stop);
             // Thread k sends to thread k + 1 and receives its own channel.
             let tx = chans[(k + 1) % THREADS].0.clone();
             let rx = chans[k].1.clone();
-            s.spawn(move || worker(k, pool, client, ledger, counts, stop, &tx, &rx));
+            handles.push(s.spawn(move || worker(k, pool, client, ledger, counts, stop, &tx, &rx)));
         }
         std::thread::sleep(Duration::from_secs(secs()));
         stop.store(true, Relaxed);
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
     });
+    // Revocations still in flight (rxe completes them asynchronously): hand their completions
+    // to the pool until every grant is dead and every parked block freed.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        for c in &conns {
+            while let Some(wc) = c.cq.poll_one().unwrap() {
+                pool.on_completion(&wc);
+            }
+        }
+        let g = pool.grant_stats();
+        if (g.open, g.quarantined_blocks) == (0, 0) || Instant::now() > deadline {
+            break;
+        }
+        std::thread::yield_now();
+    }
     // Blocks still in the channels.
     for (_, rx) in &chans {
         while let Ok(b) = rx.try_recv() {

@@ -1,0 +1,172 @@
+//! `fork()` next to the pool, following the arena's fork policy (`arena/fork.rs`):
+//! - `KernelCopies` (the kernel copies pinned pages for a child: `IBV_FORK_UNNEEDED`, and every
+//!   ODP arena): the child reads its own copy of the heap, writes it without touching the
+//!   parent's, and allocates from the pool (new memory too);
+//! - `DontFork` (chunks `MADV_DONTFORK`): a child that touches pool memory faults, and one that
+//!   only `exec`s runs;
+//! - either way the parent's data and registrations are intact after the child: a WRITE of the
+//!   parent's buffer to a peer moves its bytes.
+//!
+//! One test in its own binary: a child of a multi-threaded test harness must not meet a lock
+//! another test thread holds. On the soft NIC (whose `SoftConfig::fork` picks the policy), and
+//! in the QEMU guest, where the same soft NICs run under the guest's kernel.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+use common::*;
+use rdma_pool::alloc::Pool;
+use rdma_pool::arena::{ArenaConfig, ForkPolicy, Hugepages, Registration};
+use rdma_pool::nic::soft::SoftConfig;
+use rdma_pool::nic::*;
+use std::alloc::Layout;
+
+const LEN: usize = 3 << 20;
+
+fn pool_with(fork: ForkStatus, registration: Registration) -> (Side, Side, Pool) {
+    let cfg = SoftConfig {
+        fork,
+        ..Default::default()
+    };
+    let (server, peer) = (
+        Side::new(Nic::soft_with(cfg.clone())),
+        Side::new(Nic::soft_with(cfg)),
+    );
+    let pool = Pool::with_config(
+        &server.pd,
+        ArenaConfig {
+            reserve: 1 << 32,
+            chunk: 1 << 24,
+            hugepages: Hugepages::Off,
+            registration,
+            purge_delay: None,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    (server, peer, pool)
+}
+
+/// Run `child` in a forked child (its return value is the exit status; a panic is 101) and
+/// return how the child ended: `Ok(status)` or `Err(signal)`.
+fn in_child(child: impl FnOnce() -> i32) -> Result<i32, i32> {
+    // SAFETY: the child runs `child` and leaves with `_exit`, without unwinding into the
+    // harness or running its destructors.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(child)).unwrap_or(101);
+        // SAFETY: ends the child at once.
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    if libc::WIFEXITED(status) {
+        Ok(libc::WEXITSTATUS(status))
+    } else {
+        Err(libc::WTERMSIG(status))
+    }
+}
+
+/// The parent's block is what it wrote, and still moves through its registration.
+fn parent_intact(server: &Side, peer: &Side, pool: &Pool, p: *mut u8, byte: u8) {
+    // SAFETY: a live block of LEN bytes.
+    let s = unsafe { std::slice::from_raw_parts(p, LEN) };
+    assert!(
+        s.iter().all(|&b| b == byte),
+        "the child changed the parent's memory"
+    );
+    let (qa, qb) = connect(server, peer);
+    let (mem, mr) = peer.reg_buf(LEN, 0, RW);
+    let sge = pool.sge_of(s).unwrap();
+    qa.post_write(1, &[sge], mr.addr() as u64, mr.rkey())
+        .unwrap();
+    assert_eq!(server.wait().status, WcStatus::Success);
+    assert!(mem.as_slice().iter().all(|&b| b == byte));
+    drop((qa, qb));
+}
+
+#[test]
+fn children_follow_the_fork_policy_and_parents_keep_their_memory() {
+    let l = Layout::from_size_align(LEN, 4096).unwrap();
+
+    // KernelCopies, pinned and ODP: the child has a copy and can allocate.
+    for registration in [Registration::Pinned, Registration::Odp] {
+        let (server, peer, pool) = pool_with(ForkStatus::Unneeded, registration);
+        assert_eq!(pool.stats().arena.fork, ForkPolicy::KernelCopies);
+        let p = pool.alloc(l);
+        // SAFETY: a fresh block of LEN bytes.
+        unsafe { std::ptr::write_bytes(p, 0x5A, LEN) };
+        let child = in_child(|| {
+            // SAFETY: the child's copy of the parent's block.
+            let s = unsafe { std::slice::from_raw_parts_mut(p, LEN) };
+            if !s.iter().all(|&b| b == 0x5A) {
+                return 2;
+            }
+            s.fill(0xC1);
+            // New blocks, small and large (a fresh run: the arena grows in the child).
+            for n in [64usize, 100_000, 20 << 20] {
+                let q = pool.alloc(Layout::from_size_align(n, 8).unwrap());
+                if q.is_null() {
+                    return 3;
+                }
+                // SAFETY: a fresh block of `n` bytes.
+                unsafe {
+                    std::ptr::write_bytes(q, 0x77, n);
+                    if *q.add(n - 1) != 0x77 {
+                        return 4;
+                    }
+                    pool.free(q);
+                }
+            }
+            if !pool.validate() {
+                return 5;
+            }
+            0
+        });
+        assert_eq!(
+            child,
+            Ok(0),
+            "{registration:?}: the child could not use its copy"
+        );
+        parent_intact(&server, &peer, &pool, p, 0x5A);
+        // SAFETY: from this pool.
+        unsafe { pool.free(p) };
+        assert!(pool.validate());
+    }
+
+    // DontFork: the child has no pool memory (it faults), a child that only execs runs.
+    let (server, peer, pool) = pool_with(ForkStatus::Enabled, Registration::Pinned);
+    assert_eq!(pool.stats().arena.fork, ForkPolicy::DontFork);
+    let p = pool.alloc(l);
+    // SAFETY: a fresh block.
+    unsafe { std::ptr::write_bytes(p, 0x3C, LEN) };
+    let touched = in_child(|| {
+        // SAFETY: test-only: the read faults in the child (the chunk is MADV_DONTFORK).
+        let b = unsafe { std::ptr::read_volatile(p) };
+        i32::from(b)
+    });
+    assert_eq!(
+        touched,
+        Err(libc::SIGSEGV),
+        "a DontFork child must not see pool memory"
+    );
+    let execed = in_child(|| {
+        let prog = c"/bin/sh";
+        let args = [
+            prog.as_ptr(),
+            c"-c".as_ptr(),
+            c"exit 7".as_ptr(),
+            std::ptr::null(),
+        ];
+        // SAFETY: a NUL-terminated argument vector of C strings that live until exec.
+        unsafe { libc::execv(prog.as_ptr(), args.as_ptr()) };
+        9
+    });
+    assert_eq!(execed, Ok(7), "a DontFork child that execs runs");
+    parent_intact(&server, &peer, &pool, p, 0x3C);
+    // SAFETY: from this pool.
+    unsafe { pool.free(p) };
+    assert!(pool.validate());
+}
