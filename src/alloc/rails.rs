@@ -102,6 +102,26 @@ impl Pool {
         self.arena().sge_of_on(buf, nic)
     }
 
+    /// Read the pool's device events (see
+    /// [`Arena::poll_device_events`](crate::arena::Arena::poll_device_events)): after a fatal
+    /// one the pool calls the device no more and serves memory unregistered. The pool also
+    /// reads them whenever it grows. Returns how many were read.
+    ///
+    /// # Examples
+    /// ```
+    /// # use rdma_pool::alloc::Pool;
+    /// use rdma_pool::nic::{AsyncEvent, Nic};
+    /// let nic = Nic::soft();
+    /// let pool = Pool::new(&nic.alloc_pd()?)?;
+    /// nic.as_soft().unwrap().inject_event(AsyncEvent::PortError { port: 1 });
+    /// assert_eq!(pool.poll_device_events(), 1);
+    /// assert_eq!(pool.stats().arena.port_errors, 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn poll_device_events(&self) -> usize {
+        self.arena().poll_device_events()
+    }
+
     /// What each attached device holds (see [`RailStats`]).
     ///
     /// # Examples

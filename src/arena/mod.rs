@@ -37,6 +37,7 @@
 mod commit;
 mod config;
 mod error;
+mod events;
 mod fork;
 mod grow;
 pub mod numa;
@@ -192,6 +193,10 @@ pub struct Arena {
     remote: Access,
     /// Other devices the arena is registered on (`rails.rs`).
     rails: rails::Rails,
+    /// The device reported a fatal event (`events.rs`).
+    dead: AtomicBool,
+    /// `Nic::device_id` of the arena's own device (`keys_of_on` compares it first).
+    device: usize,
 }
 
 impl std::fmt::Debug for Arena {
@@ -317,6 +322,8 @@ impl Arena {
             asked: cfg.registration,
             remote: cfg.remote,
             rails: rails::Rails::default(),
+            dead: AtomicBool::new(false),
+            device: pd.nic().device_id(),
         })
     }
 
@@ -433,6 +440,9 @@ impl Arena {
     /// Prefetch a run just committed or revived, if its region (`id`) is an ODP region.
     pub(crate) fn prefetch_fresh(&self, id: Option<u32>, addr: usize, len: usize) {
         let Some(id) = id else { return };
+        if self.device_dead() {
+            return;
+        }
         let reg = self.table.reg(id);
         if reg.is_odp() && self.prefetch.is_auto() {
             self.prefetch
@@ -498,6 +508,7 @@ impl Arena {
             mode_reason: self.mode_reason,
             memlock: self.memlock,
             last_degradation: self.last_degradation.load(Ordering::Relaxed),
+            device_dead: self.device_dead(),
             numa: self.numa,
             numa_bind_failures: self.pages.bind_failures.load(Ordering::Relaxed),
         })

@@ -363,7 +363,7 @@ impl Arena {
     #[inline]
     pub fn keys_of_on(&self, ptr: *const u8, nic: &Nic) -> Option<Keys> {
         let dev = nic.device_id();
-        if dev == self.pd.nic().device_id() {
+        if dev == self.device {
             return self.keys_of(ptr);
         }
         self.keys_of_rail(ptr, self.rail_of_device(dev)?)

@@ -74,6 +74,8 @@ pub enum DegradeCause {
     MaxMr,
     /// Another refusal by the NIC, with its errno (0 when it had none).
     Nic(i32),
+    /// The device reported a fatal event (`events.rs`): nothing is registered on it any more.
+    DeviceDead,
 }
 
 /// The last degradation: its cause and whether ODP could take over.
@@ -92,6 +94,7 @@ impl Degradation {
             DegradeCause::Memlock => (1u64, 0),
             DegradeCause::MaxMr => (2, 0),
             DegradeCause::Nic(e) => (3, e as u32 as u64),
+            DegradeCause::DeviceDead => (4, 0),
         };
         code | (self.odp_fallback as u64) << 4 | errno << 32
     }
@@ -101,6 +104,7 @@ impl Degradation {
             1 => DegradeCause::Memlock,
             2 => DegradeCause::MaxMr,
             3 => DegradeCause::Nic((v >> 32) as u32 as i32),
+            4 => DegradeCause::DeviceDead,
             _ => return None,
         };
         Some(Degradation {
@@ -292,6 +296,9 @@ impl Arena {
                 this.odp_region(c)
             }
         };
+        if self.device_dead() {
+            return self.dead_device_run(len);
+        }
         let first = if self.mode == RegMode::Odp || self.chunk_fell_back(c) {
             odp(self)
         } else {
@@ -332,6 +339,24 @@ impl Arena {
             bytes = len as u64,
             "registration refused: serving the memory unregistered (keys_of is None for it)"
         );
+        Ok(None)
+    }
+
+    /// A run committed after the device died: served unregistered (or refused when
+    /// registration is required), with no NIC call.
+    fn dead_device_run(&self, len: usize) -> Result<Option<u32>, Error> {
+        self.record(Degradation {
+            cause: DegradeCause::DeviceDead,
+            odp_fallback: false,
+        });
+        if self.policy == RegistrationPolicy::Required {
+            return Err(Error::Nic(crate::nic::Error::from_errno(
+                crate::nic::Verb::RegMr,
+                libc::EIO,
+            )));
+        }
+        add(&self.counters.unregistered_bytes, len as u64);
+        add(&self.counters.unregistered_runs, 1);
         Ok(None)
     }
 

@@ -65,6 +65,10 @@ impl Arena {
             return Err(Error::Reentrant);
         }
         let _mark = provision::Provisioning::enter();
+        // The growth path reads the device's events: a dead device is not called again.
+        if !self.device_dead() {
+            self.poll_device_events();
+        }
         if len == 0 {
             return Err(Error::InvalidArgument("zero-length run"));
         }

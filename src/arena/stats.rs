@@ -94,10 +94,18 @@ pub struct ArenaStats {
     pub node_chunk_bytes: [u64; MAX_STAT_NODES],
     /// `mbind` calls that failed: the memory stayed unbound (allocations never fail for it).
     pub numa_bind_failures: u64,
+    /// The device reported a fatal event: nothing is registered on it any more (`events.rs`).
+    pub device_dead: bool,
+    /// Asynchronous device events read.
+    pub device_events: u64,
+    /// Of those, ports going down.
+    pub port_errors: u64,
 }
 
 #[derive(Default)]
 pub(crate) struct Counters {
+    pub(crate) device_events: AtomicU64,
+    pub(crate) port_errors: AtomicU64,
     pub(crate) committed_bytes: AtomicU64,
     pub(crate) registered_bytes: AtomicU64,
     pub(crate) slabs_hugetlb: AtomicU64,
@@ -135,6 +143,7 @@ pub(crate) struct Fixed {
     pub(crate) last_degradation: u64,
     pub(crate) numa: NumaPlacement,
     pub(crate) numa_bind_failures: u64,
+    pub(crate) device_dead: bool,
 }
 
 /// `counter += n`.
@@ -187,6 +196,9 @@ impl Counters {
             numa: f.numa,
             node_chunk_bytes: std::array::from_fn(|n| r(&self.node_chunk_bytes[n])),
             numa_bind_failures: f.numa_bind_failures,
+            device_dead: f.device_dead,
+            device_events: r(&self.device_events),
+            port_errors: r(&self.port_errors),
         }
     }
 }

@@ -7,8 +7,10 @@ use crate::nic::{self, Access, QpState, WcStatus};
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum GrantError {
-    /// The global pool could not initialise (see `GlobalPool::init_error`).
-    #[error("the global pool is not available")]
+    /// The pool cannot grant: the global pool could not initialise (see
+    /// `GlobalPool::init_error`), or the device reported a fatal event
+    /// (`Arena::device_dead`).
+    #[error("the pool cannot grant: not initialised, or its device is dead")]
     Unavailable,
     /// The range is empty.
     #[error("a grant needs at least one byte")]

@@ -92,6 +92,9 @@ impl Pool {
         if access.is_empty() || !Access::REMOTE.contains(access) {
             return Err(GrantError::Rights(access));
         }
+        if rail.is_none() && self.arena().device_dead() {
+            return Err(GrantError::Unavailable);
+        }
         let caps = qp.pd().nic().caps();
         let windows = caps.max_mw > 0;
         let fits = len <= MAX_WINDOW;

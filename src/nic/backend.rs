@@ -67,6 +67,8 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn kind(&self) -> NicKind;
     fn as_any(&self) -> &dyn Any;
     fn fork_status(&self) -> ForkStatus;
+    /// The next asynchronous event, without blocking (`None`: none pending).
+    fn poll_async_event(&self) -> Result<Option<AsyncEvent>>;
 
     fn alloc_pd(&self) -> Result<u64>;
     fn dealloc_pd(&self, pd: u64) -> Result<()>;

@@ -67,6 +67,8 @@ pub enum Verb {
     UmemReg,
     /// `mlx5dv_devx_umem_dereg`.
     UmemDereg,
+    /// `ibv_get_async_event`.
+    GetAsyncEvent,
 }
 
 impl Verb {
@@ -97,6 +99,7 @@ impl Verb {
             Verb::PostRecv => "ibv_post_recv",
             Verb::UmemReg => "mlx5dv_devx_umem_reg_ex",
             Verb::UmemDereg => "mlx5dv_devx_umem_dereg",
+            Verb::GetAsyncEvent => "ibv_get_async_event",
         }
     }
 }

@@ -287,6 +287,26 @@ impl Nic {
         self.backend.fork_status()
     }
 
+    /// The device's next asynchronous event (`ibv_get_async_event(3)`), without blocking:
+    /// `Ok(None)` when none is pending. Each event is returned once (and acknowledged). A soft
+    /// NIC returns the events injected with [`soft::SoftNic::inject_event`].
+    ///
+    /// # Errors
+    /// The read of the device's event channel failed.
+    ///
+    /// # Examples
+    /// ```
+    /// use rdma_pool::nic::{AsyncEvent, Nic};
+    /// let nic = Nic::soft();
+    /// assert_eq!(nic.poll_async_event()?, None);
+    /// nic.as_soft().unwrap().inject_event(AsyncEvent::PortError { port: 1 });
+    /// assert_eq!(nic.poll_async_event()?, Some(AsyncEvent::PortError { port: 1 }));
+    /// # Ok::<(), rdma_pool::nic::Error>(())
+    /// ```
+    pub fn poll_async_event(&self) -> Result<Option<AsyncEvent>> {
+        self.backend.poll_async_event()
+    }
+
     /// The device's capabilities and limits.
     pub fn caps(&self) -> &Caps {
         self.backend.caps()

@@ -242,6 +242,60 @@ pub struct OdpCaps {
     pub rc: OdpOps,
 }
 
+/// An asynchronous event of a device (`ibv_get_async_event(3)`), as [`Nic::poll_async_event`]
+/// reads it.
+///
+/// [`Nic::poll_async_event`]: super::Nic::poll_async_event
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum AsyncEvent {
+    /// The device failed (`IBV_EVENT_DEVICE_FATAL`; also what a hot-unplugged device reports):
+    /// every object on it is unusable, and the verbs fail from now on.
+    DeviceFatal,
+    /// A port came up (`IBV_EVENT_PORT_ACTIVE`).
+    PortActive {
+        /// Port number.
+        port: u8,
+    },
+    /// A port went down (`IBV_EVENT_PORT_ERR`): QPs on it stop moving data.
+    PortError {
+        /// Port number.
+        port: u8,
+    },
+    /// A QP entered the error state (`IBV_EVENT_QP_FATAL`, `_REQ_ERR`, `_ACCESS_ERR`).
+    QpError,
+    /// A CQ overran (`IBV_EVENT_CQ_ERR`).
+    CqError,
+    /// Another event, with its `ibv_event_type` code.
+    Other(u32),
+}
+
+impl AsyncEvent {
+    /// Whether the device is gone for good after this event.
+    ///
+    /// # Examples
+    /// ```
+    /// use rdma_pool::nic::AsyncEvent;
+    /// assert!(AsyncEvent::DeviceFatal.is_fatal());
+    /// assert!(!AsyncEvent::PortError { port: 1 }.is_fatal());
+    /// ```
+    pub fn is_fatal(self) -> bool {
+        self == AsyncEvent::DeviceFatal
+    }
+
+    /// The event for an `ibv_event_type` code and its port (for port events).
+    pub(crate) fn from_code(code: u32, port: u8) -> AsyncEvent {
+        match code {
+            8 => AsyncEvent::DeviceFatal,
+            9 => AsyncEvent::PortActive { port },
+            10 => AsyncEvent::PortError { port },
+            1..=3 => AsyncEvent::QpError,
+            0 => AsyncEvent::CqError,
+            c => AsyncEvent::Other(c),
+        }
+    }
+}
+
 /// Whether `fork()` is safe next to registered memory (`ibv_is_fork_initialized(3)`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ForkStatus {

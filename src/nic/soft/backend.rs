@@ -42,6 +42,10 @@ impl Backend for SoftNic {
         self.dev.config.fork
     }
 
+    fn poll_async_event(&self) -> Result<Option<AsyncEvent>> {
+        Ok(lock(&self.dev.events).pop_front())
+    }
+
     fn as_any(&self) -> &dyn Any {
         self
     }

@@ -55,6 +55,10 @@ pub(crate) struct Device {
     pub(super) mw_count: AtomicU32,
     pub(super) memlock: Memlock,
     pub(super) prefetcher: Prefetcher,
+    /// Asynchronous events injected and not yet read.
+    pub(super) events: Mutex<std::collections::VecDeque<AsyncEvent>>,
+    /// A `DeviceFatal` was injected: every verb fails with `EIO` from then on.
+    pub(super) dead: std::sync::atomic::AtomicBool,
 }
 
 /// The capabilities a soft device with `config` reports.
@@ -128,6 +132,8 @@ impl Device {
                 mr_count: AtomicU32::new(0),
                 mw_count: AtomicU32::new(0),
                 prefetcher,
+                events: Mutex::new(std::collections::VecDeque::new()),
+                dead: std::sync::atomic::AtomicBool::new(false),
             }
         })
     }
@@ -143,6 +149,9 @@ impl Device {
 
     /// Fail with the injected fault for `verb`, if one is armed.
     pub(super) fn inject(&self, verb: Verb) -> Result<()> {
+        if self.dead.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(Error::from_errno(verb, libc::EIO));
+        }
         match self.injected(verb) {
             Some((errno, _)) => Err(Error::from_errno(verb, errno)),
             None => Ok(()),

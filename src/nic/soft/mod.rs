@@ -119,6 +119,31 @@ impl SoftNic {
         self.dev.faults.arm(verb, n, errno, ReregErrorKind::Cmd);
     }
 
+    /// Raise the asynchronous event `ev`, read by [`Nic::poll_async_event`](crate::nic::Nic).
+    /// A [`AsyncEvent::DeviceFatal`] also kills the device, as the hardware's does: every verb
+    /// fails with `EIO` from then on (data moved through it included).
+    ///
+    /// # Examples
+    /// ```
+    /// use rdma_pool::nic::{AsyncEvent, Nic};
+    /// let nic = Nic::soft();
+    /// nic.as_soft().unwrap().inject_event(AsyncEvent::DeviceFatal);
+    /// assert_eq!(nic.alloc_pd().unwrap_err().errno(), Some(libc::EIO));
+    /// assert_eq!(nic.poll_async_event().unwrap(), Some(AsyncEvent::DeviceFatal));
+    /// ```
+    pub fn inject_event(&self, ev: crate::nic::AsyncEvent) {
+        if ev.is_fatal() {
+            self.dev
+                .dead
+                .store(true, std::sync::atomic::Ordering::Release);
+        }
+        self.dev
+            .events
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push_back(ev);
+    }
+
     /// Make the next `n` re-registrations fail with `kind` and `errno`.
     pub fn fail_next_rereg(&self, kind: ReregErrorKind, n: u32, errno: i32) {
         self.dev.faults.arm(Verb::ReregMr, n, errno, kind);

@@ -273,6 +273,59 @@ impl Backend for VerbsNic {
         NicKind::Verbs
     }
 
+    fn poll_async_event(&self) -> Result<Option<super::types::AsyncEvent>> {
+        let last_error = |verb| {
+            let e = std::io::Error::last_os_error();
+            Error::from_errno(verb, e.raw_os_error().unwrap_or(libc::EIO))
+        };
+        use super::types::AsyncEvent;
+        let ctx = self.ctx();
+        // SAFETY: `ctx` is the open context of this NIC.
+        let fd = unsafe { (*ctx).async_fd };
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // Without blocking, and without changing the fd's flags (an application that attached
+        // its own context may block on it).
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut pfd, 1, 0) };
+        if n < 0 {
+            return Err(last_error(Verb::GetAsyncEvent));
+        }
+        if n == 0 || pfd.revents & libc::POLLIN == 0 {
+            return Ok(None);
+        }
+        /// `struct ibv_async_event`, read as plain integers (the type code may be one the
+        /// bindings' enum does not list).
+        #[repr(C)]
+        struct RawEvent {
+            element: u64,
+            event_type: u32,
+        }
+        let mut ev = RawEvent {
+            element: 0,
+            event_type: 0,
+        };
+        // SAFETY: `ev` has the layout of `struct ibv_async_event`; an event is pending, so the
+        // call does not block.
+        let rc = unsafe { ffi::ibv_get_async_event(ctx, (&mut ev as *mut RawEvent).cast()) };
+        if rc != 0 {
+            return Err(last_error(Verb::GetAsyncEvent));
+        }
+        // Port events carry the port number in the element union.
+        let port = if matches!(ev.event_type, 9..=13 | 17 | 18) {
+            ev.element as u32 as u8
+        } else {
+            0
+        };
+        let out = AsyncEvent::from_code(ev.event_type, port);
+        // SAFETY: the event just read, acknowledged once.
+        unsafe { ffi::ibv_ack_async_event((&mut ev as *mut RawEvent).cast()) };
+        Ok(Some(out))
+    }
+
     fn fork_status(&self) -> ForkStatus {
         // SAFETY: reads libibverbs' global fork state; no arguments.
         match unsafe { ffi::ibv_is_fork_initialized() } {
