@@ -284,6 +284,7 @@ impl AsyncEvent {
     }
 
     /// The event for an `ibv_event_type` code and its port (for port events).
+    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
     pub(crate) fn from_code(code: u32, port: u8) -> AsyncEvent {
         match code {
             8 => AsyncEvent::DeviceFatal,
