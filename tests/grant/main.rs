@@ -63,13 +63,20 @@ pub fn revoke(g: &mut Grant<'_>, server: &Side) {
     g.revoke(&server.cq, |_| {}).unwrap();
 }
 
-/// Hand every completion waiting on the server's CQ to the pool.
+/// Hand the server's completions to the pool until none of its work requests is in flight
+/// (rxe completes them asynchronously: an empty CQ is not yet the end), or `WAIT` passed.
 pub fn drain(pool: &Pool, server: &Side) -> usize {
     let mut n = 0;
-    while let Some(wc) = server.cq.poll_one().unwrap() {
-        n += pool.on_completion(&wc) as usize;
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        while let Some(wc) = server.cq.poll_one().unwrap() {
+            n += pool.on_completion(&wc) as usize;
+        }
+        if pool.grant_stats().wrs_in_flight == 0 || std::time::Instant::now() > deadline {
+            return n;
+        }
+        std::thread::yield_now();
     }
-    n
 }
 
 /// Whether windows over the pool's own region would leak its other bytes here.
