@@ -222,20 +222,27 @@ fn online_mask() -> Mask {
 /// The nodes this process may allocate from (`get_mempolicy(MPOL_F_MEMS_ALLOWED)`), if the
 /// call answers.
 fn allowed_mask() -> Option<Mask> {
+    get_mempolicy(std::ptr::null(), MPOL_F_MEMS_ALLOWED).map(|(_, m)| m)
+}
+
+/// `get_mempolicy(&mode, mask, MASK_NODES, addr, flags)`: the mode and node mask, `None` when
+/// the call fails.
+fn get_mempolicy(addr: *const u8, flags: libc::c_ulong) -> Option<(libc::c_int, Mask)> {
     let mut m = Mask([0; WORDS]);
-    let mut mode: libc::c_int = 0;
-    // SAFETY: the kernel writes `mode` and at most MASK_NODES bits of `m`.
+    let mut mode: libc::c_int = -1;
+    // SAFETY: the kernel writes `mode` and at most MASK_NODES bits of `m`; `addr` is only
+    // looked up (with MPOL_F_ADDR), never dereferenced.
     let r = unsafe {
         libc::syscall(
             libc::SYS_get_mempolicy,
             &mut mode as *mut libc::c_int,
             m.0.as_mut_ptr(),
             MASK_NODES as libc::c_ulong,
-            std::ptr::null_mut::<libc::c_void>(),
-            MPOL_F_MEMS_ALLOWED,
+            addr as *mut libc::c_void,
+            flags,
         )
     };
-    (r == 0).then_some(m)
+    (r == 0).then_some((mode, m))
 }
 
 /// Online NUMA nodes (1 on a single-node machine, or where sysfs says nothing).
@@ -346,22 +353,7 @@ pub fn node_of_page(addr: *const u8) -> Option<u32> {
 /// assert_eq!(policy_of(&*x as *const u64 as *const u8), Some((MPOL_DEFAULT, None)));
 /// ```
 pub fn policy_of(addr: *const u8) -> Option<(i32, Option<u32>)> {
-    let mut m = Mask([0; WORDS]);
-    let mut mode: libc::c_int = -1;
-    // SAFETY: the kernel writes `mode` and at most MASK_NODES bits of `m`.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_get_mempolicy,
-            &mut mode as *mut libc::c_int,
-            m.0.as_mut_ptr(),
-            MASK_NODES as libc::c_ulong,
-            addr as *mut libc::c_void,
-            MPOL_F_ADDR,
-        )
-    };
-    if r != 0 {
-        return None;
-    }
+    let (mode, m) = get_mempolicy(addr, MPOL_F_ADDR)?;
     let first = (0..MASK_NODES as u32).find(|&n| m.has(n));
     // Strip the mode flags (MPOL_F_STATIC_NODES, …) the kernel may report in the high bits.
     Some((mode & 0xff, first))
@@ -411,19 +403,8 @@ mod tests {
     #[test]
     fn a_binding_is_what_get_mempolicy_reads_back() {
         let len = 1 << 21;
-        // SAFETY: a fresh private anonymous mapping, ours alone.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(p, libc::MAP_FAILED);
-        let p = p.cast::<u8>();
+        let mut mem = crate::nic::Buffer::new(len).unwrap();
+        let p = mem.as_mut_ptr();
         assert_eq!(policy_of(p), Some((MPOL_DEFAULT, None)));
         let last = online_nodes() - 1;
         let node = (0..=last).rev().find(|&n| is_available(n)).unwrap();
@@ -436,8 +417,7 @@ mod tests {
         assert_eq!(node_of_page(p), Some(node));
         // SAFETY: as above.
         assert_eq!(unsafe { bind(p, len, 100_000) }, Err(libc::EINVAL));
-        // SAFETY: ours, unused from here.
-        unsafe { libc::munmap(p.cast(), len) };
+        drop(mem);
     }
 
     #[test]

@@ -9,6 +9,18 @@ use rdma_pool::nic::*;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
+/// The small pool the pool-level tests use: 4 GiB reserved in 16 MiB chunks, ordinary pages,
+/// no purge delay (purges happen when a test asks).
+pub fn small_arena() -> rdma_pool::arena::ArenaConfig {
+    rdma_pool::arena::ArenaConfig {
+        reserve: 1 << 32,
+        chunk: 1 << 24,
+        hugepages: rdma_pool::arena::Hugepages::Off,
+        purge_delay: None,
+        ..Default::default()
+    }
+}
+
 /// Completions on rxe arrive asynchronously; on the soft NIC at once.
 pub const WAIT: Duration = Duration::from_secs(10);
 

@@ -10,19 +10,13 @@ mod common;
 
 use common::*;
 use rdma_pool::alloc::Pool;
-use rdma_pool::arena::{ArenaConfig, DegradeCause, Hugepages, Registration, RegistrationPolicy};
+use rdma_pool::arena::{ArenaConfig, DegradeCause, Registration, RegistrationPolicy};
 use rdma_pool::grant::GrantError;
 use rdma_pool::nic::*;
 use std::alloc::Layout;
 
 fn cfg() -> ArenaConfig {
-    ArenaConfig {
-        reserve: 1 << 32,
-        chunk: 1 << 24,
-        hugepages: Hugepages::Off,
-        purge_delay: None,
-        ..Default::default()
-    }
+    small_arena()
 }
 
 #[test]

@@ -24,13 +24,7 @@ fn tried<T>(r: T) -> T {
 }
 
 fn cfg() -> ArenaConfig {
-    ArenaConfig {
-        reserve: 1 << 32,
-        chunk: 1 << 24,
-        hugepages: Hugepages::Off,
-        purge_delay: None,
-        ..Default::default()
-    }
+    small_arena()
 }
 
 struct Bed2 {

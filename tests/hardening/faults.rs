@@ -58,12 +58,8 @@ struct Fx {
 
 fn cfg(mode: Registration) -> ArenaConfig {
     ArenaConfig {
-        reserve: 1 << 32,
-        chunk: 1 << 24,
-        hugepages: Hugepages::Off,
         registration: mode,
-        purge_delay: None,
-        ..Default::default()
+        ..small_arena()
     }
 }
 

@@ -281,12 +281,8 @@ pub fn run(ops: &[Op], mode: Registration) -> Figures {
     let pool = Pool::with_config(
         &bed.server.pd,
         ArenaConfig {
-            reserve: 1 << 32,
-            chunk: 1 << 24,
-            hugepages: Hugepages::Off,
             registration: mode,
-            purge_delay: None,
-            ..Default::default()
+            ..small_arena()
         },
     )
     .unwrap();

@@ -12,7 +12,7 @@ mod degrade;
 use allocator_api2::vec::Vec as AVec;
 use common::*;
 use rdma_pool::alloc::Pool;
-use rdma_pool::arena::{ArenaConfig, Error, Hugepages, Keys, RegMode};
+use rdma_pool::arena::{ArenaConfig, Error, Keys, RegMode};
 use rdma_pool::nic::*;
 use std::alloc::Layout;
 
@@ -29,13 +29,7 @@ pub struct TwoRails {
 }
 
 pub fn config() -> ArenaConfig {
-    ArenaConfig {
-        reserve: 1 << 32,
-        chunk: 1 << 24,
-        hugepages: Hugepages::Off,
-        purge_delay: None,
-        ..Default::default()
-    }
+    small_arena()
 }
 
 impl TwoRails {
