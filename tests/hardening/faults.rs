@@ -525,43 +525,52 @@ fn grant(fx: &Fx, kind: GrantKind) -> Result<rdma_pool::grant::Grant<'_>, GrantE
     fx.pool.grant_with(buf, &fx.qs, Access::REMOTE_WRITE, kind)
 }
 
-fn window_rows(rows: &mut Vec<Row>) {
-    for errno in MW {
+/// Rows where `verb` failing with each of `errnos` makes a type-`kind` grant fail with that
+/// errno, and leaves the pool serving.
+fn grant_refused(
+    rows: &mut Vec<Row>,
+    verb: Verb,
+    errnos: &[i32],
+    kind: GrantKind,
+    (name, site): (&'static str, &'static str),
+) {
+    for &errno in errnos {
         let fx = Fx::new(Registration::Pinned);
-        fx.soft().fail_next(Verb::AllocMw, 1, errno);
-        let outcome = nic_errno(grant(&fx, GrantKind::Type2), errno);
+        fx.soft().fail_next(verb, 1, errno);
+        let outcome = nic_errno(grant(&fx, kind), errno);
         fx.after();
         rows.push(Row {
-            verb: "alloc_mw",
-            site: "grant",
+            verb: name,
+            site,
             errno,
             outcome,
         });
     }
-    for errno in BIND {
-        let fx = Fx::new(Registration::Pinned);
-        fx.soft().fail_next(Verb::BindMw, 1, errno);
-        let outcome = nic_errno(grant(&fx, GrantKind::Type1), errno);
-        fx.after();
-        rows.push(Row {
-            verb: "bind_mw",
-            site: "type 1 grant",
-            errno,
-            outcome,
-        });
-    }
-    for errno in POST {
-        let fx = Fx::new(Registration::Pinned);
-        fx.soft().fail_next(Verb::PostSend, 1, errno);
-        let outcome = nic_errno(grant(&fx, GrantKind::Type2), errno);
-        fx.after();
-        rows.push(Row {
-            verb: "post_send",
-            site: "type 2 bind",
-            errno,
-            outcome,
-        });
+}
 
+fn window_rows(rows: &mut Vec<Row>) {
+    grant_refused(
+        rows,
+        Verb::AllocMw,
+        &MW,
+        GrantKind::Type2,
+        ("alloc_mw", "grant"),
+    );
+    grant_refused(
+        rows,
+        Verb::BindMw,
+        &BIND,
+        GrantKind::Type1,
+        ("bind_mw", "type 1 grant"),
+    );
+    grant_refused(
+        rows,
+        Verb::PostSend,
+        &POST,
+        GrantKind::Type2,
+        ("post_send", "type 2 bind"),
+    );
+    for errno in POST {
         // LOCAL_INV refused: the window is deallocated instead; its key is dead.
         let fx = Fx::new(Registration::Pinned);
         let mut g = grant(&fx, GrantKind::Type2).unwrap();
@@ -604,18 +613,13 @@ fn window_rows(rows: &mut Vec<Row>) {
             outcome: "logged as leaked; the grant ends".into(),
         });
     }
-    for errno in [libc::EINVAL, libc::ENOMEM] {
-        let fx = Fx::new(Registration::Pinned);
-        fx.soft().fail_next(Verb::QueryQp, 1, errno);
-        let outcome = nic_errno(grant(&fx, GrantKind::Type2), errno);
-        fx.after();
-        rows.push(Row {
-            verb: "query_qp",
-            site: "window grant",
-            errno,
-            outcome,
-        });
-    }
+    grant_refused(
+        rows,
+        Verb::QueryQp,
+        &[libc::EINVAL, libc::ENOMEM],
+        GrantKind::Type2,
+        ("query_qp", "window grant"),
+    );
     for errno in [libc::EINVAL, libc::EAGAIN] {
         let fx = Fx::new(Registration::Pinned);
         let mut g = grant(&fx, GrantKind::Type2).unwrap();
