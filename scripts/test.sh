@@ -27,6 +27,10 @@ cargo test --workspace --exclude rdma-pool-allocator-api
 echo "== cargo test --no-default-features (without the verbs backend)"
 cargo test --no-default-features --lib --tests
 
+# Memory-checker mode: the fill and counters on stable, then every test binary under
+# AddressSanitizer with the pool poisoning its freed blocks (RUSTC_BOOTSTRAP=1).
+bash scripts/memcheck.sh
+
 echo "== comparison suite, smoke run (debug build, scale 0.01): every allocator computes the same results"
 cargo build -p rdma-pool-comparison --bins
 target/debug/compare --repeats 1 --scale 0.01 > /dev/null
@@ -35,6 +39,11 @@ echo "== Soft-RoCE (rxe) scenario suite in a QEMU guest"
 # cargo prints "Executable tests/scenarios.rs (target/debug/deps/scenarios-HASH)".
 bins=$(cargo test --no-run --test scenarios --test pinning --test arena --test alloc --test global --test global_faults --test grant --test prefetch --test queue_mem --test rails --test numa --test hardening --test stress --test fork --test events 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p')
 [ -n "$bins" ] || { echo "could not find the scenario test binaries" >&2; exit 1; }
+# The memory-checker tests (feature `memcheck`, without ASan): rxe DMA into live blocks, the fill
+# of freed ones.
+memcheck_bin=$(cargo test --no-run --features memcheck --test memcheck 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p')
+[ -n "$memcheck_bin" ] || { echo "could not find the memcheck test binary" >&2; exit 1; }
+bins="$bins $memcheck_bin"
 # The grants and two_rails examples run there too (they ignore the test harness's arguments;
 # two_rails on rxe0 and rxe1, RDMA_POOL_RAILS below).
 cargo build --example grants --example two_rails

@@ -108,6 +108,7 @@ impl Heap {
             if page.fresh.load(R) {
                 p.cast::<usize>().write(0);
             } else {
+                super::memcheck::unpoison(p, len);
                 std::ptr::write_bytes(p, 0, len);
             }
         }

@@ -213,6 +213,8 @@ impl PoolInner {
                         let p = (slab_addr + (i << SLOT_SHIFT)) as *mut u8;
                         if zero {
                             // SAFETY: the block is ours and `size` bytes long.
+                            super::memcheck::unpoison(p, size);
+                            // SAFETY: the block is ours and `size` bytes long.
                             unsafe { std::ptr::write_bytes(p, 0, size) };
                         }
                         return p;
@@ -229,6 +231,7 @@ impl PoolInner {
                 }
             };
             let start = run.as_ptr() as usize;
+            super::memcheck::unpoison(run.as_ptr(), SLAB);
             let descs = (start..start + SLAB)
                 .step_by(1 << GRANULE_SHIFT)
                 .map(|a| (a, self.desc(a) as *const Page));

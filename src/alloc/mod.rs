@@ -24,6 +24,7 @@ mod checked;
 mod class;
 mod heap;
 mod medium;
+mod memcheck;
 mod page;
 mod pool;
 mod purge;
@@ -35,6 +36,9 @@ mod tls;
 pub(crate) use api2::slice;
 pub use checked::FreeError;
 pub use class::{CLASSES, MAX_SMALL, class_size};
+pub use memcheck::{
+    FILL_MAX, FREED, GUARD_FILL, LARGE_GUARD, MemcheckStats, asan_poisoned, memcheck_stats,
+};
 pub use stats::{ClassStats, PoolStats};
 pub(crate) use tls::{keys_of_any, keys_of_any_on};
 
@@ -162,6 +166,16 @@ impl Pool {
     /// ```
     #[inline(always)]
     pub fn alloc(&self, layout: Layout) -> *mut u8 {
+        let p = self.alloc_raw(layout);
+        if cfg!(feature = "memcheck") {
+            self.memcheck_out(p);
+        }
+        p
+    }
+
+    /// [`Pool::alloc`] without memory-checker mode's bookkeeping.
+    #[inline(always)]
+    fn alloc_raw(&self, layout: Layout) -> *mut u8 {
         let (size, align) = (layout.size(), layout.align());
         if align <= 8 && size < MEDIUM_MIN {
             // The first allocation of a thread claims its heap in the slow path.
@@ -176,7 +190,68 @@ impl Pool {
 
     /// [`Pool::alloc`], zero-filled (fresh pages are not touched twice).
     pub fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        self.alloc_slow(layout, true)
+        let p = self.alloc_slow(layout, true);
+        if cfg!(feature = "memcheck") {
+            self.memcheck_out(p);
+        }
+        p
+    }
+
+    /// Memory-checker mode: the block at `p` (or null) is handed out (`memcheck.rs`).
+    #[cold]
+    #[inline(never)]
+    fn memcheck_out(&self, p: *mut u8) {
+        if let Some(page) = self.table.page_of(p) {
+            let small = page.kind.load(Relaxed) == SMALL;
+            if let Some(len) = self.usable_size(p) {
+                // SAFETY: a block just handed out, `len` usable bytes.
+                unsafe { memcheck::handed_out(p, len, small) };
+            }
+        }
+    }
+
+    /// Memory-checker mode: the live block at `p` was resized in place from `old` bytes: a
+    /// medium block may have grown over freed slots (unpoisoned) or given slots back (filled and
+    /// poisoned).
+    #[cold]
+    #[inline(never)]
+    fn memcheck_resized(&self, p: *mut u8, old: usize) {
+        let Some(len) = self.usable_size(p) else {
+            return;
+        };
+        memcheck::unpoison(p, len);
+        let was = old.next_multiple_of(1 << medium::SLOT_SHIFT);
+        if self.table.page_of(p).map(|pg| pg.kind.load(Relaxed)) == Some(MEDIUM) && was > len {
+            // SAFETY: the slots past `len` left the block: nobody uses them.
+            unsafe { memcheck::freed(p.add(len), was - len, 0) };
+        }
+    }
+
+    /// Memory-checker mode: the block at `p` of `page` is being freed (`memcheck.rs`).
+    #[cold]
+    #[inline(never)]
+    unsafe fn memcheck_in(&self, page: &page::Page, p: *mut u8) {
+        match page.kind.load(Relaxed) {
+            SMALL => {
+                let bs = page.block_size.load(Relaxed) as usize;
+                if (p as usize - page.start.load(Relaxed)) % bs == 0 {
+                    // SAFETY: a block of the page being freed (the caller's contract).
+                    unsafe { memcheck::freed(p, bs, 8) };
+                }
+            }
+            MEDIUM => {
+                let len = self.inner().medium_len(p);
+                // SAFETY: as above.
+                unsafe { memcheck::freed(p, len, 0) };
+            }
+            LARGE if page.start.load(Relaxed) == p as usize => {
+                let usable = page.large_len.load(Relaxed) - memcheck::LARGE_GUARD;
+                memcheck::unguard(p, usable);
+                // SAFETY: as above.
+                unsafe { memcheck::freed(p, usable, 0) };
+            }
+            _ => {}
+        }
     }
 
     /// [`Pool::alloc`] or [`Pool::alloc_zeroed`], as `zero` says.
@@ -253,6 +328,10 @@ impl Pool {
         let Some(page) = self.table.page_of(p) else {
             return;
         };
+        if cfg!(feature = "memcheck") {
+            // SAFETY: forwarded from the caller.
+            unsafe { self.memcheck_in(page, p) };
+        }
         if page.kind.load(Relaxed) == SMALL {
             let heap = tls::heap_of(self.id);
             if page.heap.load(Relaxed) == heap {
@@ -310,6 +389,10 @@ impl Pool {
             let heap = tls::heap_of(self.id);
             // SAFETY: `p` is in the reservation (the caller's contract).
             if unsafe { self.table.owner_of(p) } == heap && !heap.is_null() {
+                if cfg!(feature = "memcheck") {
+                    // SAFETY: a block of this thread's page, of its size class, being freed.
+                    unsafe { memcheck::freed(p, class_size(class_of(size)), 8) };
+                }
                 // SAFETY: this thread's heap; `class_of(size) < CACHED_CLASSES`.
                 if unsafe { (*heap).cache_sized(class_of(size), p) } {
                     return;
@@ -399,7 +482,7 @@ impl Pool {
                     new_size <= class_size(c) && (layout.align() > 8 || class_of(new_size) == c)
                 }
                 LARGE if page.start.load(Relaxed) == p as usize => {
-                    let cap = page.large_len.load(Relaxed);
+                    let cap = page.large_len.load(Relaxed) - memcheck::LARGE_GUARD;
                     new_size <= cap && new_size > cap / 2
                 }
                 // Medium blocks grow and shrink in place while their neighbours are free.
@@ -410,6 +493,9 @@ impl Pool {
                 _ => false,
             };
             if keep {
+                if cfg!(feature = "memcheck") {
+                    self.memcheck_resized(p, layout.size());
+                }
                 return p;
             }
         }
@@ -483,7 +569,9 @@ impl Pool {
         match page.kind.load(Relaxed) {
             SMALL => Some(page.block_size.load(Relaxed) as usize),
             MEDIUM => Some(self.inner().medium_len(p)).filter(|&n| n > 0),
-            LARGE if page.start.load(Relaxed) == p as usize => Some(page.large_len.load(Relaxed)),
+            LARGE if page.start.load(Relaxed) == p as usize => {
+                Some(page.large_len.load(Relaxed) - memcheck::LARGE_GUARD)
+            }
             _ => None,
         }
     }
@@ -504,6 +592,7 @@ impl Pool {
             MEDIUM => self.inner().medium_block(addr),
             LARGE => {
                 let (start, len) = (page.start.load(Relaxed), page.large_len.load(Relaxed));
+                let len = len - memcheck::LARGE_GUARD;
                 (addr - start < len).then_some((start, len))
             }
             UNUSED => self.large_run_around(addr),
@@ -523,6 +612,7 @@ impl Pool {
                 UNUSED => at = at.checked_sub(SLAB)?,
                 LARGE => {
                     let (start, len) = (d.start.load(Relaxed), d.large_len.load(Relaxed));
+                    let len = len - memcheck::LARGE_GUARD;
                     return (start == at && addr - start < len).then_some((start, len));
                 }
                 _ => return None,

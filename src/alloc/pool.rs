@@ -14,6 +14,7 @@
 use super::class::{GRANULE_SHIFT, page_shift};
 use super::heap::Heap;
 use super::medium::MediumSlab;
+use super::memcheck;
 use super::page::{LARGE, LARGE_FREE, Page, SMALL, TAIL, UNUSED};
 use super::purge::Idle;
 use crate::arena::os::MmapArray;
@@ -320,6 +321,14 @@ impl PoolInner {
             }
             None => self.carve(shift)?,
         };
+        // SAFETY: an empty page nobody uses.
+        unsafe {
+            memcheck::recycled(
+                page.start.load(R) as *mut u8,
+                1 << shift,
+                page.fresh.load(R),
+            )
+        };
         page.init(c, heap);
         self.set_owner(page, heap);
         Some(page)
@@ -353,6 +362,7 @@ impl PoolInner {
             }
         };
         let start = run.as_ptr() as usize;
+        memcheck::unpoison(run.as_ptr(), run.len());
         let granules = bytes >> GRANULE_SHIFT;
         let mut first = None;
         for at in (start..start + run.len()).step_by(bytes) {
@@ -408,7 +418,11 @@ impl PoolInner {
 
     /// A large block: a whole slab run aligned to `align`, zeroed when `zero`.
     pub(crate) fn alloc_large(&self, size: usize, align: usize, zero: bool) -> *mut u8 {
-        let Some(len) = size.checked_next_multiple_of(SLAB) else {
+        // Memory-checker mode keeps a guard page after the usable bytes (`memcheck.rs`).
+        let Some(len) = size
+            .checked_add(memcheck::LARGE_GUARD)
+            .and_then(|s| s.checked_next_multiple_of(SLAB))
+        else {
             return null_mut();
         };
         let slabs = len / SLAB;
@@ -438,7 +452,9 @@ impl PoolInner {
             self.large_live.fetch_add(run_len, R);
             page.kind.store(LARGE, Ordering::Release);
             let p = page.start.load(R) as *mut u8;
+            memcheck::guard(p, run_len - memcheck::LARGE_GUARD);
             if zero {
+                memcheck::unpoison(p, size);
                 // SAFETY: the run is ours again and `size <= run_len`.
                 unsafe { std::ptr::write_bytes(p, 0, size) };
             }
@@ -451,6 +467,8 @@ impl PoolInner {
                 return null_mut();
             }
         };
+        memcheck::unpoison(run.as_ptr(), run.len());
+        memcheck::guard(run.as_ptr(), run.len() - memcheck::LARGE_GUARD);
         let head = self.desc(run.as_ptr() as usize);
         head.start.store(run.as_ptr() as usize, R);
         head.large_len.store(run.len(), R);

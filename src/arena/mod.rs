@@ -244,6 +244,7 @@ impl Arena {
         })?;
         let base = base.as_ptr() as usize;
         let unreserve = |e: i32| {
+            os::lsan_root(base as *const libc::c_void, cfg.reserve, false);
             // SAFETY: the reservation was just made and nothing uses it.
             unsafe { libc::munmap(base as *mut libc::c_void, cfg.reserve) };
             Error::Os {
@@ -630,6 +631,7 @@ impl Drop for Arena {
         let _mark = provision::Provisioning::enter();
         self.rails.drop_all();
         self.table.drop_all();
+        os::lsan_root(self.base as *const libc::c_void, self.reserve, false);
         // SAFETY: every region over the reservation is gone; nothing else uses it.
         unsafe { libc::munmap(self.base as *mut libc::c_void, self.reserve) };
     }

@@ -1,0 +1,229 @@
+//! Memory-checker mode (feature `memcheck`, `src/alloc/memcheck.rs`): what a checker sees
+//! inside the pool. Built without the feature this binary is empty. `scripts/memcheck.sh` runs
+//! it (and every other test binary) twice: with the feature alone, where the fill and the
+//! counters are checked, and under AddressSanitizer (`--cfg rdma_pool_asan`), where freed
+//! blocks and guard pages must be poisoned and a child process that writes a freed block or
+//! past a large run must die with ASan's report. The NIC reads into live blocks first (rxe in
+//! the QEMU guest), so DMA into handed-out memory is seen to raise nothing.
+#![cfg(feature = "memcheck")]
+
+#[path = "../common/mod.rs"]
+mod common;
+
+use common::*;
+use rdma_pool::alloc::{FREED, GUARD_FILL, Pool, asan_poisoned, memcheck_stats};
+use rdma_pool::nic::*;
+use std::alloc::Layout;
+
+/// A small block, a larger small one, a medium block, a large run.
+const SIZES: [usize; 4] = [48, 5000, 100_000, 3 << 20];
+
+fn layout(size: usize) -> Layout {
+    Layout::from_size_align(size, 8).unwrap()
+}
+
+fn asan() -> bool {
+    memcheck_stats().asan
+}
+
+/// Read `len` bytes of a peer's buffer (filled with `fill`) into `p` through the pool's keys.
+fn nic_reads_into(pool: &Pool, peer: &Side, p: *mut u8, len: usize, fill: u8) {
+    let cq = pool.nic().create_cq(16).unwrap();
+    let qp = pool.pd().create_qp(&cq, &cq, QpCaps::default()).unwrap();
+    let pqp = peer.qp();
+    link(&qp, &pqp);
+    let (mem, mr) = peer.reg_buf(len, fill, RW);
+    // SAFETY: a live block of at least `len` bytes.
+    let block = unsafe { std::slice::from_raw_parts(p, len) };
+    let sge = pool.sge_of(block).unwrap();
+    qp.post_read(1, &[sge], mr.addr() as u64, mr.rkey())
+        .unwrap();
+    assert_eq!(cq.wait_one(WAIT).unwrap().status, WcStatus::Success);
+    assert!(block.iter().all(|&b| b == fill));
+    drop((mr, mem));
+}
+
+#[test]
+fn freed_blocks_carry_the_fill_and_blocks_handed_out_again_are_clean() {
+    let _g = serial();
+    let (na, nb) = nics();
+    let peer = Side::new(nb);
+    let pool = Pool::with_config(&na.alloc_pd().unwrap(), small_arena()).unwrap();
+    let before = memcheck_stats();
+    assert!(before.enabled);
+    for size in SIZES {
+        let p = pool.alloc(layout(size));
+        let usable = pool.usable_size(p).unwrap();
+        assert!(usable >= size);
+        nic_reads_into(&pool, &peer, p, size.min(64 << 10), 0x77);
+        if asan() {
+            assert_eq!(asan_poisoned(p, usable), Some(false), "{size}: live");
+        }
+        let large = size > rdma_pool::alloc::MAX_SMALL;
+        if large {
+            // The guard page after the run: filled, and poisoned under ASan.
+            let g = p.wrapping_add(usable);
+            if asan() {
+                assert_eq!(asan_poisoned(g, 1), Some(true), "the guard page");
+            } else {
+                // SAFETY: the guard page belongs to the live run (not under ASan: unpoisoned).
+                let guard = unsafe { std::slice::from_raw_parts(g, rdma_pool::alloc::LARGE_GUARD) };
+                assert!(guard.iter().all(|&b| b == GUARD_FILL));
+            }
+        }
+        // SAFETY: from this pool, freed once.
+        unsafe { pool.free(p) };
+        // A small block keeps its first word (the pool's free-list link).
+        let skip = if size <= 64 << 10 { 8 } else { 0 };
+        if asan() {
+            assert_eq!(
+                asan_poisoned(p.wrapping_add(skip), usable - skip),
+                Some(true),
+                "{size}: freed"
+            );
+            assert_eq!(asan_poisoned(p.wrapping_add(skip), 8), Some(true));
+        } else {
+            let n = (usable - skip).min(rdma_pool::alloc::FILL_MAX);
+            // SAFETY: the freed block is still mapped pool memory (test-only read).
+            let fill = unsafe { std::slice::from_raw_parts(p.add(skip), n) };
+            assert!(fill.iter().all(|&b| b == FREED), "{size}: not filled");
+        }
+        // The same block again (the thread cache, the medium slab, the cached run): clean.
+        let q = pool.alloc(layout(size));
+        assert_eq!(q, p, "{size}");
+        if asan() {
+            assert_eq!(asan_poisoned(q, usable), Some(false), "{size}: handed out");
+        }
+        nic_reads_into(&pool, &peer, q, size.min(64 << 10), 0x78);
+        // SAFETY: as above.
+        unsafe { pool.free(q) };
+    }
+    let after = memcheck_stats();
+    assert!(after.poisoned_blocks >= before.poisoned_blocks + 8);
+    assert!(after.guards >= before.guards + 2);
+    assert!(
+        after.checked_blocks >= before.checked_blocks + 2,
+        "{after:?}"
+    );
+    assert_eq!(after.writes_after_free, before.writes_after_free);
+    assert_eq!(after.overruns, before.overruns);
+    assert!(pool.validate());
+    assert_eq!(pool.live_blocks(), 0);
+}
+
+#[test]
+fn a_page_recycled_for_another_class_hands_out_clean_blocks() {
+    let _g = serial();
+    let pool = Pool::with_config(&Nic::soft().alloc_pd().unwrap(), small_arena()).unwrap();
+    let before = memcheck_stats();
+    // Fill pages of one class, free them all (the pages go back to the pool), then take the
+    // same memory in another class: no false write-after-free, and every block addressable.
+    let a: Vec<_> = (0..4000).map(|_| pool.alloc(layout(48))).collect();
+    for &p in &a {
+        // SAFETY: from this pool, freed once.
+        unsafe { pool.free(p) };
+    }
+    let b: Vec<_> = (0..3000).map(|_| pool.alloc(layout(72))).collect();
+    for &p in &b {
+        if asan() {
+            assert_eq!(asan_poisoned(p, 72), Some(false));
+        }
+        // SAFETY: a live block of 72 bytes.
+        unsafe { std::ptr::write_bytes(p, 1, 72) };
+    }
+    for &p in &b {
+        // SAFETY: as above.
+        unsafe { pool.free(p) };
+    }
+    assert_eq!(memcheck_stats().writes_after_free, before.writes_after_free);
+    assert!(pool.validate());
+}
+
+/// The bad accesses, run in a child process of this binary under ASan (they would abort the
+/// whole test process) and in-process otherwise.
+fn write_after_free(pool: &Pool) -> *mut u8 {
+    let p = pool.alloc(layout(64));
+    // SAFETY: from this pool, freed once.
+    unsafe { pool.free(p) };
+    // SAFETY: test-only: a write into a freed block (still mapped pool memory).
+    unsafe { p.add(20).write_volatile(1) };
+    p
+}
+
+fn overrun(pool: &Pool) -> *mut u8 {
+    let p = pool.alloc(layout(3 << 20));
+    let usable = pool.usable_size(p).unwrap();
+    // SAFETY: test-only: one byte past the run's usable bytes (its guard page, mapped).
+    unsafe { p.add(usable).write_volatile(0) };
+    // SAFETY: from this pool, freed once.
+    unsafe { pool.free(p) };
+    p
+}
+
+const CHILD: &str = "RDMA_POOL_MEMCHECK_CHILD";
+
+/// Run `case` of [`child_entry_point`] in a child process: it must die with ASan's report.
+fn dies_under_asan(case: &str) {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "child_entry_point", "--nocapture"])
+        .env(CHILD, case)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{case}: the child survived");
+    assert!(
+        stderr.contains("AddressSanitizer: use-after-poison"),
+        "{case}: {stderr}"
+    );
+}
+
+#[test]
+#[ignore = "the entry point of the child processes of the ASan tests (run by them)"]
+fn child_entry_point() {
+    let pool = Pool::with_config(&Nic::soft().alloc_pd().unwrap(), small_arena()).unwrap();
+    match std::env::var(CHILD).as_deref() {
+        Ok("write_after_free") => _ = write_after_free(&pool),
+        Ok("overrun") => _ = overrun(&pool),
+        other => panic!("no such child case: {other:?}"),
+    }
+    // Reaching this point under ASan is the failure the parent reports.
+}
+
+#[test]
+fn a_write_after_free_is_caught() {
+    let _g = serial();
+    if asan() {
+        return dies_under_asan("write_after_free");
+    }
+    let pool = Pool::with_config(&Nic::soft().alloc_pd().unwrap(), small_arena()).unwrap();
+    let before = memcheck_stats();
+    let p = write_after_free(&pool);
+    // The thread cache hands the same block out again: its fill is checked.
+    let q = pool.alloc(layout(64));
+    assert_eq!(q, p);
+    let after = memcheck_stats();
+    assert_eq!(after.writes_after_free, before.writes_after_free + 1);
+    assert_eq!(after.last_write_after_free, p as usize);
+    // SAFETY: from this pool, freed once.
+    unsafe { pool.free(q) };
+}
+
+#[test]
+fn an_overrun_of_a_large_run_is_caught_by_its_guard_page() {
+    let _g = serial();
+    if asan() {
+        return dies_under_asan("overrun");
+    }
+    let pool = Pool::with_config(&Nic::soft().alloc_pd().unwrap(), small_arena()).unwrap();
+    let before = memcheck_stats();
+    let p = overrun(&pool);
+    let after = memcheck_stats();
+    assert_eq!(after.overruns, before.overruns + 1);
+    assert_eq!(after.last_overrun, p as usize);
+    // The run is reused with a fresh guard.
+    let q = pool.alloc(layout(3 << 20));
+    assert_eq!(q, p);
+    // SAFETY: from this pool, freed once.
+    unsafe { pool.free(q) };
+    assert_eq!(memcheck_stats().overruns, after.overruns);
+}
