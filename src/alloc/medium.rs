@@ -15,6 +15,7 @@ use super::class::GRANULE_SHIFT;
 use super::page::{MEDIUM, Page};
 use super::pool::PoolInner;
 use crate::arena::SLAB;
+use crate::arena::atfork::ForkGuard;
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
@@ -112,7 +113,7 @@ impl MediumSlab {
 
     /// Mark every slot of an empty slab used (a purge holds it); false when it is not empty.
     /// `_lock` is the medium lock's guard.
-    pub(crate) fn hold(&self, _lock: &std::sync::MutexGuard<'_, usize>) -> bool {
+    pub(crate) fn hold(&self, _lock: &ForkGuard<'_, usize>) -> bool {
         if !self.is_empty() {
             return false;
         }
@@ -121,7 +122,7 @@ impl MediumSlab {
     }
 
     /// Undo [`MediumSlab::hold`].
-    pub(crate) fn unhold(&self, _lock: &std::sync::MutexGuard<'_, usize>) {
+    pub(crate) fn unhold(&self, _lock: &ForkGuard<'_, usize>) {
         self.used.iter().for_each(|w| w.store(0, R));
     }
 
@@ -184,8 +185,8 @@ impl PoolInner {
         self.medium.get(s)
     }
 
-    pub(super) fn medium_lock(&self) -> std::sync::MutexGuard<'_, usize> {
-        self.medium_head.lock().unwrap_or_else(|e| e.into_inner())
+    pub(super) fn medium_lock(&self) -> ForkGuard<'_, usize> {
+        self.medium_head.lock()
     }
 
     /// A medium block of `size` bytes (see `medium.rs`), zeroed when `zero`.

@@ -17,10 +17,10 @@ use super::medium::MediumSlab;
 use super::memcheck;
 use super::page::{LARGE, LARGE_FREE, Page, SMALL, TAIL, UNUSED};
 use super::purge::Idle;
+use crate::arena::atfork::{ForkGuard, ForkLock};
 use crate::arena::os::MmapArray;
 use crate::arena::{Arena, SLAB, SLAB_SHIFT};
 use std::ptr::null_mut;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 const R: Ordering = Ordering::Relaxed;
@@ -35,15 +35,15 @@ const PAGE_SIZES: usize = 8;
 const LARGE_LISTS: usize = 64;
 
 /// An intrusive list of descriptors (through `next`), under a lock.
-pub(crate) struct List(Mutex<usize>);
+pub(crate) struct List(ForkLock<usize>);
 
 impl List {
     const fn new() -> List {
-        List(Mutex::new(0))
+        List(ForkLock::new(0))
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, usize> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> ForkGuard<'_, usize> {
+        self.0.lock()
     }
 
     pub(crate) fn push(&self, page: &Page) {
@@ -216,7 +216,7 @@ pub(crate) struct PoolInner {
     pub(crate) heaps: MmapArray<Heap>,
     pub(super) medium: MmapArray<MediumSlab>,
     /// `1 +` the first medium slab of the list (0: none), under the medium lock.
-    pub(super) medium_head: Mutex<usize>,
+    pub(super) medium_head: ForkLock<usize>,
     pub(crate) medium_live: AtomicUsize,
     pub(crate) large_live: AtomicUsize,
     pub(crate) large_cached: AtomicUsize,
@@ -257,7 +257,7 @@ impl PoolInner {
             large_free: [const { List::new() }; LARGE_LISTS + 1],
             heaps,
             medium,
-            medium_head: Mutex::new(0),
+            medium_head: ForkLock::new(0),
             medium_live: AtomicUsize::new(0),
             large_live: AtomicUsize::new(0),
             large_cached: AtomicUsize::new(0),

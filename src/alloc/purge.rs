@@ -23,9 +23,9 @@
 use super::class::GRANULE_SHIFT;
 use super::page::{LARGE_FREE, MEDIUM, Page, SMALL};
 use super::pool::{HEAPS, PoolInner};
+use crate::arena::atfork::ForkLock;
 use crate::arena::os::MmapArray;
 use crate::arena::{SLAB, SLAB_SHIFT};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 const R: Ordering = Ordering::Relaxed;
@@ -58,7 +58,7 @@ pub(crate) struct Idle {
     next_due: AtomicU64,
     /// Nanoseconds a slab stays idle before it is purged; `None`: only on request.
     delay: Option<u64>,
-    lock: Mutex<()>,
+    lock: ForkLock<()>,
     pub(crate) passes: AtomicU64,
 }
 
@@ -71,7 +71,7 @@ impl Idle {
             small_free,
             next_due: AtomicU64::new(u64::MAX),
             delay: delay.map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
-            lock: Mutex::new(()),
+            lock: ForkLock::new(()),
             passes: AtomicU64::new(0),
         })
     }
@@ -132,7 +132,7 @@ impl PoolInner {
         if crate::arena::provision::active() {
             return 0; // a free made by the NIC layer while the arena calls it: later
         }
-        let Ok(_one) = self.idle.lock.try_lock() else {
+        let Some(_one) = self.idle.lock.try_lock() else {
             return 0;
         };
         let now = now_ns();

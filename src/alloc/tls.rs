@@ -27,10 +27,11 @@
 
 use super::heap::Heap;
 use super::pool::{HEAPS, PoolInner};
+use crate::arena::atfork::{ForkGuard, ForkLock};
 use std::cell::Cell;
 use std::ptr::null_mut;
+use std::sync::Once;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, Once};
 
 /// Pools a thread keeps a heap in at once.
 const WAYS: usize = 4;
@@ -104,14 +105,14 @@ struct Registry {
     live: [(u64, usize); MAX_POOLS],
 }
 
-static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
+static REGISTRY: ForkLock<Registry> = ForkLock::new(Registry {
     live: [(0, 0); MAX_POOLS],
 });
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
-fn registry() -> std::sync::MutexGuard<'static, Registry> {
-    REGISTRY.lock().unwrap_or_else(|e| e.into_inner())
+fn registry() -> ForkGuard<'static, Registry> {
+    REGISTRY.lock()
 }
 
 /// A fresh pool id.

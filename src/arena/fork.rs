@@ -5,6 +5,9 @@
 //! the heap. Otherwise every chunk is `MADV_DONTFORK` when it is mapped — per chunk, never per
 //! allocation — so a child has no arena memory at all: it may only `exec` (or `_exit`), and a
 //! child that touches arena memory faults.
+//!
+//! A fork while other threads are inside the pool (holding its locks, growing, purging) is the
+//! business of `atfork.rs`: the fork waits for them to leave.
 
 use crate::nic::ForkStatus;
 

@@ -34,6 +34,7 @@
 //! long as it is not purged (`purge.rs`); dropping the arena deregisters every region and
 //! unmaps the reservation.
 
+pub(crate) mod atfork;
 mod commit;
 mod config;
 mod error;
@@ -50,6 +51,7 @@ mod run;
 mod stats;
 mod table;
 
+pub use atfork::{DRAIN, ForkStats, fork_stats};
 pub use commit::PageKind;
 pub use config::{ArenaConfig, Hugepages, Registration, RegistrationPolicy};
 pub use error::Error;
@@ -63,12 +65,12 @@ pub use stats::{ArenaStats, MAX_STAT_NODES};
 pub use table::Keys;
 
 use crate::nic::{Access, Pd, Sge};
+use atfork::{ForkGuard, ForkLock};
 use commit::Pages;
 use os::MmapArray;
 use stats::Counters;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
 use table::Table;
 
 /// Bytes per slab: the unit of commitment and registration.
@@ -162,7 +164,7 @@ pub struct Arena {
     slabs_per_chunk: u32,
     max_mr_size: u64,
     table: Table,
-    state: Mutex<State>,
+    state: ForkLock<State>,
     counters: Counters,
     pages: Pages,
     access: Access,
@@ -177,7 +179,7 @@ pub struct Arena {
     implicit_odp: bool,
     /// `id + 1` of the implicit ODP region, 0 before it is registered.
     implicit: AtomicU32,
-    implicit_lock: Mutex<()>,
+    implicit_lock: ForkLock<()>,
     last_degradation: AtomicU64,
     memlock: MemlockInfo,
     /// What the configured [`NumaPolicy`] resolved to.
@@ -233,6 +235,7 @@ impl Arena {
     /// ```
     pub fn new(pd: &Pd, cfg: ArenaConfig) -> Result<Arena, Error> {
         let _mark = provision::Provisioning::enter();
+        atfork::install();
         let caps = pd.nic().caps();
         let chunk = cfg.chunk_for(caps.max_mr_size)?;
         let (mode, mode_reason, odp_usable) =
@@ -244,7 +247,6 @@ impl Arena {
         })?;
         let base = base.as_ptr() as usize;
         let unreserve = |e: i32| {
-            os::lsan_root(base as *const libc::c_void, cfg.reserve, false);
             // SAFETY: the reservation was just made and nothing uses it.
             unsafe { libc::munmap(base as *mut libc::c_void, cfg.reserve) };
             Error::Os {
@@ -289,7 +291,7 @@ impl Arena {
             slabs_per_chunk: (chunk / SLAB) as u32,
             max_mr_size: caps.max_mr_size,
             table,
-            state: Mutex::new(State {
+            state: ForkLock::new(State {
                 next_chunk: 0,
                 open: [None; numa::MAX_NODES],
                 queue: None,
@@ -312,7 +314,7 @@ impl Arena {
             policy: cfg.policy,
             implicit_odp,
             implicit: AtomicU32::new(0),
-            implicit_lock: Mutex::new(()),
+            implicit_lock: ForkLock::new(()),
             last_degradation: AtomicU64::new(0),
             memlock,
             numa,
@@ -568,8 +570,8 @@ impl Arena {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> ForkGuard<'_, State> {
+        self.state.lock()
     }
 
     fn chunk_base(&self, c: usize) -> usize {
@@ -631,7 +633,6 @@ impl Drop for Arena {
         let _mark = provision::Provisioning::enter();
         self.rails.drop_all();
         self.table.drop_all();
-        os::lsan_root(self.base as *const libc::c_void, self.reserve, false);
         // SAFETY: every region over the reservation is gone; nothing else uses it.
         unsafe { libc::munmap(self.base as *mut libc::c_void, self.reserve) };
     }

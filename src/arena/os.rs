@@ -51,9 +51,6 @@ pub(crate) fn reserve(len: usize, align: usize) -> Result<NonNull<u8>, i32> {
             libc::munmap(end as *mut libc::c_void, start + total - end);
         }
     }
-    // Blocks the pool hands out hold pointers to heap objects (under `GlobalPool`, all of
-    // them): the leak checker scans what is committed of the reservation.
-    lsan_root(aligned as *const libc::c_void, len, true);
     NonNull::new(aligned as *mut u8).ok_or(libc::ENOMEM)
 }
 
@@ -242,11 +239,12 @@ impl<T> Drop for MmapArray<T> {
 }
 
 /// Built for AddressSanitizer (`--cfg rdma_pool_asan`, `scripts/memcheck.sh`): tell its leak
-/// checker to scan (`add`) or stop scanning a mapping of the pool's — metadata, or an arena
-/// reservation (its committed, readable parts) — whose pointers keep heap objects (e.g. the
-/// arena's region handles) alive; without this, everything only the pool's memory points at
-/// would be reported as leaked. Nothing otherwise.
-pub(crate) fn lsan_root(p: *const libc::c_void, bytes: usize, add: bool) {
+/// checker to scan (`add`) or stop scanning a metadata mapping of the pool's, whose pointers
+/// keep heap objects (e.g. the arena's region handles) alive; without this, everything only the
+/// pool's metadata points at would be reported as leaked. Nothing otherwise. (Not the arena
+/// itself: reading its committed but untouched hugetlb pages would take huge pages, or
+/// `SIGBUS` when none are left; see `scripts/lsan.supp`.)
+fn lsan_root(p: *const libc::c_void, bytes: usize, add: bool) {
     #[cfg(rdma_pool_asan)]
     {
         // SAFETY: the LeakSanitizer interface linked by `-Zsanitizer=address`.

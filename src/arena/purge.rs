@@ -181,6 +181,7 @@ impl Arena {
             return Err(Error::Reentrant);
         }
         let _mark = Provisioning::enter();
+        let _inside = super::atfork::inside();
         let (first, n) = self.slab_range(ptr, len)?;
         self.claim(first, n, LIVE)?;
         let mut purged = 0;
@@ -416,6 +417,7 @@ impl Arena {
 
     #[cold]
     fn revive_cold(&self, first: usize, n: usize) -> Result<(), Error> {
+        let _inside = super::atfork::inside();
         if provision::active() {
             return Err(Error::Reentrant);
         }

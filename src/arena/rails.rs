@@ -28,13 +28,14 @@
 //! maps lies in a live region of that rail covering it, and no pinned rail region covers a
 //! purged slab.
 
+use super::atfork::{ForkGuard, ForkLock};
 use super::register::{self, ModeReason, RegMode};
 use super::table::{Keys, Table};
 use super::{Arena, Error, SLAB_SHIFT, os::MmapArray, provision};
 use crate::nic::{Access, Mr, Nic, Pd, Sge};
 use std::cell::UnsafeCell;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering, fence};
-use std::sync::{Mutex, MutexGuard, OnceLock};
 
 /// Most devices (PDs) an arena is attached to besides its own.
 pub const MAX_RAILS: usize = 4;
@@ -106,7 +107,7 @@ struct Rail {
 /// The rails of an arena (see the module contract).
 #[derive(Default)]
 pub(crate) struct Rails {
-    lock: Mutex<()>,
+    lock: ForkLock<()>,
     slots: [Rail; MAX_RAILS],
 }
 
@@ -119,7 +120,7 @@ unsafe impl Send for Rails {}
 /// The rails' lock, held: the only way to reach a rail's configuration.
 struct Held<'a> {
     rails: &'a Rails,
-    _g: MutexGuard<'a, ()>,
+    _g: ForkGuard<'a, ()>,
 }
 
 impl Held<'_> {
@@ -144,7 +145,7 @@ impl Rails {
     fn hold(&self) -> Held<'_> {
         Held {
             rails: self,
-            _g: self.lock.lock().unwrap_or_else(|e| e.into_inner()),
+            _g: self.lock.lock(),
         }
     }
 
@@ -201,6 +202,7 @@ impl Arena {
             return Err(Error::Reentrant);
         }
         let _mark = provision::Provisioning::enter();
+        let _inside = super::atfork::inside();
         if pd == &self.pd {
             return Err(Error::InvalidArgument("the arena's own PD is not a rail"));
         }
@@ -303,6 +305,7 @@ impl Arena {
             return Err(Error::Reentrant);
         }
         let _mark = provision::Provisioning::enter();
+        let _inside = super::atfork::inside();
         let held = self.rails.hold();
         let r = held
             .attached()

@@ -252,7 +252,7 @@ impl Arena {
 
     /// The implicit ODP region, registered on first use.
     fn implicit_region(&self) -> Result<u32, Error> {
-        let _guard = self.implicit_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let _guard = self.implicit_lock.lock();
         if let Some(id) = self.implicit.load(Ordering::Acquire).checked_sub(1) {
             return Ok(id);
         }

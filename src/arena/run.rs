@@ -65,6 +65,8 @@ impl Arena {
             return Err(Error::Reentrant);
         }
         let _mark = provision::Provisioning::enter();
+        // A fork waits for this growth to finish (`atfork.rs`).
+        let _inside = super::atfork::inside();
         // The growth path reads the device's events: a dead device is not called again.
         if !self.device_dead() {
             self.poll_device_events();
@@ -256,6 +258,7 @@ impl Arena {
             return Err(Error::Reentrant);
         }
         let _mark = provision::Provisioning::enter();
+        let _inside = super::atfork::inside();
         let spc = self.slabs_per_chunk;
         if len == 0 || len > self.chunk_size() {
             return Err(Error::InvalidArgument(

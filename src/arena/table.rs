@@ -230,7 +230,7 @@ pub(crate) struct Table {
     regs: MmapArray<Reg>,
     next_reg: AtomicU32,
     /// `id + 1` of the top of the released-id stack, 0 when empty.
-    released: std::sync::Mutex<u32>,
+    released: super::atfork::ForkLock<u32>,
 }
 
 impl Table {
@@ -244,7 +244,7 @@ impl Table {
             slots,
             regs,
             next_reg: AtomicU32::new(0),
-            released: std::sync::Mutex::new(0),
+            released: super::atfork::ForkLock::new(0),
         })
     }
 
@@ -334,7 +334,7 @@ impl Table {
     /// already has one.
     pub(crate) fn new_reg(&self) -> Option<u32> {
         {
-            let mut top = self.released.lock().unwrap_or_else(|e| e.into_inner());
+            let mut top = self.released.lock();
             if let Some(id) = top.checked_sub(1) {
                 let reg = self.reg(id);
                 *top = reg.next_free.load(Ordering::Relaxed);
@@ -348,7 +348,7 @@ impl Table {
 
     /// Give back id `id`, whose region was taken out and which no slot points at any more.
     pub(crate) fn release(&self, id: u32) {
-        let mut top = self.released.lock().unwrap_or_else(|e| e.into_inner());
+        let mut top = self.released.lock();
         self.reg(id).next_free.store(*top, Ordering::Relaxed);
         *top = id + 1;
     }

@@ -152,7 +152,7 @@ impl Pool {
         kind: GrantKind,
     ) -> Result<Issued, GrantError> {
         let g = &self.inner().grants;
-        let _gate = g.rails_gate.read().unwrap_or_else(|e| e.into_inner());
+        let _gate = g.rails_gate.read();
         let c = self.check_grant(addr, len, qp, access, kind)?;
         let dedicated = if c.dedicated {
             Some(g.dedicated_region(addr, len, access, &c)?)

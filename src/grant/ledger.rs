@@ -12,8 +12,8 @@
 //! Invariants (under the lock): `open + |free stack| == high <= CAP`; for every block `b`,
 //! `granted(granule(b)) >= |{open records on b}|`; a parked block has an open record.
 
+use crate::arena::atfork::{ForkGuard, ForkLock};
 use crate::arena::os::MmapArray;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::Relaxed};
 
 /// Most grants open (live or revoking) at once per pool.
@@ -46,21 +46,21 @@ struct Head {
 
 /// See the module contract.
 pub(crate) struct Ledger {
-    head: Mutex<Head>,
+    head: ForkLock<Head>,
     records: MmapArray<Record>,
 }
 
 impl Ledger {
     pub(crate) fn new() -> Result<Ledger, i32> {
         Ok(Ledger {
-            head: Mutex::new(Head::default()),
+            head: ForkLock::new(Head::default()),
             // SAFETY: all-zero records are closed, unparked and unlinked.
             records: unsafe { MmapArray::zeroed(CAP)? },
         })
     }
 
-    fn head(&self) -> std::sync::MutexGuard<'_, Head> {
-        self.head.lock().unwrap_or_else(|e| e.into_inner())
+    fn head(&self) -> ForkGuard<'_, Head> {
+        self.head.lock()
     }
 
     fn rec(&self, i: u32) -> &Record {

@@ -62,11 +62,11 @@ pub use error::GrantError;
 pub use handle::{Grant, GrantBuf, OwnedGrant, WAIT};
 pub use wire::GrantWire;
 
+use crate::arena::atfork::{ForkGuard, ForkLock, ForkRwLock};
 use crate::nic::{Mr, Qp, Rkey};
 use ledger::Ledger;
 use slab::Slab;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Mutex, MutexGuard};
 use windows::{Lent, Windows};
 
 /// Which kind of key a grant is (see the module contract).
@@ -213,9 +213,9 @@ struct Counters {
 pub(crate) struct Grants {
     /// Held (shared) while a grant is issued, so that a rail it uses is not detached under
     /// it; exclusively by `Pool::detach`.
-    rails_gate: std::sync::RwLock<()>,
-    active: Mutex<Slab<Active>>,
-    windows: Mutex<Windows>,
+    rails_gate: ForkRwLock<()>,
+    active: ForkLock<Slab<Active>>,
+    windows: ForkLock<Windows>,
     ledger: Ledger,
     counters: Counters,
     seq: AtomicU64,
@@ -264,16 +264,16 @@ static NEXT_TAG: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::ne
 /// Most grant entries at once (the key field of a `wr_id`).
 const MAX_ACTIVE: usize = 1 << 16;
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+fn lock<T>(m: &ForkLock<T>) -> ForkGuard<'_, T> {
+    m.lock()
 }
 
 impl Grants {
     pub(crate) fn new() -> Result<Grants, i32> {
         let g = Grants {
-            rails_gate: std::sync::RwLock::new(()),
-            active: Mutex::new(Slab::new()),
-            windows: Mutex::new(Windows::default()),
+            rails_gate: ForkRwLock::new(()),
+            active: ForkLock::new(Slab::new()),
+            windows: ForkLock::new(Windows::default()),
             ledger: Ledger::new()?,
             counters: Counters::default(),
             seq: AtomicU64::new(0),
@@ -290,7 +290,7 @@ impl Grants {
         pd: &crate::nic::Pd,
         f: impl FnOnce() -> T,
     ) -> Option<T> {
-        let _gate = self.rails_gate.write().unwrap_or_else(|e| e.into_inner());
+        let _gate = self.rails_gate.write();
         let open = lock(&self.active)
             .iter()
             .any(|(_, a)| !a.done && a.pd.as_ref() == Some(pd));

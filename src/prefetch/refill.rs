@@ -12,10 +12,10 @@
 //!
 //! Invariant: `len <= target <= RESERVE_MAX`, except right after the target was lowered.
 
+use crate::arena::atfork::{self, ForkGuard, ForkLock};
 use crate::arena::os::MmapArray;
 use crate::arena::{Arena, SLAB};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
-use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 /// Most slabs kept in the reserve.
@@ -24,12 +24,14 @@ pub const RESERVE_MAX: usize = 64;
 struct State {
     target: usize,
     stop: bool,
+    /// The refill thread, once it waited: woken with `unpark` (no condition variable: its
+    /// mutex would be held across a wait, which the fork gate must not see).
+    thread: Option<std::thread::Thread>,
 }
 
 /// See the module contract.
 pub(crate) struct Reserve {
-    state: Mutex<State>,
-    cv: Condvar,
+    state: ForkLock<State>,
     runs: MmapArray<AtomicUsize>,
     /// Runs held (`runs[..len]`), changed under `state`; read without it to skip the lock.
     len: AtomicUsize,
@@ -40,11 +42,11 @@ pub(crate) struct Reserve {
 impl Reserve {
     pub(crate) fn new() -> Result<Reserve, i32> {
         Ok(Reserve {
-            state: Mutex::new(State {
+            state: ForkLock::new(State {
                 target: 0,
                 stop: false,
+                thread: None,
             }),
-            cv: Condvar::new(),
             // SAFETY: zero is a valid AtomicUsize.
             runs: unsafe { MmapArray::zeroed(RESERVE_MAX)? },
             len: AtomicUsize::new(0),
@@ -53,8 +55,14 @@ impl Reserve {
         })
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> ForkGuard<'_, State> {
+        self.state.lock()
+    }
+
+    fn wake(st: &State) {
+        if let Some(t) = &st.thread {
+            t.unpark();
+        }
     }
 
     fn slot(&self, i: usize) -> &AtomicUsize {
@@ -73,26 +81,28 @@ impl Reserve {
         self.len.store(n, Relaxed);
         self.hits.fetch_add(1, Relaxed);
         if n < st.target {
-            self.cv.notify_one();
+            Self::wake(&st);
         }
         Some(run)
     }
 
     /// Block until the reserve has room below its target (true) or the refill stops (false).
     fn wait_for_room(&self) -> bool {
-        let mut st = self.lock();
         loop {
-            if st.stop {
-                return false;
+            {
+                let mut st = self.lock();
+                if st.stop {
+                    return false;
+                }
+                if self.len.load(Relaxed) < st.target {
+                    return true;
+                }
+                if st.thread.is_none() {
+                    st.thread = Some(std::thread::current());
+                }
             }
-            if self.len.load(Relaxed) < st.target {
-                return true;
-            }
-            st = self
-                .cv
-                .wait_timeout(st, Duration::from_millis(200))
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+            // An `unpark` since the check above makes this return at once.
+            std::thread::park_timeout(Duration::from_millis(200));
         }
     }
 
@@ -113,7 +123,7 @@ impl Reserve {
         let mut st = self.lock();
         st.target = target.min(RESERVE_MAX);
         st.stop = stop;
-        self.cv.notify_all();
+        Self::wake(&st);
     }
 
     /// `(held, target, refilled, hits)`.
@@ -136,7 +146,9 @@ unsafe impl Send for ArenaPtr {}
 /// The refill thread of one pool.
 #[derive(Default)]
 pub(crate) struct Refill {
-    handle: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The thread, and the fork generation it was started in (`arena/atfork.rs`): a child
+    /// of the process has no such thread, and must not join it.
+    handle: ForkLock<Option<(std::thread::JoinHandle<()>, u64)>>,
 }
 
 impl Refill {
@@ -147,7 +159,7 @@ impl Refill {
     /// # Safety
     /// `arena` stays valid until [`Refill::stop`] returned.
     pub(crate) unsafe fn start(&self, arena: &Arena, slabs: usize) -> std::io::Result<()> {
-        let mut h = self.handle.lock().unwrap_or_else(|e| e.into_inner());
+        let mut h = self.handle.lock();
         // Under NUMA `Local` placement runs are cut per node of the caller: slabs made ready
         // by this thread, on its node, would never be taken.
         if slabs == 0 || arena.numa_placement() == crate::arena::NumaPlacement::Local {
@@ -155,7 +167,7 @@ impl Refill {
             return Ok(());
         }
         arena.ahead().configure(slabs, false);
-        if h.is_some() {
+        if h.as_ref().is_some_and(|(_, g)| *g == atfork::generation()) {
             return Ok(());
         }
         let ptr = ArenaPtr(arena);
@@ -169,7 +181,8 @@ impl Refill {
             });
         match spawned {
             Ok(t) => {
-                *h = Some(t);
+                // A parent's thread (in a child) is forgotten: it does not exist here.
+                std::mem::forget(h.replace((t, atfork::generation())));
                 Ok(())
             }
             Err(e) => {
@@ -181,15 +194,20 @@ impl Refill {
 
     /// Stop the thread and wait for it.
     pub(crate) fn stop(&self, arena: &Arena) {
-        let mut h = self.handle.lock().unwrap_or_else(|e| e.into_inner());
+        let mut h = self.handle.lock();
         Self::stop_locked(&mut h, arena);
     }
 
-    fn stop_locked(h: &mut Option<std::thread::JoinHandle<()>>, arena: &Arena) {
-        if let Some(t) = h.take() {
-            arena.ahead().configure(0, true);
-            // The thread never takes the handle's lock: joining under it cannot deadlock.
-            let _ = t.join();
+    fn stop_locked(h: &mut Option<(std::thread::JoinHandle<()>, u64)>, arena: &Arena) {
+        match h.take() {
+            Some((t, g)) if g == atfork::generation() => {
+                arena.ahead().configure(0, true);
+                // The thread never takes the handle's lock: joining under it cannot deadlock.
+                let _ = t.join();
+            }
+            // Started by the parent of this process: the thread did not come along.
+            Some((t, _)) => std::mem::forget(t),
+            None => {}
         }
         arena.ahead().configure(0, false);
     }

@@ -31,10 +31,10 @@ mod error;
 pub use error::QueueMemError;
 
 use crate::alloc::Pool;
+use crate::arena::atfork::{ForkGuard, ForkLock};
 use crate::arena::{PageKind, SLAB};
 use area::Area;
 use std::ptr::NonNull;
-use std::sync::{Mutex, MutexGuard};
 
 /// Bytes of a UMEM the pool carves queue memory from (a larger carve gets one of its own).
 pub const UMEM_BYTES: usize = 8 << 20;
@@ -128,7 +128,7 @@ pub struct QueueStats {
 /// The pool's queue memory (a field of its shared state).
 #[derive(Default)]
 pub(crate) struct QueueMem {
-    state: Mutex<State>,
+    state: ForkLock<State>,
 }
 
 #[derive(Default)]
@@ -141,8 +141,8 @@ struct State {
 }
 
 impl QueueMem {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> ForkGuard<'_, State> {
+        self.state.lock()
     }
 
     /// Return a carve; deregister its UMEM if that left it empty and another empty one is kept.

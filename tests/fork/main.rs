@@ -7,8 +7,13 @@
 //! - either way the parent's data and registrations are intact after the child: a WRITE of the
 //!   parent's buffer to a peer moves its bytes.
 //!
-//! One test in its own binary: a child of a multi-threaded test harness must not meet a lock
-//! another test thread holds. On the soft NIC (whose `SoftConfig::fork` picks the policy), and
+//! And a fork while other threads are inside the pool's slow paths (growth, page lists, medium
+//! slabs, large runs, purge, cross-thread frees): the pool's `pthread_atfork` gate
+//! (`arena/atfork.rs`) waits for them to leave, so every child finds the pool's locks free and
+//! allocates (a child that hangs is killed by `alarm` and fails the test).
+//!
+//! The tests run one at a time: a child of a multi-threaded test harness must not meet a lock
+//! another test thread holds outside the pool (the harness's own). On the soft NIC (whose `SoftConfig::fork` picks the policy), and
 //! in the QEMU guest, where the same soft NICs run under the guest's kernel.
 
 #[path = "../common/mod.rs"]
@@ -20,6 +25,7 @@ use rdma_pool::arena::{ArenaConfig, ForkPolicy, Hugepages, Registration};
 use rdma_pool::nic::soft::SoftConfig;
 use rdma_pool::nic::*;
 use std::alloc::Layout;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 const LEN: usize = 3 << 20;
 
@@ -89,6 +95,7 @@ fn parent_intact(server: &Side, peer: &Side, pool: &Pool, p: *mut u8, byte: u8) 
 
 #[test]
 fn children_follow_the_fork_policy_and_parents_keep_their_memory() {
+    let _g = serial();
     let l = Layout::from_size_align(LEN, 4096).unwrap();
 
     // KernelCopies, pinned and ODP: the child has a copy and can allocate.
@@ -169,4 +176,114 @@ fn children_follow_the_fork_policy_and_parents_keep_their_memory() {
     // SAFETY: from this pool.
     unsafe { pool.free(p) };
     assert!(pool.validate());
+}
+
+/// Forks made while the churning threads run (more in the guest would only slow it down).
+const FORKS: usize = 60;
+
+/// Allocate, free across threads, and purge until `stop`: the slow paths a fork may meet.
+fn churn(pool: &Pool, shared: &std::sync::Mutex<Vec<usize>>, k: usize, stop: &AtomicBool) {
+    let sizes = [24usize, 3000, 70_000, 300_000, 3 << 20];
+    let mut mine: Vec<(usize, usize)> = Vec::new();
+    let mut i = k;
+    while !stop.load(Relaxed) {
+        i += 1;
+        let n = sizes[i % sizes.len()];
+        let p = pool.alloc(Layout::from_size_align(n, 8).unwrap());
+        assert!(!p.is_null());
+        // SAFETY: a fresh block of `n` bytes.
+        unsafe { p.write_bytes(k as u8, n.min(4096)) };
+        if i % 3 == 0 {
+            // Handed to another thread, which frees it.
+            shared.lock().unwrap().push(p as usize);
+        } else {
+            mine.push((p as usize, n));
+        }
+        if mine.len() > 40 {
+            for (q, _) in mine.drain(..20) {
+                // SAFETY: from this pool, freed once.
+                unsafe { pool.free(q as *mut u8) };
+            }
+        }
+        let theirs = shared.lock().unwrap().pop();
+        if let Some(q) = theirs {
+            // SAFETY: a block another thread handed over, freed once.
+            unsafe { pool.free(q as *mut u8) };
+        }
+        if i % 50 == 0 {
+            pool.purge();
+        }
+    }
+    for (q, _) in mine {
+        // SAFETY: as above.
+        unsafe { pool.free(q as *mut u8) };
+    }
+}
+
+#[test]
+fn children_forked_while_threads_are_inside_the_pool_can_allocate() {
+    let _g = serial();
+    for registration in [Registration::Pinned, Registration::Odp] {
+        let (_server, _peer, pool) = pool_with(ForkStatus::Unneeded, registration);
+        let before = rdma_pool::arena::fork_stats();
+        let shared = std::sync::Mutex::new(Vec::new());
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|sc| {
+            for k in 0..3 {
+                let (pool, shared, stop) = (&pool, &shared, &stop);
+                sc.spawn(move || churn(pool, shared, k, stop));
+            }
+            let mut failed = None;
+            for f in 0..FORKS {
+                let child = in_child(|| {
+                    // SAFETY: a hung child dies of SIGALRM, which the parent reports.
+                    unsafe { libc::alarm(20) };
+                    if rdma_pool::arena::fork_stats().generation != before.generation + 1 {
+                        return 2;
+                    }
+                    // Every kind of block, and new memory (the arena grows in the child).
+                    let mut held = Vec::new();
+                    for n in [16usize, 500, 5000, 100_000, 2 << 20, 24 << 20] {
+                        let q = pool.alloc(Layout::from_size_align(n, 8).unwrap());
+                        if q.is_null() {
+                            return 3;
+                        }
+                        // SAFETY: a fresh block of `n` bytes.
+                        unsafe { q.write_bytes(0x6B, n) };
+                        held.push(q);
+                    }
+                    pool.purge();
+                    for q in held {
+                        // SAFETY: from this pool, freed once.
+                        unsafe { pool.free(q) };
+                    }
+                    0
+                });
+                if child != Ok(0) {
+                    failed = Some((f, child));
+                    break;
+                }
+            }
+            // Stop the churn before asserting: a panic here would leave the scope waiting.
+            stop.store(true, Relaxed);
+            if let Some((f, child)) = failed {
+                panic!(
+                    "{registration:?}: child {f} ended {child:?} (Err(14): hung, killed by SIGALRM)"
+                );
+            }
+        });
+        let after = rdma_pool::arena::fork_stats();
+        assert!(after.forks >= before.forks + FORKS as u64);
+        assert_eq!(after.drain_timeouts, before.drain_timeouts);
+        assert_eq!(
+            after.generation, before.generation,
+            "the parent's generation"
+        );
+        eprintln!(
+            "{registration:?}: {FORKS} forks beside 3 churning threads; {} waited for a thread inside the pool (longest {} µs)",
+            after.waited - before.waited,
+            after.longest_wait_ns / 1000
+        );
+        assert!(pool.validate());
+    }
 }
