@@ -15,11 +15,13 @@
 //! the parent never deadlocks, and the child may find a pool lock held (only then).
 //!
 //! Invariants (`depth` is the thread's nesting of locks and tokens):
-//! - `INSIDE == |{threads with depth > 0}|`;
-//! - gate closed and drained ⇒ `INSIDE == [the forking thread's depth > 0]`;
+//! - `Σ INSIDE[stripe] == |{threads with depth > 0}|` (a thread counts in its own stripe, so
+//!   threads on different cores do not contend on one counter);
+//! - gate closed and drained ⇒ `Σ INSIDE == [the forking thread's depth > 0]`;
 //! - a thread with `depth > 0` never waits at the gate (it may take further locks), and the
 //!   forking thread never does (other prepare handlers may allocate).
 
+use crossbeam::utils::CachePadded;
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Mutex, MutexGuard, Once, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -29,7 +31,12 @@ use std::time::{Duration, Instant};
 pub const DRAIN: Duration = Duration::from_secs(2);
 
 static CLOSED: AtomicBool = AtomicBool::new(false);
-static INSIDE: AtomicUsize = AtomicUsize::new(0);
+/// Threads inside, counted in stripes (a thread always uses the same one) so that threads on
+/// different cores do not share one contended counter: `INSIDE` in the contract is their sum.
+static INSIDE: [CachePadded<AtomicUsize>; STRIPES] =
+    [const { CachePadded::new(AtomicUsize::new(0)) }; STRIPES];
+const STRIPES: usize = 16;
+static NEXT_STRIPE: AtomicUsize = AtomicUsize::new(0);
 static FORKS: AtomicU64 = AtomicU64::new(0);
 static WAITED: AtomicU64 = AtomicU64::new(0);
 static LONGEST_NS: AtomicU64 = AtomicU64::new(0);
@@ -39,6 +46,7 @@ static INSTALL: Once = Once::new();
 
 thread_local! {
     static DEPTH: Cell<u32> = const { Cell::new(0) };
+    static STRIPE: Cell<usize> = const { Cell::new(usize::MAX) };
     static FORKER: Cell<bool> = const { Cell::new(false) };
 }
 
@@ -99,18 +107,34 @@ pub(crate) struct Inside {
     _not_send: std::marker::PhantomData<*const ()>,
 }
 
+/// This thread's stripe of the count of threads inside.
+fn stripe() -> &'static AtomicUsize {
+    let mut i = STRIPE.with(Cell::get);
+    if i == usize::MAX {
+        i = NEXT_STRIPE.fetch_add(1, SeqCst) % STRIPES;
+        STRIPE.with(|s| s.set(i));
+    }
+    &INSIDE[i]
+}
+
+/// Threads inside now (the sum of the stripes).
+fn inside_now() -> usize {
+    INSIDE.iter().map(|c| c.load(SeqCst)).sum()
+}
+
 /// Enter the gate (waiting while a fork is draining it, unless this thread is inside already
 /// or is the forking thread).
 pub(crate) fn inside() -> Inside {
     let depth = DEPTH.with(Cell::get);
     if depth == 0 {
+        let count = stripe();
         loop {
-            INSIDE.fetch_add(1, SeqCst);
+            count.fetch_add(1, SeqCst);
             if !CLOSED.load(SeqCst) || FORKER.with(Cell::get) {
                 break;
             }
             // Closed: step back out and wait for the fork to finish.
-            INSIDE.fetch_sub(1, SeqCst);
+            count.fetch_sub(1, SeqCst);
             while CLOSED.load(SeqCst) {
                 std::thread::yield_now();
             }
@@ -127,7 +151,7 @@ impl Drop for Inside {
         let depth = DEPTH.with(Cell::get).saturating_sub(1);
         DEPTH.with(|d| d.set(depth));
         if depth == 0 {
-            INSIDE.fetch_sub(1, SeqCst);
+            stripe().fetch_sub(1, SeqCst);
         }
     }
 }
@@ -137,11 +161,11 @@ extern "C" fn prepare() {
     FORKS.fetch_add(1, SeqCst);
     CLOSED.store(true, SeqCst);
     let mine = usize::from(DEPTH.with(Cell::get) > 0);
-    if INSIDE.load(SeqCst) <= mine {
+    if inside_now() <= mine {
         return;
     }
     let t = Instant::now();
-    while INSIDE.load(SeqCst) > mine {
+    while inside_now() > mine {
         if t.elapsed() >= DRAIN {
             TIMEOUTS.fetch_add(1, SeqCst);
             break;
@@ -159,7 +183,12 @@ extern "C" fn parent() {
 
 extern "C" fn child() {
     // Only this thread exists now: the others' counts went with them.
-    INSIDE.store(usize::from(DEPTH.with(Cell::get) > 0), SeqCst);
+    for c in &INSIDE {
+        c.store(0, SeqCst);
+    }
+    if DEPTH.with(Cell::get) > 0 {
+        stripe().store(1, SeqCst);
+    }
     GENERATION.fetch_add(1, SeqCst);
     CLOSED.store(false, SeqCst);
     FORKER.with(|f| f.set(false));
