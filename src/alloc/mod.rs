@@ -17,7 +17,8 @@
 //! Layout of the module: `class.rs` (size classes), `page.rs` (pages and their free lists),
 //! `heap.rs` (per-thread heaps: the fast paths), `medium.rs` (medium blocks), `tcache.rs` (their
 //! caches of freed blocks), `pool.rs` (shared slow paths), `tls.rs`
-//! (thread caches), `stats.rs`, `api2.rs` (the allocator-api2 front end).
+//! (thread caches), `memcheck.rs` (memory-checker mode), `stats.rs`, `api2.rs` (the
+//! allocator-api2 front end).
 
 mod api2;
 mod checked;

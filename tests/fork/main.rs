@@ -280,7 +280,7 @@ fn children_forked_while_threads_are_inside_the_pool_can_allocate() {
             "the parent's generation"
         );
         eprintln!(
-            "{registration:?}: {FORKS} forks beside 3 churning threads; {} waited for a thread inside the pool (longest {} µs)",
+            "{registration:?}: {FORKS} forks beside 3 churning threads; {} waited for a thread inside the pool (longest wait in this process so far: {} µs)",
             after.waited - before.waited,
             after.longest_wait_ns / 1000
         );
