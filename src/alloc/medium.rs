@@ -273,6 +273,13 @@ impl PoolInner {
         if cur == 0 || !slab.resize(i, n) {
             return false;
         }
+        if n < cur {
+            // Memory-checker mode: the slots given back are filled and poisoned while the lock
+            // still keeps them from another thread's allocation.
+            let tail = (p as usize + (n << SLOT_SHIFT)) as *mut u8;
+            // SAFETY: slots of this slab that just left the block; nobody else has them yet.
+            unsafe { super::memcheck::freed(tail, (cur - n) << SLOT_SHIFT, 0) };
+        }
         self.medium_live.fetch_add(n << SLOT_SHIFT, R);
         self.medium_live.fetch_sub(cur << SLOT_SHIFT, R);
         true

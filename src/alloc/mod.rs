@@ -211,20 +211,14 @@ impl Pool {
         }
     }
 
-    /// Memory-checker mode: the live block at `p` was resized in place from `old` bytes: a
-    /// medium block may have grown over freed slots (unpoisoned) or given slots back (filled and
-    /// poisoned).
+    /// Memory-checker mode: the live block at `p` was resized in place: a medium block may
+    /// have grown over freed slots (unpoisoned here; slots it gave back were poisoned under
+    /// the medium lock, `resize_medium`).
     #[cold]
     #[inline(never)]
-    fn memcheck_resized(&self, p: *mut u8, old: usize) {
-        let Some(len) = self.usable_size(p) else {
-            return;
-        };
-        memcheck::unpoison(p, len);
-        let was = old.next_multiple_of(1 << medium::SLOT_SHIFT);
-        if self.table.page_of(p).map(|pg| pg.kind.load(Relaxed)) == Some(MEDIUM) && was > len {
-            // SAFETY: the slots past `len` left the block: nobody uses them.
-            unsafe { memcheck::freed(p.add(len), was - len, 0) };
+    fn memcheck_resized(&self, p: *mut u8) {
+        if let Some(len) = self.usable_size(p) {
+            memcheck::unpoison(p, len);
         }
     }
 
@@ -391,8 +385,12 @@ impl Pool {
             // SAFETY: `p` is in the reservation (the caller's contract).
             if unsafe { self.table.owner_of(p) } == heap && !heap.is_null() {
                 if cfg!(feature = "memcheck") {
-                    // SAFETY: a block of this thread's page, of its size class, being freed.
-                    unsafe { memcheck::freed(p, class_size(class_of(size)), 8) };
+                    // The page's block size, not the size's class: a block resized in place
+                    // may have kept a larger class (over-aligned at first).
+                    if let Some(page) = self.table.page_of(p) {
+                        // SAFETY: a block of this thread's page being freed.
+                        unsafe { self.memcheck_in(page, p) };
+                    }
                 }
                 // SAFETY: this thread's heap; `class_of(size) < CACHED_CLASSES`.
                 if unsafe { (*heap).cache_sized(class_of(size), p) } {
@@ -495,7 +493,7 @@ impl Pool {
             };
             if keep {
                 if cfg!(feature = "memcheck") {
-                    self.memcheck_resized(p, layout.size());
+                    self.memcheck_resized(p);
                 }
                 return p;
             }

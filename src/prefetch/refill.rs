@@ -23,8 +23,10 @@ pub const RESERVE_MAX: usize = 64;
 
 struct State {
     target: usize,
-    stop: bool,
-    /// The refill thread, once it waited: woken with `unpark` (no condition variable: its
+    /// The refill thread runs while its epoch is this one: stopping it moves the epoch on, so
+    /// a thread started later is never stopped by an earlier stop, nor the other way round.
+    epoch: u64,
+    /// The refill thread that last waited: woken with `unpark` (no condition variable: its
     /// mutex would be held across a wait, which the fork gate must not see).
     thread: Option<std::thread::Thread>,
 }
@@ -44,7 +46,7 @@ impl Reserve {
         Ok(Reserve {
             state: ForkLock::new(State {
                 target: 0,
-                stop: false,
+                epoch: 0,
                 thread: None,
             }),
             // SAFETY: zero is a valid AtomicUsize.
@@ -86,19 +88,20 @@ impl Reserve {
         Some(run)
     }
 
-    /// Block until the reserve has room below its target (true) or the refill stops (false).
-    fn wait_for_room(&self) -> bool {
+    /// Block until the reserve has room below its target (true) or the thread `me` of `epoch`
+    /// is stopped (false).
+    fn wait_for_room(&self, epoch: u64, me: &std::thread::Thread) -> bool {
         loop {
             {
                 let mut st = self.lock();
-                if st.stop {
+                if st.epoch != epoch {
                     return false;
                 }
                 if self.len.load(Relaxed) < st.target {
                     return true;
                 }
-                if st.thread.is_none() {
-                    st.thread = Some(std::thread::current());
+                if st.thread.as_ref().map(std::thread::Thread::id) != Some(me.id()) {
+                    st.thread = Some(me.clone());
                 }
             }
             // An `unpark` since the check above makes this return at once.
@@ -119,10 +122,19 @@ impl Reserve {
         true
     }
 
-    fn configure(&self, target: usize, stop: bool) {
+    /// Keep `target` runs ready; the epoch a thread started now runs in.
+    fn configure(&self, target: usize) -> u64 {
         let mut st = self.lock();
         st.target = target.min(RESERVE_MAX);
-        st.stop = stop;
+        Self::wake(&st);
+        st.epoch
+    }
+
+    /// Stop the thread of the current epoch (it returns from its next wait), target 0.
+    fn retire(&self) {
+        let mut st = self.lock();
+        st.target = 0;
+        st.epoch += 1;
         Self::wake(&st);
     }
 
@@ -153,8 +165,8 @@ pub(crate) struct Refill {
 
 impl Refill {
     /// Keep `slabs` ready slabs in `arena`'s reserve from now on (0, or an arena with NUMA
-    /// `Local` placement, stops the thread). Start
-    /// and stop hold the handle's lock throughout, so they never interleave.
+    /// `Local` placement, stops the thread). The handle's lock is never held while joining
+    /// (a thread holding a pool lock must not wait for one that waits at the fork gate).
     ///
     /// # Safety
     /// `arena` stays valid until [`Refill::stop`] returned.
@@ -163,10 +175,12 @@ impl Refill {
         // Under NUMA `Local` placement runs are cut per node of the caller: slabs made ready
         // by this thread, on its node, would never be taken.
         if slabs == 0 || arena.numa_placement() == crate::arena::NumaPlacement::Local {
-            Self::stop_locked(&mut h, arena);
+            let t = Self::take(&mut h, arena);
+            drop(h);
+            Self::join(t);
             return Ok(());
         }
-        arena.ahead().configure(slabs, false);
+        let epoch = arena.ahead().configure(slabs);
         if h.as_ref().is_some_and(|(_, g)| *g == atfork::generation()) {
             return Ok(());
         }
@@ -177,7 +191,7 @@ impl Refill {
                 let ptr = ptr;
                 // SAFETY: valid until `stop` joined this thread (the caller's contract).
                 let arena = unsafe { &*ptr.0 };
-                refill(arena);
+                refill(arena, epoch);
             });
         match spawned {
             Ok(t) => {
@@ -186,7 +200,7 @@ impl Refill {
                 Ok(())
             }
             Err(e) => {
-                arena.ahead().configure(0, false);
+                arena.ahead().configure(0);
                 Err(e)
             }
         }
@@ -194,29 +208,39 @@ impl Refill {
 
     /// Stop the thread and wait for it.
     pub(crate) fn stop(&self, arena: &Arena) {
-        let mut h = self.handle.lock();
-        Self::stop_locked(&mut h, arena);
+        let t = Self::take(&mut self.handle.lock(), arena);
+        Self::join(t);
     }
 
-    fn stop_locked(h: &mut Option<(std::thread::JoinHandle<()>, u64)>, arena: &Arena) {
+    /// Stop the thread (under the handle's lock): the handle to join once the lock is let go.
+    fn take(
+        h: &mut Option<(std::thread::JoinHandle<()>, u64)>,
+        arena: &Arena,
+    ) -> Option<std::thread::JoinHandle<()>> {
+        arena.ahead().retire();
         match h.take() {
-            Some((t, g)) if g == atfork::generation() => {
-                arena.ahead().configure(0, true);
-                // The thread never takes the handle's lock: joining under it cannot deadlock.
-                let _ = t.join();
-            }
+            Some((t, g)) if g == atfork::generation() => Some(t),
             // Started by the parent of this process: the thread did not come along.
-            Some((t, _)) => std::mem::forget(t),
-            None => {}
+            Some((t, _)) => {
+                std::mem::forget(t);
+                None
+            }
+            None => None,
         }
-        arena.ahead().configure(0, false);
+    }
+
+    fn join(t: Option<std::thread::JoinHandle<()>>) {
+        if let Some(t) = t {
+            let _ = t.join();
+        }
     }
 }
 
 /// The thread: commit (and so register and prefetch) one-slab runs while the reserve is below
 /// its target; pause after a failure.
-fn refill(arena: &Arena) {
-    while arena.ahead().wait_for_room() {
+fn refill(arena: &Arena, epoch: u64) {
+    let me = std::thread::current();
+    while arena.ahead().wait_for_room(epoch, &me) {
         match arena.alloc_fresh(SLAB, SLAB) {
             Ok(run) => {
                 if !arena.ahead().put(run.as_ptr() as usize) {

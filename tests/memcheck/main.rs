@@ -227,3 +227,73 @@ fn an_overrun_of_a_large_run_is_caught_by_its_guard_page() {
     unsafe { pool.free(q) };
     assert_eq!(memcheck_stats().overruns, after.overruns);
 }
+
+#[test]
+fn blocks_resized_in_place_keep_the_fill_exact() {
+    let _g = serial();
+    let pool = Pool::with_config(&Nic::soft().alloc_pd().unwrap(), small_arena()).unwrap();
+    let before = memcheck_stats();
+    // An over-aligned small block keeps its larger class when resized to a smaller alignment;
+    // its sized free fills the whole block, so handing it out again finds no stale bytes.
+    let (a, b) = (
+        Layout::from_size_align(24, 16).unwrap(),
+        Layout::from_size_align(24, 8).unwrap(),
+    );
+    let p = pool.alloc(a);
+    // SAFETY: a live block of 24 bytes.
+    unsafe { p.write_bytes(0x11, 24) };
+    // SAFETY: `p` came from this pool with `a`.
+    let q = unsafe { pool.resize(p, a, b) };
+    assert_eq!(q, p, "resized in place");
+    let usable = pool.usable_size(q).unwrap();
+    assert!(usable > 24);
+    // SAFETY: a live block of `usable` bytes (the whole block is the caller's).
+    unsafe { q.write_bytes(0x22, usable) };
+    // SAFETY: `q` came from this pool, last resized to `b`.
+    unsafe { pool.free_sized(q, b) };
+    if asan() {
+        assert_eq!(asan_poisoned(q.wrapping_add(8), usable - 8), Some(true));
+        assert_eq!(asan_poisoned(q.wrapping_add(usable - 8), 8), Some(true));
+    }
+    // The sized free cached it for its size's class: the next such block is this one, and its
+    // fill is checked over the whole block.
+    let checked = memcheck_stats().checked_blocks;
+    let r = pool.alloc(b);
+    assert_eq!(r, q);
+    if !asan() {
+        assert_eq!(memcheck_stats().checked_blocks, checked + 1);
+    }
+    // SAFETY: as above.
+    unsafe { pool.free(r) };
+    // A medium block shrunk in place gives its tail slots back filled and poisoned; a block
+    // taking them next is clean.
+    let big = Layout::from_size_align(3 << 13, 8).unwrap();
+    let m = pool.alloc(big);
+    // SAFETY: a live block of 24 KiB.
+    unsafe { m.write_bytes(0x33, 3 << 13) };
+    // SAFETY: `m` came from this pool with `big`.
+    let m2 = unsafe { pool.realloc(m, big, 70_000) };
+    if m2 == m && pool.usable_size(m).unwrap() < 3 << 13 {
+        let tail = m.wrapping_add(pool.usable_size(m).unwrap());
+        if asan() {
+            assert_eq!(asan_poisoned(tail, 8), Some(true), "the slots given back");
+        } else {
+            // SAFETY: freed slots of a live slab (test-only read).
+            assert_eq!(unsafe { *tail }, FREED);
+        }
+    }
+    let n = pool.alloc(Layout::from_size_align(9000, 8).unwrap());
+    if asan() {
+        assert_eq!(asan_poisoned(n, 9000), Some(false));
+    }
+    // SAFETY: a live block of 9000 bytes.
+    unsafe { n.write_bytes(0x44, 9000) };
+    // SAFETY: from this pool, freed once each.
+    unsafe {
+        pool.free(n);
+        pool.free(m2);
+    }
+    let after = memcheck_stats();
+    assert_eq!(after.writes_after_free, before.writes_after_free);
+    assert!(pool.validate());
+}

@@ -303,7 +303,12 @@ fn the_refill_keeps_prefetched_slabs_ready_and_stops_cleanly() {
     // Restarted, and dropped with the pool: the thread goes with it.
     pool.start_refill(2).unwrap();
     until("the thread", || refill_threads() == 1);
-    for p in blocks {
+    // The restarted thread refills what is taken from the reserve.
+    let more: Vec<_> = (0..4).map(|_| pool.alloc(block())).collect();
+    until("the restarted refill", || {
+        pool.prefetch_stats().reserve_slabs == 2
+    });
+    for p in blocks.into_iter().chain(more) {
         // SAFETY: blocks of this pool with this layout.
         unsafe { pool.free_sized(p, block()) };
     }
