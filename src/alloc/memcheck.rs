@@ -28,9 +28,12 @@
 //!
 //! Invariant (at quiescence, under ASan): a byte of the arena is poisoned ⇔ it lies in a freed
 //! block (outside a small block's link word), or in the guard page of a live large run.
-//! Without the feature every function here is an empty `#[inline(always)]` one: nothing is
-//! added to any path.
+//! Without the feature every function here is an empty `#[inline(always)]` one, and the pool's
+//! hooks at the end (`impl Pool`) are behind `cfg!(feature = "memcheck")` at their call sites:
+//! nothing is added to any path.
 
+use super::Pool;
+use super::page::{LARGE, MEDIUM, Page, SMALL};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 
 /// The byte freed blocks are filled with.
@@ -241,5 +244,59 @@ pub(crate) fn unguard(p: *mut u8, usable: usize) {
     if bytes.iter().any(|&b| b != GUARD_FILL) {
         OVERRUNS.fetch_add(1, Relaxed);
         LAST_OVERRUN.store(p as usize, Relaxed);
+    }
+}
+
+/// The pool's hooks (called only with the feature on).
+impl Pool {
+    /// The block at `p` (or null) is handed out.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn memcheck_out(&self, p: *mut u8) {
+        if let Some(page) = self.table.page_of(p) {
+            let small = page.kind.load(Relaxed) == SMALL;
+            if let Some(len) = self.usable_size(p) {
+                // SAFETY: a block just handed out, `len` usable bytes.
+                unsafe { handed_out(p, len, small) };
+            }
+        }
+    }
+
+    /// The live block at `p` was resized in place: a medium block may
+    /// have grown over freed slots (unpoisoned here; slots it gave back were poisoned under
+    /// the medium lock, `resize_medium`).
+    #[cold]
+    #[inline(never)]
+    pub(super) fn memcheck_resized(&self, p: *mut u8) {
+        if let Some(len) = self.usable_size(p) {
+            unpoison(p, len);
+        }
+    }
+
+    /// The block at `p` of `page` is being freed.
+    #[cold]
+    #[inline(never)]
+    pub(super) unsafe fn memcheck_in(&self, page: &Page, p: *mut u8) {
+        match page.kind.load(Relaxed) {
+            SMALL => {
+                let bs = page.block_size.load(Relaxed) as usize;
+                if (p as usize - page.start.load(Relaxed)) % bs == 0 {
+                    // SAFETY: a block of the page being freed (the caller's contract).
+                    unsafe { freed(p, bs, 8) };
+                }
+            }
+            MEDIUM => {
+                let len = self.inner().medium_len(p);
+                // SAFETY: as above.
+                unsafe { freed(p, len, 0) };
+            }
+            LARGE if page.start.load(Relaxed) == p as usize => {
+                let usable = page.large_len.load(Relaxed) - LARGE_GUARD;
+                unguard(p, usable);
+                // SAFETY: as above.
+                unsafe { freed(p, usable, 0) };
+            }
+            _ => {}
+        }
     }
 }

@@ -198,57 +198,6 @@ impl Pool {
         p
     }
 
-    /// Memory-checker mode: the block at `p` (or null) is handed out (`memcheck.rs`).
-    #[cold]
-    #[inline(never)]
-    fn memcheck_out(&self, p: *mut u8) {
-        if let Some(page) = self.table.page_of(p) {
-            let small = page.kind.load(Relaxed) == SMALL;
-            if let Some(len) = self.usable_size(p) {
-                // SAFETY: a block just handed out, `len` usable bytes.
-                unsafe { memcheck::handed_out(p, len, small) };
-            }
-        }
-    }
-
-    /// Memory-checker mode: the live block at `p` was resized in place: a medium block may
-    /// have grown over freed slots (unpoisoned here; slots it gave back were poisoned under
-    /// the medium lock, `resize_medium`).
-    #[cold]
-    #[inline(never)]
-    fn memcheck_resized(&self, p: *mut u8) {
-        if let Some(len) = self.usable_size(p) {
-            memcheck::unpoison(p, len);
-        }
-    }
-
-    /// Memory-checker mode: the block at `p` of `page` is being freed (`memcheck.rs`).
-    #[cold]
-    #[inline(never)]
-    unsafe fn memcheck_in(&self, page: &page::Page, p: *mut u8) {
-        match page.kind.load(Relaxed) {
-            SMALL => {
-                let bs = page.block_size.load(Relaxed) as usize;
-                if (p as usize - page.start.load(Relaxed)) % bs == 0 {
-                    // SAFETY: a block of the page being freed (the caller's contract).
-                    unsafe { memcheck::freed(p, bs, 8) };
-                }
-            }
-            MEDIUM => {
-                let len = self.inner().medium_len(p);
-                // SAFETY: as above.
-                unsafe { memcheck::freed(p, len, 0) };
-            }
-            LARGE if page.start.load(Relaxed) == p as usize => {
-                let usable = page.large_len.load(Relaxed) - memcheck::LARGE_GUARD;
-                memcheck::unguard(p, usable);
-                // SAFETY: as above.
-                unsafe { memcheck::freed(p, usable, 0) };
-            }
-            _ => {}
-        }
-    }
-
     /// [`Pool::alloc`] or [`Pool::alloc_zeroed`], as `zero` says.
     #[inline(always)]
     pub(crate) fn alloc_with(&self, layout: Layout, zero: bool) -> *mut u8 {
