@@ -199,11 +199,24 @@ extern "C" fn child() {
 #[derive(Debug, Default)]
 pub(crate) struct ForkLock<T>(Mutex<T>);
 
-/// The guard of a [`ForkLock`]: the lock is released before the gate is left.
+/// A guard of a [`ForkLock`] or [`ForkRwLock`] (`G` the std guard): the lock is released
+/// before the gate is left (fields drop in order).
 #[derive(Debug)]
-pub(crate) struct ForkGuard<'a, T> {
-    guard: MutexGuard<'a, T>,
+pub(crate) struct Gated<G> {
+    guard: G,
     _inside: Inside,
+}
+
+/// The guard of a [`ForkLock`].
+pub(crate) type ForkGuard<'a, T> = Gated<MutexGuard<'a, T>>;
+
+/// Enter the gate, then take a lock with `take`.
+fn gated<G>(take: impl FnOnce() -> G) -> Gated<G> {
+    let inside = inside();
+    Gated {
+        guard: take(),
+        _inside: inside,
+    }
 }
 
 impl<T> ForkLock<T> {
@@ -212,37 +225,32 @@ impl<T> ForkLock<T> {
     }
 
     pub(crate) fn lock(&self) -> ForkGuard<'_, T> {
-        let inside = inside();
-        ForkGuard {
-            guard: self.0.lock().unwrap_or_else(|e| e.into_inner()),
-            _inside: inside,
-        }
+        gated(|| self.0.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// The lock if it is free now (`None` otherwise, without waiting for it).
     pub(crate) fn try_lock(&self) -> Option<ForkGuard<'_, T>> {
-        let inside = inside();
-        let guard = match self.0.try_lock() {
-            Ok(g) => g,
-            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return None,
-        };
-        Some(ForkGuard {
-            guard,
-            _inside: inside,
+        let g = gated(|| match self.0.try_lock() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        });
+        Some(Gated {
+            guard: g.guard?,
+            _inside: g._inside,
         })
     }
 }
 
-impl<T> std::ops::Deref for ForkGuard<'_, T> {
-    type Target = T;
-    fn deref(&self) -> &T {
+impl<G: std::ops::Deref> std::ops::Deref for Gated<G> {
+    type Target = G::Target;
+    fn deref(&self) -> &G::Target {
         &self.guard
     }
 }
 
-impl<T> std::ops::DerefMut for ForkGuard<'_, T> {
-    fn deref_mut(&mut self) -> &mut T {
+impl<G: std::ops::DerefMut> std::ops::DerefMut for Gated<G> {
+    fn deref_mut(&mut self) -> &mut G::Target {
         &mut self.guard
     }
 }
@@ -251,32 +259,17 @@ impl<T> std::ops::DerefMut for ForkGuard<'_, T> {
 #[derive(Debug, Default)]
 pub(crate) struct ForkRwLock<T>(RwLock<T>);
 
-/// A guard of a [`ForkRwLock`] (`G` is the read or the write guard).
-#[derive(Debug)]
-pub(crate) struct ForkRwGuard<G> {
-    _guard: G,
-    _inside: Inside,
-}
-
 impl<T> ForkRwLock<T> {
     pub(crate) const fn new(value: T) -> ForkRwLock<T> {
         ForkRwLock(RwLock::new(value))
     }
 
-    pub(crate) fn read(&self) -> ForkRwGuard<RwLockReadGuard<'_, T>> {
-        let inside = inside();
-        ForkRwGuard {
-            _guard: self.0.read().unwrap_or_else(|e| e.into_inner()),
-            _inside: inside,
-        }
+    pub(crate) fn read(&self) -> Gated<RwLockReadGuard<'_, T>> {
+        gated(|| self.0.read().unwrap_or_else(|e| e.into_inner()))
     }
 
-    pub(crate) fn write(&self) -> ForkRwGuard<RwLockWriteGuard<'_, T>> {
-        let inside = inside();
-        ForkRwGuard {
-            _guard: self.0.write().unwrap_or_else(|e| e.into_inner()),
-            _inside: inside,
-        }
+    pub(crate) fn write(&self) -> Gated<RwLockWriteGuard<'_, T>> {
+        gated(|| self.0.write().unwrap_or_else(|e| e.into_inner()))
     }
 }
 
