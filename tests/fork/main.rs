@@ -284,6 +284,15 @@ fn children_forked_while_threads_are_inside_the_pool_can_allocate() {
             after.waited - before.waited,
             after.longest_wait_ns / 1000
         );
-        assert!(pool.validate());
+        assert!(
+            pool.validate(),
+            "{registration:?}: the arena part {}; {:?}",
+            if pool.arena().validate() {
+                "holds"
+            } else {
+                "fails"
+            },
+            pool.stats()
+        );
     }
 }
