@@ -229,10 +229,12 @@ fn children_forked_while_threads_are_inside_the_pool_can_allocate() {
         let shared = std::sync::Mutex::new(Vec::new());
         let stop = AtomicBool::new(false);
         std::thread::scope(|sc| {
-            for k in 0..3 {
-                let (pool, shared, stop) = (&pool, &shared, &stop);
-                sc.spawn(move || churn(pool, shared, k, stop));
-            }
+            let churners: Vec<_> = (0..3)
+                .map(|k| {
+                    let (pool, shared, stop) = (&pool, &shared, &stop);
+                    sc.spawn(move || churn(pool, shared, k, stop))
+                })
+                .collect();
             let mut failed = None;
             for f in 0..FORKS {
                 let child = in_child(|| {
@@ -266,6 +268,12 @@ fn children_forked_while_threads_are_inside_the_pool_can_allocate() {
             }
             // Stop the churn before asserting: a panic here would leave the scope waiting.
             stop.store(true, Relaxed);
+            // Joined one by one: the scope's own wait may return while an exiting thread still
+            // runs its thread-local destructors (handing its heap back), and the pool is
+            // validated below.
+            for t in churners {
+                t.join().unwrap();
+            }
             if let Some((f, child)) = failed {
                 panic!(
                     "{registration:?}: child {f} ended {child:?} (Err(14): hung, killed by SIGALRM)"
