@@ -16,7 +16,7 @@ use super::page::{Block, Page};
 use super::pool::PoolInner;
 use super::tcache::{CACHED_CLASSES, SLOTS, TCache};
 use std::ptr::null_mut;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 const R: Ordering = Ordering::Relaxed;
 
@@ -29,8 +29,13 @@ fn empty() -> *mut Page {
 /// Fresh blocks carved at a time.
 const EXTEND_BYTES: usize = 4096;
 
+/// Frees between two looks at the pool's purge clock (see [`Heap::tick`]).
+const TICK: u32 = 1 << 12;
+
 /// A thread's heap in one pool.
 pub(crate) struct Heap {
+    /// Frees left until the next [`Heap::tick`] looks whether a purge is due (owner-only).
+    tick: AtomicU32,
     tcache: [TCache; CACHED_CLASSES],
     current: [AtomicPtr<Page>; CLASSES],
     queue: [AtomicPtr<Page>; CLASSES],
@@ -38,6 +43,8 @@ pub(crate) struct Heap {
     notify: AtomicPtr<Page>,
     /// Token of the owning thread; 0 when unclaimed.
     pub(crate) owner: AtomicU64,
+    /// `1 +` index of the next heap on the pool's free stack (`heaps.rs`).
+    pub(crate) next_free: AtomicU32,
     pub(crate) initialised: AtomicBool,
     pub(crate) pool: AtomicPtr<PoolInner>,
 }
@@ -115,9 +122,54 @@ impl Heap {
         p
     }
 
+    /// Count a free; every [`TICK`] frees, purge what has been idle for the pool's delay. So
+    /// memory freed before a stretch of fast-path-only churn still goes back on time.
+    #[inline(always)]
+    pub(crate) fn tick(&self) {
+        let t = self.tick.load(R);
+        if t == 0 {
+            self.tick_slow();
+        } else {
+            self.tick.store(t - 1, R);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn tick_slow(&self) {
+        self.tick.store(TICK, R);
+        self.retire_empty();
+        self.pool().maybe_purge();
+    }
+
+    /// Retire the current pages that are empty: the last page of a class a program stopped
+    /// using leaves the heap at the next tick instead of staying with the thread.
+    pub(crate) fn retire_empty(&self) {
+        self.drain_notify();
+        for c in 0..CLASSES {
+            loop {
+                let p = self.current[c].load(R);
+                // SAFETY: the current page of a class is a page of this heap's queue.
+                if p == empty() || !self.retire_if_empty(c, unsafe { &*p }) {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Before an explicit purge on the owning thread: return every cached block to its page
+    /// and retire the pages that are then empty.
+    pub(crate) fn flush_all(&self) {
+        for c in 0..CACHED_CLASSES {
+            self.flush(c, SLOTS);
+        }
+        self.retire_empty();
+    }
+
     /// Free a block of a page this heap owns: the fast path (into the thread cache).
     #[inline(always)]
     pub(crate) fn free_local(&self, page: &Page, p: *mut u8) {
+        self.tick();
         let c = page.class.load(R) as usize;
         if c < CACHED_CLASSES {
             // SAFETY: `c < CACHED_CLASSES`.
@@ -162,6 +214,7 @@ impl Heap {
     /// sized-free fast path. False when the cache is full.
     #[inline(always)]
     pub(crate) fn cache_sized(&self, c: usize, p: *mut u8) -> bool {
+        self.tick();
         // SAFETY: callers pass `c < CACHED_CLASSES`.
         unsafe { self.tcache.get_unchecked(c) }.push(p)
     }
@@ -266,7 +319,33 @@ impl Heap {
         }
     }
 
+    /// Put `p` at the head of `queue[c]`, making it current. The page it replaces as current
+    /// is retired when it is empty: an emptied page stays only while it is current (the
+    /// alloc/free pair case), never in the queue behind another.
     fn enqueue(&self, c: usize, p: *mut Page) {
+        let old = self.current[c].load(R);
+        self.push_front(c, p);
+        if old != empty() && old != p {
+            // SAFETY: the old current page is a page of this heap's queue.
+            self.retire_if_empty(c, unsafe { &*old });
+        }
+    }
+
+    /// Dequeue and retire page `page` of `queue[c]` if nothing of it is handed out; true when
+    /// it was.
+    fn retire_if_empty(&self, c: usize, page: &Page) -> bool {
+        page.collect();
+        let empty = page.used.load(R) == 0
+            && !page.in_full.load(R)
+            && !page.notified.load(Ordering::Acquire);
+        if empty {
+            self.dequeue(c, page as *const Page as *mut Page);
+            self.pool().retire_page(page);
+        }
+        empty
+    }
+
+    fn push_front(&self, c: usize, p: *mut Page) {
         // SAFETY: `p` is a page of this heap; links are owner-only.
         let page = unsafe { &*p };
         let head = self.queue[c].load(R);
@@ -313,6 +392,7 @@ impl Heap {
     #[cold]
     #[inline(never)]
     fn alloc_slow(&self, c: usize) -> *mut u8 {
+        self.pool().maybe_purge();
         self.drain_notify();
         loop {
             let p = self.current[c].load(R);

@@ -24,6 +24,7 @@ mod api2;
 mod checked;
 mod class;
 mod heap;
+mod heaps;
 mod medium;
 mod memcheck;
 mod page;
@@ -152,7 +153,7 @@ impl Pool {
 
     /// Allocate a block for `layout`: NIC-registered, never straddling two registrations.
     /// Null when the arena cannot grow (reservation, memlock limit, device limits) or when more
-    /// than 1024 threads use the pool at once: see [`PoolStats::failed_allocations`].
+    /// than 65,536 threads use the pool at once: see [`PoolStats::failed_allocations`].
     ///
     /// # Examples
     /// ```
@@ -659,6 +660,11 @@ impl Pool {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn purge(&self) -> usize {
+        let heap = tls::heap_of(self.id);
+        if !heap.is_null() {
+            // SAFETY: this thread's heap in this pool.
+            unsafe { (*heap).flush_all() };
+        }
         self.inner().purge_idle(true)
     }
 

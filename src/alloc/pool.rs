@@ -13,6 +13,7 @@
 
 use super::class::{GRANULE_SHIFT, page_shift};
 use super::heap::Heap;
+use super::heaps::Heaps;
 use super::medium::MediumSlab;
 use super::memcheck;
 use super::page::{LARGE, LARGE_FREE, Page, SMALL, TAIL, UNUSED};
@@ -24,9 +25,6 @@ use std::ptr::null_mut;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 const R: Ordering = Ordering::Relaxed;
-
-/// Heaps per pool: threads that may use one pool at the same time.
-pub(crate) const HEAPS: usize = 1024;
 
 /// Distinct page sizes: 64 KiB .. 8 MiB.
 const PAGE_SIZES: usize = 8;
@@ -213,7 +211,7 @@ pub(crate) struct PoolInner {
     pages: MmapArray<Page>,
     free_pages: [List; PAGE_SIZES],
     large_free: [List; LARGE_LISTS + 1],
-    pub(crate) heaps: MmapArray<Heap>,
+    pub(crate) heaps: Heaps,
     pub(super) medium: MmapArray<MediumSlab>,
     /// `1 +` the first medium slab of the list (0: none), under the medium lock.
     pub(super) medium_head: ForkLock<usize>,
@@ -230,13 +228,13 @@ impl PoolInner {
         let reserve = arena.reserved();
         // SAFETY: all-zero descriptors are UNUSED granules; all-zero heaps are unclaimed and
         // uninitialised.
-        let (pages, heaps, medium) = unsafe {
+        let (pages, medium) = unsafe {
             (
                 MmapArray::zeroed(reserve >> GRANULE_SHIFT)?,
-                MmapArray::zeroed(HEAPS)?,
                 MmapArray::zeroed(reserve / SLAB)?,
             )
         };
+        let heaps = Heaps::new()?;
         let table = PageTable {
             base,
             reserve,
@@ -504,8 +502,8 @@ impl PoolInner {
 
     /// Blocks sitting in the heaps' thread caches, per class.
     pub(crate) fn cached_in_heaps(&self, c: usize) -> u64 {
-        (0..HEAPS)
-            .filter_map(|i| self.heaps.get(i))
+        self.heaps
+            .iter()
             .filter(|h| h.initialised.load(Ordering::Acquire))
             .map(|h| h.cached(c) as u64)
             .sum()

@@ -22,7 +22,7 @@
 
 use super::class::GRANULE_SHIFT;
 use super::page::{LARGE_FREE, MEDIUM, Page, SMALL};
-use super::pool::{HEAPS, PoolInner};
+use super::pool::PoolInner;
 use crate::arena::atfork::ForkLock;
 use crate::arena::os::MmapArray;
 use crate::arena::{SLAB, SLAB_SHIFT};
@@ -182,8 +182,7 @@ impl PoolInner {
     /// threads still held blocks, freed since) back to the pool, so that their slabs can go
     /// idle. Each such heap is owned by the purge for the while (`PURGER`).
     fn collect_abandoned(&self) {
-        for i in 0..HEAPS {
-            let Some(h) = self.heaps.get(i) else { break };
+        for h in self.heaps.iter() {
             if !h.initialised.load(Ordering::Acquire) || h.owner.load(R) != 0 {
                 continue;
             }

@@ -39,6 +39,12 @@ pub struct PoolStats {
     pub empty_pages: u64,
     /// Allocations refused because the arena could not grow (reservation, memlock, NIC).
     pub failed_allocations: u64,
+    /// Heaps ever created: at most the number of threads that used the pool at one time
+    /// (a heap given back by an exiting thread is reused by the next one).
+    pub heaps_created: u64,
+    /// Heaps claimed by threads (a thread's first allocation, or a claim after its thread
+    /// cache evicted the pool).
+    pub heap_claims: u64,
     /// The arena below.
     pub arena: ArenaStats,
 }
@@ -82,6 +88,8 @@ impl PoolInner {
             large_cached_bytes: self.large_cached.load(Relaxed) as u64,
             empty_pages,
             failed_allocations: self.failed.load(Relaxed),
+            heaps_created: self.heaps.top() as u64,
+            heap_claims: self.heaps.claims(),
             arena: self.arena.stats(),
         }
     }

@@ -26,7 +26,7 @@
 //! thread; at most one way names a pool.
 
 use super::heap::Heap;
-use super::pool::{HEAPS, PoolInner};
+use super::pool::PoolInner;
 use crate::arena::atfork::{ForkGuard, ForkLock};
 use std::cell::Cell;
 use std::ptr::null_mut;
@@ -34,7 +34,7 @@ use std::sync::Once;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// Pools a thread keeps a heap in at once.
-const WAYS: usize = 4;
+const WAYS: usize = 8;
 
 /// Most pools alive at once in a process.
 pub(crate) const MAX_POOLS: usize = 256;
@@ -150,10 +150,13 @@ fn release(id: u64, heap: *mut Heap) {
     if r.live.iter().any(|e| e.0 == id) {
         // SAFETY: the pool is alive (and cannot be dropped while we hold the registry lock),
         // and this thread owns `heap`.
-        unsafe {
-            (*heap).release();
-            (*heap).owner.store(0, Ordering::Release);
-        }
+        let heap = unsafe { &*heap };
+        heap.release();
+        heap.owner.store(0, Ordering::Release);
+        // SAFETY: as above: a heap lives inside its live pool.
+        unsafe { &*heap.pool.load(Ordering::Relaxed) }
+            .heaps
+            .give_back(heap);
     }
 }
 
@@ -195,22 +198,10 @@ fn claim(pool: &PoolInner) -> *mut Heap {
     if me == 0 || EXITS.try_with(|e| e.get()).unwrap_or(EXIT_ROUNDS) >= EXIT_ROUNDS {
         return null_mut();
     }
-    let mut heap = null_mut();
-    for i in 0..HEAPS {
-        let Some(h) = pool.heaps.get(i) else { break };
-        if h.owner.load(Ordering::Relaxed) == 0
-            && h.owner
-                .compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed)
-                .is_ok()
-        {
-            h.init(pool);
-            heap = h as *const Heap as *mut Heap;
-            break;
-        }
-    }
-    if heap.is_null() {
-        return heap;
-    }
+    let Some(heap) = pool.heaps.claim(me, pool) else {
+        return null_mut();
+    };
+    let heap = heap as *const Heap as *mut Heap;
     arm_exit();
     let placed = CACHE.try_with(|ways| {
         let way = ways

@@ -10,6 +10,7 @@ mod api2;
 mod medium;
 mod model;
 mod purge;
+mod reclaim;
 mod teardown;
 mod threads;
 

@@ -1,0 +1,118 @@
+//! The heaps of a pool: one per thread using it, taken and given back in O(1).
+//!
+//! Contract: heaps live in one array mapped from the kernel (`MAP_NORESERVE`: a heap's pages
+//! cost memory only once a thread used it), [`MAX_HEAPS`] long. A thread claims a heap the
+//! first time it allocates in the pool: the most recently given-back heap (a stack under one
+//! lock, linked through `Heap::next_free`), else a never-used one at `top`. No path scans the
+//! heaps to find a free one; only statistics and the purge's collection of abandoned heaps walk
+//! `[0, top)`. A heap given back keeps its non-empty pages for its next owner.
+//!
+//! Invariant: `top <= MAX_HEAPS`; a heap below `top` is on the free stack iff its owner is
+//! 0 or the purge's token (which gives it back to 0 before anyone else can claim it); heaps at
+//! or above `top` are all zero.
+
+use super::heap::Heap;
+use super::pool::PoolInner;
+use crate::arena::atfork::ForkLock;
+use crate::arena::os::MmapArray;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+/// Most heaps a pool holds: threads that may use one pool at the same time.
+pub(crate) const MAX_HEAPS: usize = 1 << 16;
+
+/// See the module contract.
+pub(crate) struct Heaps {
+    array: MmapArray<Heap>,
+    /// Heaps ever handed out: `[0, top)` is in use or on the free stack.
+    top: AtomicUsize,
+    /// `1 +` index of the most recently given-back heap (0: none).
+    free: ForkLock<u32>,
+    claims: AtomicU64,
+}
+
+impl Heaps {
+    pub(crate) fn new() -> Result<Heaps, i32> {
+        Ok(Heaps {
+            // SAFETY: an all-zero heap is unclaimed and uninitialised.
+            array: unsafe { MmapArray::zeroed(MAX_HEAPS)? },
+            top: AtomicUsize::new(0),
+            free: ForkLock::new(0),
+            claims: AtomicU64::new(0),
+        })
+    }
+
+    /// Heaps ever handed out (statistics).
+    pub(crate) fn top(&self) -> usize {
+        self.top.load(Ordering::Acquire).min(MAX_HEAPS)
+    }
+
+    /// Heaps claimed so far (statistics).
+    pub(crate) fn claims(&self) -> u64 {
+        self.claims.load(Ordering::Relaxed)
+    }
+
+    /// Every heap ever handed out, owned or not.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Heap> {
+        (0..self.top()).filter_map(|i| self.array.get(i))
+    }
+
+    /// Claim a heap for the thread whose token is `me` (never 0), initialised for `pool`.
+    /// `None` when [`MAX_HEAPS`] threads hold one.
+    pub(crate) fn claim(&self, me: u64, pool: &PoolInner) -> Option<&Heap> {
+        let h = self.pop().or_else(|| {
+            let i = self.top.fetch_add(1, Ordering::AcqRel);
+            if i >= MAX_HEAPS {
+                self.top.fetch_sub(1, Ordering::AcqRel);
+                return None;
+            }
+            self.array.get(i)
+        })?;
+        // A popped heap may be held by the purge for a moment (`purge.rs`): it gives it back.
+        while h
+            .owner
+            .compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            std::thread::yield_now();
+        }
+        h.init(pool);
+        self.claims.fetch_add(1, Ordering::Relaxed);
+        Some(h)
+    }
+
+    /// Give `heap` (released, its owner reset to 0 by the caller) back for the next thread.
+    pub(crate) fn give_back(&self, heap: &Heap) {
+        let Some(i) = self.index_of(heap) else {
+            return;
+        };
+        let mut head = self.free.lock();
+        heap.next_free.store(*head, Ordering::Relaxed);
+        *head = i as u32 + 1;
+    }
+
+    fn pop(&self) -> Option<&Heap> {
+        let mut head = self.free.lock();
+        let h = self.array.get((*head as usize).checked_sub(1)?)?;
+        *head = h.next_free.load(Ordering::Relaxed);
+        Some(h)
+    }
+
+    fn index_of(&self, heap: &Heap) -> Option<usize> {
+        let base = self.array.get(0)? as *const Heap as usize;
+        let off = (heap as *const Heap as usize).checked_sub(base)?;
+        let i = off / size_of::<Heap>();
+        (i < self.top()).then_some(i)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::MAX_HEAPS;
+
+    #[test]
+    fn the_heap_array_is_address_space_not_memory() {
+        // 64 Ki heaps of a few tens of KiB: reserved, never committed up front.
+        let bytes = MAX_HEAPS * size_of::<super::Heap>();
+        assert!(bytes < 4 << 30, "{bytes} bytes of heaps per pool");
+    }
+}

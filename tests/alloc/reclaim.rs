@@ -1,0 +1,182 @@
+//! Memory comes back under real programs' shapes: pages emptied on one thread leave its heap
+//! (whichever page was current when they emptied), so a purge returns them; a purge falls due
+//! on fast-path churn alone; any number of threads get heaps, reused in O(1); a thread uses
+//! several pools without losing its heaps.
+
+use super::*;
+use std::alloc::Layout;
+use std::time::Duration;
+
+fn reclaim_pool(pd: &Pd, delay: Option<Duration>) -> Pool {
+    Pool::with_config(
+        pd,
+        ArenaConfig {
+            reserve: 1 << 34,
+            chunk: 1 << 26,
+            hugepages: Hugepages::Off,
+            purge_delay: delay,
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
+/// Allocate about `total` bytes in blocks of `size` on this thread, write them, free them all
+/// in allocation order.
+fn build_and_drop(pool: &Pool, size: usize, total: usize) {
+    let layout = Layout::from_size_align(size, 8).unwrap();
+    let blocks: Vec<*mut u8> = (0..total / size)
+        .map(|i| {
+            let p = pool.alloc(layout);
+            assert!(!p.is_null(), "block {i} of {size} B");
+            // SAFETY: a fresh block of `size` bytes.
+            unsafe { std::ptr::write_bytes(p, i as u8, size) };
+            p
+        })
+        .collect();
+    for p in blocks {
+        // SAFETY: each block came from this pool with `layout`, freed once.
+        unsafe { pool.free_sized(p, layout) };
+    }
+}
+
+#[test]
+fn memory_freed_on_one_thread_comes_back_shape_after_shape() {
+    let pd = Nic::soft().alloc_pd().unwrap();
+    let pool = reclaim_pool(&pd, None);
+    const TOTAL: usize = 96 << 20;
+    let mut after = Vec::new();
+    // The shapes of the report: equal-size blocks, each shape after the other on one thread
+    // (the page current when the last block of a page was freed used to stay in the heap).
+    for size in [
+        40 << 10,
+        20 << 10,
+        10 << 10,
+        5000,
+        64,
+        40 << 10,
+        300 << 10,
+        24,
+    ] {
+        build_and_drop(&pool, size, TOTAL);
+        pool.purge();
+        let committed = pool.stats().arena.committed_bytes;
+        after.push((size, committed >> 20));
+        // What stays: at most a current page per class (up to 8 MiB for the largest classes)
+        // and the slabs those pages share.
+        assert!(
+            committed <= 12 << 20,
+            "{committed} bytes still committed after {size}-byte blocks were freed and purged \
+             (history {after:?})"
+        );
+    }
+    assert_eq!(pool.live_blocks(), 0);
+    assert!(pool.validate());
+}
+
+#[test]
+fn a_due_purge_runs_on_fast_path_churn_alone() {
+    let pd = Nic::soft().alloc_pd().unwrap();
+    let pool = reclaim_pool(&pd, Some(Duration::from_millis(20)));
+    build_and_drop(&pool, 4000, 64 << 20);
+    let before = pool.stats().arena;
+    assert!(before.committed_bytes >= 48 << 20, "{before:?}");
+    std::thread::sleep(Duration::from_millis(60));
+    // Only the thread cache's fast path from here: one block allocated and freed again.
+    let layout = Layout::new::<[u64; 4]>();
+    for _ in 0..20_000 {
+        let p = pool.alloc(layout);
+        assert!(!p.is_null());
+        // SAFETY: the block just allocated with `layout`.
+        unsafe { pool.free_sized(p, layout) };
+    }
+    let after = pool.stats().arena;
+    assert!(
+        after.committed_bytes <= 8 << 20 && after.purged_bytes >= 48 << 20,
+        "no purge on churn: committed {} -> {}, purged {}",
+        before.committed_bytes,
+        after.committed_bytes,
+        after.purged_bytes
+    );
+}
+
+#[test]
+fn thousands_of_threads_get_heaps_and_reuse_them() {
+    let pd = Nic::soft().alloc_pd().unwrap();
+    let pool = reclaim_pool(&pd, None);
+    let layout = Layout::from_size_align(100, 8).unwrap();
+    // More threads alive at once than the old fixed 1024 heaps.
+    let n = if std::env::var_os("RDMA_POOL_TEST_NIC").is_some() {
+        300
+    } else {
+        1100
+    };
+    let barrier = std::sync::Barrier::new(n);
+    std::thread::scope(|s| {
+        for _ in 0..n {
+            s.spawn(|| {
+                let p = pool.alloc(layout);
+                assert!(!p.is_null(), "a thread got no heap");
+                barrier.wait();
+                // SAFETY: allocated above with `layout`.
+                unsafe { pool.free_sized(p, layout) };
+            });
+        }
+    });
+    let stats = pool.stats();
+    assert_eq!(stats.failed_allocations, 0, "{stats:?}");
+    // Waves of short-lived threads reuse the heaps given back: no growth per wave.
+    for _ in 0..5 {
+        std::thread::scope(|s| {
+            for _ in 0..100 {
+                s.spawn(|| {
+                    let p = pool.alloc(layout);
+                    assert!(!p.is_null());
+                    // SAFETY: allocated above with `layout`.
+                    unsafe { pool.free_sized(p, layout) };
+                });
+            }
+        });
+    }
+    assert_eq!(
+        pool.stats().heaps_created,
+        n as u64,
+        "heaps were not reused"
+    );
+    pool.purge();
+    assert_eq!(pool.live_blocks(), 0);
+    assert!(pool.validate());
+}
+
+#[test]
+fn a_thread_keeps_its_heaps_in_eight_pools() {
+    let pd = Nic::soft().alloc_pd().unwrap();
+    let pools: Vec<Pool> = (0..8)
+        .map(|_| {
+            Pool::with_config(
+                &pd,
+                ArenaConfig {
+                    reserve: 1 << 30,
+                    chunk: 1 << 24,
+                    hugepages: Hugepages::Off,
+                    purge_delay: None,
+                    ..Default::default()
+                },
+            )
+            .unwrap()
+        })
+        .collect();
+    let layout = Layout::from_size_align(64, 8).unwrap();
+    // Round robin over the pools: with fewer ways than pools every call would claim a heap.
+    for _ in 0..1000 {
+        for pool in &pools {
+            let p = pool.alloc(layout);
+            assert!(!p.is_null());
+            // SAFETY: allocated above with `layout`.
+            unsafe { pool.free_sized(p, layout) };
+        }
+    }
+    for pool in &pools {
+        assert_eq!(pool.stats().heap_claims, 1, "the thread's heap was evicted");
+    }
+}
