@@ -4,10 +4,12 @@
 //! to back and writes the table.
 //!
 //! A run is `with_<allocator> <workload> <threads> [<scale>]`; it prints one line,
-//! `RESULT <allocator> <workload> <threads> <seconds> <peak_kib> <checksum> [<notes>]`, where
-//! the peak is the process's `VmHWM` plus its `HugetlbPages` (hugetlb pages are not part of
-//! RSS) and the checksum is a function of what the workload computed, equal for every
-//! allocator (the runner checks it).
+//! `RESULT <allocator> <workload> <threads> <seconds> <peak_kib> <final_kib> <checksum>
+//! [<notes>]`, where the peak is the process's `VmHWM` plus its `HugetlbPages` (hugetlb pages
+//! are not part of RSS), the final memory its `VmRSS` plus `HugetlbPages` once the workload
+//! has returned (and dropped what it allocated: what the allocator still holds), and the
+//! checksum is a function of what the workload computed, equal for every allocator (the
+//! runner checks it).
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod workloads;
@@ -28,6 +30,12 @@ pub fn proc_field(text: &str, name: &str) -> u64 {
 pub fn peak_kib() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     proc_field(&status, "VmHWM:") + proc_field(&status, "HugetlbPages:")
+}
+
+/// Current memory in KiB: `VmRSS + HugetlbPages` from `/proc/self/status`.
+pub fn rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    proc_field(&status, "VmRSS:") + proc_field(&status, "HugetlbPages:")
 }
 
 /// Parse the arguments, run the workload, print the `RESULT` line. `notes` adds
@@ -52,11 +60,12 @@ pub fn main(allocator: &str, notes: impl Fn() -> Option<String>) {
     let start = Instant::now();
     let checksum = run(threads, scale);
     let secs = start.elapsed().as_secs_f64();
+    let final_kib = rss_kib();
     if std::env::var_os("COMPARE_SMAPS").is_some() {
         print_largest_mappings();
     }
     println!(
-        "RESULT {allocator} {name} {threads} {secs:.6} {} {checksum:016x} {}",
+        "RESULT {allocator} {name} {threads} {secs:.6} {} {final_kib} {checksum:016x} {}",
         peak_kib(),
         notes().unwrap_or_default()
     );

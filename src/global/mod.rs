@@ -649,12 +649,19 @@ impl GlobalPool {
             Counters::bump(&self.counters().failed);
             return null_mut();
         }
+        // SAFETY: `layout` has a non-zero size (the `GlobalAlloc` contract).
+        let p = unsafe { system_alloc(layout, zero) };
+        if p.is_null() {
+            // The system refused it too (larger than memory, say): a failure, not a
+            // degradation — nothing was served.
+            Counters::bump(&self.counters().failed);
+            return p;
+        }
         Counters::bump(&self.counters().degraded);
         self.counters()
             .degraded_bytes
             .fetch_add(layout.size() as u64, Relaxed);
-        // SAFETY: `layout` has a non-zero size (the `GlobalAlloc` contract).
-        unsafe { system_alloc(layout, zero) }
+        p
     }
 
     /// Free a block that is not the pool's: a bootstrap or a system block.

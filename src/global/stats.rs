@@ -40,7 +40,8 @@ pub struct GlobalStats {
     pub degraded_allocations: u64,
     /// Bytes of those allocations.
     pub degraded_bytes: u64,
-    /// Allocations refused (null) under [`OnFailure::Fail`](super::OnFailure::Fail).
+    /// Allocations refused (null): under [`OnFailure::Fail`](super::OnFailure::Fail), or when
+    /// the system allocator refused them too (a request larger than memory, say).
     pub failed_allocations: u64,
     /// Allocations made while the pool was calling into the NIC (re-entrant) that the pool
     /// could not serve without growing, or made before it was ready.

@@ -292,3 +292,21 @@ fn a_global_pool_purges_freed_memory_and_serves_it_again_registered() {
     }
     assert!(P.validate());
 }
+
+#[test]
+fn a_request_the_system_refuses_too_is_a_failure_not_a_degradation() {
+    static P: GlobalPool = GlobalPool::with_config(SMALL);
+    let ok = Layout::from_size_align(100, 8).unwrap();
+    assert!(round_trip(&P, ok));
+    let before = P.stats();
+    // Larger than any machine's memory: the pool refuses it, and so does malloc.
+    let huge = Layout::from_size_align(1 << 62, 8).unwrap();
+    // SAFETY: a non-zero size; a non-null result would be freed below.
+    let p = unsafe { P.alloc(huge) };
+    assert!(p.is_null());
+    let after = P.stats();
+    assert_eq!(after.failed_allocations, before.failed_allocations + 1);
+    assert_eq!(after.degraded_allocations, before.degraded_allocations);
+    assert_eq!(after.degraded_bytes, before.degraded_bytes, "{after:?}");
+    assert!(round_trip(&P, ok));
+}
