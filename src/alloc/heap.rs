@@ -45,13 +45,27 @@ pub(crate) struct Heap {
     pub(crate) owner: AtomicU64,
     /// `1 +` index of the next heap on the pool's free stack (`heaps.rs`).
     pub(crate) next_free: AtomicU32,
+    /// The fork generation of the process when the heap was claimed (`arena/atfork.rs`).
+    pub(crate) generation: AtomicU64,
     pub(crate) initialised: AtomicBool,
     pub(crate) pool: AtomicPtr<PoolInner>,
 }
 
 impl Heap {
+    /// Whether this heap belongs to a thread of a parent process: in a child of `fork`, a
+    /// heap owned by a thread other than the forking one (whose pages that thread may have
+    /// left half-updated on a lock-free fast path). The child never uses, collects nor checks
+    /// such a heap's pages; frees into them are pushed to their remote lists and stay there.
+    pub(crate) fn orphaned(&self) -> bool {
+        let owner = self.owner.load(R);
+        owner != 0
+            && self.generation.load(R) != crate::arena::atfork::generation()
+            && owner != super::tls::token()
+    }
+
     /// Point every class at the empty page (a zeroed heap is set up once, when first claimed).
     pub(crate) fn init(&self, pool: *const PoolInner) {
+        self.generation.store(crate::arena::atfork::generation(), R);
         if self.initialised.load(Ordering::Acquire) {
             return;
         }

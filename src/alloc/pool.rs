@@ -534,7 +534,9 @@ impl PoolInner {
         let mut ok = true;
         self.for_each_head(|d| {
             if d.kind.load(R) == SMALL {
-                if !d.heap.load(R).is_null() {
+                let heap = d.heap.load(R);
+                // SAFETY: a page's heap lives in the pool's heap array.
+                if !heap.is_null() && !unsafe { &*heap }.orphaned() {
                     ok &= d.validate();
                 }
                 // Every tail names the head's owner.

@@ -161,7 +161,7 @@ fn release(id: u64, heap: *mut Heap) {
 }
 
 /// This thread's token (the address of its cache: unique among live threads).
-fn token() -> u64 {
+pub(crate) fn token() -> u64 {
     CACHE.try_with(|c| c.as_ptr() as u64).unwrap_or(0)
 }
 

@@ -86,7 +86,7 @@ impl Pages {
     /// Map `[addr, addr + slabs·SLAB)` and return its `huge_until` (unbound: the caller binds).
     pub(crate) fn map_range(&self, addr: *mut u8, slabs: u32) -> Result<u32, Error> {
         let len = slabs as usize * SLAB;
-        if self.policy != Hugepages::Off {
+        if self.policy.hugetlb() {
             // SAFETY: the range is an unused part of the arena's reservation.
             match unsafe { os::map_fixed(addr, len, true) } {
                 Ok(()) => {

@@ -44,6 +44,17 @@ pub enum RegistrationPolicy {
 }
 
 /// Which pages back the arena's slabs.
+///
+/// **hugetlb and `fork`.** hugetlb memory is shared copy-on-write with a child like any
+/// private memory, but the copy needs a free huge page: when the hugetlb pool is dry, the
+/// first write to such a page after a `fork` — by the parent as much as the child — dies of
+/// `SIGBUS` (the arena maps `MAP_NORESERVE`, so nothing was reserved for it), and a `fork`
+/// while huge pages are pinned fails with `ENOMEM` (the kernel copies pinned pages at once).
+/// A program that forks (`std::process::Command` does, on its fork path) should not put its
+/// general heap on hugetlb pages: [`Hugepages::Transparent`], the default of
+/// [`GlobalConfig`](crate::global::GlobalConfig), never faults that way (a copy falls back to
+/// 4 KiB pages). [`Hugepages::Prefer`] and [`Hugepages::Require`] suit a pool of buffers in a
+/// process that does not fork, or forks only through `posix_spawn`/`vfork`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Hugepages {
     /// hugetlb 2 MiB pages or fail ([`Error::HugepagesUnavailable`]).
@@ -52,8 +63,18 @@ pub enum Hugepages {
     /// each slab's kind is counted in the stats.
     #[default]
     Prefer,
+    /// Transparent huge pages (`MADV_HUGEPAGE`) where the kernel finds them, else 4 KiB
+    /// pages; never hugetlb. Safe across `fork` (see above).
+    Transparent,
     /// Ordinary 4 KiB pages (`MADV_NOHUGEPAGE`).
     Off,
+}
+
+impl Hugepages {
+    /// Whether slabs are tried on hugetlb pages first.
+    pub(crate) fn hugetlb(self) -> bool {
+        matches!(self, Hugepages::Require | Hugepages::Prefer)
+    }
 }
 
 /// The layout and registration policy of an [`Arena`](super::Arena).

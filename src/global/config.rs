@@ -3,7 +3,7 @@
 //!
 //! Contract: the environment is read once, when the pool initialises, with `getenv` (no Rust
 //! allocation, no lock): `RDMA_POOL_REGISTRATION=pinned|odp|auto` overrides
-//! [`GlobalConfig::registration`], `RDMA_POOL_HUGEPAGES=require|prefer|off` overrides
+//! [`GlobalConfig::registration`], `RDMA_POOL_HUGEPAGES=require|prefer|thp|off` overrides
 //! [`GlobalConfig::hugepages`], `RDMA_POOL_PURGE_MS=<milliseconds>|off` overrides
 //! [`GlobalConfig::purge_delay`], `RDMA_POOL_NUMA=any|device|local|<node>` overrides
 //! [`GlobalConfig::numa`], and `RDMA_POOL_NIC` picks the device as for
@@ -52,7 +52,9 @@ pub struct GlobalConfig {
     /// Pinned or ODP registration (env `RDMA_POOL_REGISTRATION`). Default `Auto`: ODP where
     /// the device supports it for every operation and no quirk makes it unsafe, else pinned.
     pub registration: Registration,
-    /// Hugepage policy (env `RDMA_POOL_HUGEPAGES`). Default `Prefer`.
+    /// Hugepage policy (env `RDMA_POOL_HUGEPAGES=require|prefer|thp|off`). Default
+    /// [`Hugepages::Transparent`]: a general heap on hugetlb pages dies of `SIGBUS` after a
+    /// `fork` once the hugetlb pool is dry (see [`Hugepages`]).
     pub hugepages: Hugepages,
     /// Bytes of address space reserved (a power of two). Default 64 GiB.
     pub reserve: usize,
@@ -78,11 +80,11 @@ pub struct GlobalConfig {
 }
 
 impl GlobalConfig {
-    /// The defaults: auto registration, hugepages preferred, 64 GiB reserved in 1 GiB chunks,
+    /// The defaults: auto registration, transparent huge pages, 64 GiB reserved in 1 GiB chunks,
     /// no remote rights, degrade on failure, the default NIC.
     pub const DEFAULT: GlobalConfig = GlobalConfig {
         registration: Registration::Auto,
-        hugepages: Hugepages::Prefer,
+        hugepages: Hugepages::Transparent,
         reserve: 64 << 30,
         chunk: 1 << 30,
         remote: Access::empty(),
@@ -107,6 +109,7 @@ impl GlobalConfig {
             None => {}
             Some(b"require") => self.hugepages = Hugepages::Require,
             Some(b"prefer") => self.hugepages = Hugepages::Prefer,
+            Some(b"thp" | b"transparent") => self.hugepages = Hugepages::Transparent,
             Some(b"off") => self.hugepages = Hugepages::Off,
             Some(_) => ignored += 1,
         }

@@ -243,6 +243,11 @@ fn children_forked_while_threads_are_inside_the_pool_can_allocate() {
                     if rdma_pool::arena::fork_stats().generation != before.generation + 1 {
                         return 2;
                     }
+                    // The pool it inherited is consistent, although other threads were on
+                    // lock-free fast paths when it forked (their heaps are left alone).
+                    if !pool.validate() {
+                        return 4;
+                    }
                     // Every kind of block, and new memory (the arena grows in the child).
                     let mut held = Vec::new();
                     for n in [16usize, 500, 5000, 100_000, 2 << 20, 24 << 20] {
@@ -258,6 +263,9 @@ fn children_forked_while_threads_are_inside_the_pool_can_allocate() {
                     for q in held {
                         // SAFETY: from this pool, freed once.
                         unsafe { pool.free(q) };
+                    }
+                    if !pool.validate() {
+                        return 5;
                     }
                     0
                 });
