@@ -4,13 +4,13 @@
 //!
 //! Contract: the checks read the page table and, for a small block of the calling thread's
 //! own page, walk that page's free lists and the thread's cache (bounded by the page's
-//! capacity); they take no lock but the medium lock `free` takes anyway. What they cannot see
+//! capacity); they take no lock. What they cannot see
 //! is reported as freeable: a small block freed by *another* thread and not yet collected by
 //! the page's owner. A checked free costs more than [`Pool::free`]: it is for boundaries where
 //! pointers come from outside (FFI, a peer's message), not for the fast path.
 
 use super::class::{CLASSES, class_of};
-use super::page::{Block, LARGE, LARGE_FREE, MEDIUM, SMALL};
+use super::page::{Block, LARGE, LARGE_FREE, SMALL};
 use super::{Pool, tls};
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
 
@@ -96,13 +96,6 @@ impl Pool {
                 }
                 Ok(())
             }
-            MEDIUM => match self.inner().medium_block(addr) {
-                Some((start, _)) if start == addr => Ok(()),
-                Some((start, _)) => Err(FreeError::Interior {
-                    offset: addr - start,
-                }),
-                None => Err(FreeError::NotLive),
-            },
             LARGE if page.start.load(Relaxed) == addr => Ok(()),
             LARGE_FREE if page.start.load(Relaxed) == addr => Err(FreeError::NotLive),
             _ => match self.block_span(addr) {

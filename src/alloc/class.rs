@@ -3,7 +3,9 @@
 //!
 //! Invariants: `class_size(class_of(n)) >= n` for `1 <= n <= MAX_SMALL`;
 //! `class_size(c) < class_size(c + 1)`; `class_size(class_of(n)) <= n + n / 8` above 64;
-//! `page_shift(c)` is the smallest power of two of at least 64 KiB that holds eight blocks.
+//! `page_shift(c)` is the smallest power of two of at least 64 KiB that holds eight blocks, and
+//! at most one 2 MiB slab (which holds at least two blocks of any class): a thread's page of a
+//! large class never pins more than a slab.
 
 /// Largest size served from size-class pages; larger blocks are slab runs.
 pub const MAX_SMALL: usize = 1 << 20;
@@ -38,7 +40,7 @@ pub const fn class_size(c: usize) -> usize {
 }
 
 /// The smallest class whose blocks hold `size` bytes at an address aligned to `align`
-/// (a power of two no larger than 64 KiB): blocks sit at multiples of the block size from a
+/// (a power of two no larger than [`MAX_SMALL`]): blocks sit at multiples of the block size from a
 /// page start aligned to the page size, so the block size must be a multiple of `align`.
 pub(crate) fn class_for(size: usize, align: usize) -> Option<usize> {
     let size = size.max(1).checked_next_multiple_of(align)?;
@@ -52,11 +54,16 @@ pub(crate) fn class_for(size: usize, align: usize) -> Option<usize> {
 pub(crate) const fn page_shift(c: usize) -> u32 {
     let want = class_size(c) * 8;
     let mut shift = GRANULE_SHIFT;
-    while (1usize << shift) < want {
+    while (1usize << shift) < want && shift < MAX_PAGE_SHIFT {
         shift += 1;
     }
     shift
 }
+
+/// log2 of the largest page: one arena slab.
+pub(crate) const MAX_PAGE_SHIFT: u32 = crate::arena::SLAB_SHIFT;
+
+const _: () = assert!(1 << MAX_PAGE_SHIFT >= 2 * MAX_SMALL);
 
 #[cfg(test)]
 mod tests {
@@ -96,11 +103,15 @@ mod tests {
     }
 
     #[test]
-    fn pages_hold_at_least_eight_blocks() {
+    fn pages_hold_eight_blocks_or_a_slab_of_at_least_two() {
         for c in 0..CLASSES {
             let p = 1usize << page_shift(c);
-            assert!(p / class_size(c) >= 8, "class {c}");
-            assert!((64 << 10..=8 << 20).contains(&p));
+            assert!(
+                p / class_size(c) >= 8 || p == 1 << MAX_PAGE_SHIFT,
+                "class {c}"
+            );
+            assert!(p / class_size(c) >= 2, "class {c}");
+            assert!((64 << 10..=2 << 20).contains(&p));
         }
     }
 }

@@ -4,7 +4,7 @@
 //!
 //! Contract, with the feature on:
 //! - a freed block is filled with [`FREED`] — a small block from byte 8 (its first word is the
-//!   free-list link the pool itself writes), a medium or large block from byte 0, at most
+//!   free-list link the pool itself writes), a large block from byte 0, at most
 //!   [`FILL_MAX`] bytes — so a read after free sees `0xDF…`, never stale data;
 //! - built for AddressSanitizer (`RUSTC_BOOTSTRAP=1 RUSTFLAGS="-Zsanitizer=address --cfg
 //!   rdma_pool_asan"`, see `scripts/memcheck.sh`), the same bytes (a large block: all of them)
@@ -33,7 +33,7 @@
 //! nothing is added to any path.
 
 use super::Pool;
-use super::page::{LARGE, MEDIUM, Page, SMALL};
+use super::page::{LARGE, Page, SMALL};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 
 /// The byte freed blocks are filled with.
@@ -262,9 +262,8 @@ impl Pool {
         }
     }
 
-    /// The live block at `p` was resized in place: a medium block may
-    /// have grown over freed slots (unpoisoned here; slots it gave back were poisoned under
-    /// the medium lock, `resize_medium`).
+    /// The live block at `p` was resized in place (within its class or large run): its usable
+    /// bytes are unpoisoned.
     #[cold]
     #[inline(never)]
     pub(super) fn memcheck_resized(&self, p: *mut u8) {
@@ -284,11 +283,6 @@ impl Pool {
                     // SAFETY: a block of the page being freed (the caller's contract).
                     unsafe { freed(p, bs, 8) };
                 }
-            }
-            MEDIUM => {
-                let len = self.inner().medium_len(p);
-                // SAFETY: as above.
-                unsafe { freed(p, len, 0) };
             }
             LARGE if page.start.load(Relaxed) == p as usize => {
                 let usable = page.large_len.load(Relaxed) - LARGE_GUARD;

@@ -3,9 +3,9 @@
 //! [`Arena`].
 //!
 //! Contract:
-//! - blocks up to 64 KiB (and aligned up to 64 KiB) come from pages of one size class, carved
-//!   from arena runs; blocks up to [`MAX_SMALL`] are runs of 8 KiB slots in medium slabs,
-//!   resized in place when they can be; larger ones are whole slab runs; either way a block never
+//! - blocks up to [`MAX_SMALL`] (1 MiB, and aligned up to 1 MiB) come from pages of one size
+//!   class owned by a thread's heap, carved from arena runs (pages of 64 KiB to one 2 MiB slab,
+//!   at least two blocks each); larger ones are whole slab runs; either way a block never
 //!   straddles two registrations, so `keys_of(ptr)` describes it whole;
 //! - same-thread `alloc`/`free` touch only the thread's heap and the page, with plain loads and
 //!   stores; a free from another thread is one CAS onto the page's `thread_free`, collected by
@@ -15,8 +15,8 @@
 //! - the core's metadata is mapped from the kernel, never taken from the global allocator.
 //!
 //! Layout of the module: `class.rs` (size classes), `page.rs` (pages and their free lists),
-//! `heap.rs` (per-thread heaps: the fast paths), `medium.rs` (medium blocks), `tcache.rs` (their
-//! caches of freed blocks), `pool.rs` (shared slow paths), `tls.rs`
+//! `heap.rs` (per-thread heaps: the fast paths), `heaps.rs` (claiming them), `tcache.rs` (their
+//! caches of freed blocks), `pool.rs` (shared slow paths), `purge.rs`, `tls.rs`
 //! (thread caches), `memcheck.rs` (memory-checker mode), `stats.rs`, `api2.rs` (the
 //! allocator-api2 front end).
 
@@ -25,7 +25,6 @@ mod checked;
 mod class;
 mod heap;
 mod heaps;
-mod medium;
 mod memcheck;
 mod page;
 mod pool;
@@ -49,8 +48,7 @@ use crate::arena::{Arena, ArenaConfig, Error, Keys, SLAB};
 use crate::nic::{Pd, Sge};
 use class::{class_for, class_of};
 use heap::Heap;
-use medium::{MEDIUM_ALIGN, MEDIUM_MIN};
-use page::{LARGE, MEDIUM, SMALL, UNUSED};
+use page::{LARGE, SMALL, UNUSED};
 use pool::{PageTable, PoolInner};
 use std::alloc::Layout;
 use std::mem::ManuallyDrop;
@@ -60,8 +58,9 @@ use std::sync::atomic::Ordering::Relaxed;
 /// Largest size freed straight into a thread cache by `free_sized`.
 const CACHED_MAX: usize = class_size(tcache::CACHED_CLASSES - 1);
 
-/// Largest alignment served from size-class pages.
-const MAX_SMALL_ALIGN: usize = 1 << 16;
+/// Largest alignment served from size-class pages: a block of a class that is a multiple of
+/// the alignment, so an over-aligned small block costs about its alignment, not a slab.
+const MAX_SMALL_ALIGN: usize = MAX_SMALL;
 
 /// A pool of NIC-registered memory: allocate from it through `&Pool` (allocator-api2's
 /// `Allocator`, e.g. `allocator_api2::vec::Vec::new_in(&pool)`) or the raw methods below.
@@ -179,7 +178,7 @@ impl Pool {
     #[inline(always)]
     fn alloc_raw(&self, layout: Layout) -> *mut u8 {
         let (size, align) = (layout.size(), layout.align());
-        if align <= 8 && size < MEDIUM_MIN {
+        if align <= 8 && size <= MAX_SMALL {
             // The first allocation of a thread claims its heap in the slow path.
             let heap = tls::heap_of(self.id);
             if !heap.is_null() {
@@ -214,9 +213,6 @@ impl Pool {
     fn alloc_slow(&self, layout: Layout, zero: bool) -> *mut u8 {
         let (size, align) = (layout.size(), layout.align());
         let inner = self.inner();
-        if (MEDIUM_MIN..=MAX_SMALL).contains(&size) && align <= MEDIUM_ALIGN {
-            return inner.alloc_medium(size, zero);
-        }
         let class = (align <= MAX_SMALL_ALIGN)
             .then(|| class_for(size, align))
             .flatten();
@@ -285,8 +281,6 @@ impl Pool {
             } else {
                 Heap::free_remote(page, p);
             }
-        } else if page.kind.load(Relaxed) == MEDIUM {
-            self.inner().free_medium(p);
         } else if page.kind.load(Relaxed) == LARGE && page.start.load(Relaxed) == p as usize {
             self.inner().free_large(page);
         }
@@ -434,11 +428,6 @@ impl Pool {
                     let cap = page.large_len.load(Relaxed) - memcheck::LARGE_GUARD;
                     new_size <= cap && new_size > cap / 2
                 }
-                // Medium blocks grow and shrink in place while their neighbours are free.
-                MEDIUM => {
-                    (MEDIUM_MIN..=MAX_SMALL).contains(&new_size)
-                        && self.inner().resize_medium(p, new_size)
-                }
                 _ => false,
             };
             if keep {
@@ -517,7 +506,6 @@ impl Pool {
         let page = self.inner().page_of(p)?;
         match page.kind.load(Relaxed) {
             SMALL => Some(page.block_size.load(Relaxed) as usize),
-            MEDIUM => Some(self.inner().medium_len(p)).filter(|&n| n > 0),
             LARGE if page.start.load(Relaxed) == p as usize => {
                 Some(page.large_len.load(Relaxed) - memcheck::LARGE_GUARD)
             }
@@ -538,7 +526,6 @@ impl Pool {
                 let i = (addr - start) / bs;
                 (i < page.capacity.load(Relaxed) as usize).then_some((start + i * bs, bs))
             }
-            MEDIUM => self.inner().medium_block(addr),
             LARGE => {
                 let (start, len) = (page.start.load(Relaxed), page.large_len.load(Relaxed));
                 let len = len - memcheck::LARGE_GUARD;
@@ -638,7 +625,7 @@ impl Pool {
     }
 
     /// Return every idle slab to the system now, whatever the purge delay: freed large runs,
-    /// empty pages and empty medium slabs (see the arena's purge contract: pinned memory
+    /// empty pages (see the arena's purge contract: pinned memory
     /// leaves its registration first; a registration shared with live memory whose keys were
     /// handed out keeps its slabs). Returns the bytes purged. Reusing purged memory commits
     /// (and registers) it again.

@@ -35,8 +35,6 @@ pub(crate) const TAIL: u8 = 2;
 pub(crate) const LARGE: u8 = 3;
 /// Head of a freed large run kept for reuse.
 pub(crate) const LARGE_FREE: u8 = 4;
-/// A granule of a medium slab (`start` is the slab).
-pub(crate) const MEDIUM: u8 = 5;
 
 /// One granule's descriptor (see the module contract). Two cache lines: the first holds what
 /// other threads read or write when they free into the page (owner, remote free list, kind,

@@ -5,7 +5,7 @@
 //! Contract: pages are carved from arena runs (so every block lies inside one registration) and
 //! never leave the pool; an empty page goes back to the free list of its size and may then
 //! serve any class of that page size. Large blocks (above `MAX_SMALL`, or aligned above
-//! 64 KiB) are whole slab runs; freed ones are kept by slab count for reuse. All metadata lives
+//! it) are whole slab runs; freed ones are kept by slab count for reuse. All metadata lives
 //! in memory mapped from the kernel, never in the global allocator.
 //!
 //! Invariant: a granule's descriptor is `UNUSED` until its page or run is carved; `TAIL`
@@ -14,7 +14,6 @@
 use super::class::{GRANULE_SHIFT, page_shift};
 use super::heap::Heap;
 use super::heaps::Heaps;
-use super::medium::MediumSlab;
 use super::memcheck;
 use super::page::{LARGE, LARGE_FREE, Page, SMALL, TAIL, UNUSED};
 use super::purge::Idle;
@@ -26,8 +25,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 const R: Ordering = Ordering::Relaxed;
 
-/// Distinct page sizes: 64 KiB .. 8 MiB.
-const PAGE_SIZES: usize = 8;
+/// Distinct page sizes: 64 KiB .. 2 MiB.
+const PAGE_SIZES: usize = (super::class::MAX_PAGE_SHIFT - GRANULE_SHIFT + 1) as usize;
 
 /// Freed large runs are kept in lists by slab count up to this; longer runs share one list.
 const LARGE_LISTS: usize = 64;
@@ -212,10 +211,6 @@ pub(crate) struct PoolInner {
     free_pages: [List; PAGE_SIZES],
     large_free: [List; LARGE_LISTS + 1],
     pub(crate) heaps: Heaps,
-    pub(super) medium: MmapArray<MediumSlab>,
-    /// `1 +` the first medium slab of the list (0: none), under the medium lock.
-    pub(super) medium_head: ForkLock<usize>,
-    pub(crate) medium_live: AtomicUsize,
     pub(crate) large_live: AtomicUsize,
     pub(crate) large_cached: AtomicUsize,
     pub(crate) failed: AtomicU64,
@@ -228,12 +223,7 @@ impl PoolInner {
         let reserve = arena.reserved();
         // SAFETY: all-zero descriptors are UNUSED granules; all-zero heaps are unclaimed and
         // uninitialised.
-        let (pages, medium) = unsafe {
-            (
-                MmapArray::zeroed(reserve >> GRANULE_SHIFT)?,
-                MmapArray::zeroed(reserve / SLAB)?,
-            )
-        };
+        let pages = unsafe { MmapArray::zeroed(reserve >> GRANULE_SHIFT)? };
         let heaps = Heaps::new()?;
         let table = PageTable {
             base,
@@ -254,9 +244,6 @@ impl PoolInner {
             free_pages: [const { List::new() }; PAGE_SIZES],
             large_free: [const { List::new() }; LARGE_LISTS + 1],
             heaps,
-            medium,
-            medium_head: ForkLock::new(0),
-            medium_live: AtomicUsize::new(0),
             large_live: AtomicUsize::new(0),
             large_cached: AtomicUsize::new(0),
             failed: AtomicU64::new(0),
@@ -522,11 +509,7 @@ impl PoolInner {
             LARGE => n += 1,
             _ => {}
         });
-        let medium: u64 = (0..self.medium.len())
-            .filter_map(|i| self.medium.get(i))
-            .map(MediumSlab::blocks)
-            .sum();
-        (n + medium).saturating_sub(cached)
+        n.saturating_sub(cached)
     }
 
     /// Debug check of every page's invariant (at quiescence).
@@ -547,12 +530,6 @@ impl PoolInner {
                 });
             }
         });
-        let _head = self.medium_lock();
-        ok && (0..self.medium.len())
-            .filter_map(|i| self.medium.get(i))
-            .all(MediumSlab::validate)
-            && self.arena.validate()
-            && self.grants.validate()
-            && self.queue.validate()
+        ok && self.arena.validate() && self.grants.validate() && self.queue.validate()
     }
 }

@@ -2,8 +2,8 @@
 //!
 //! Contract:
 //! - a slab is *idle* when nothing in it is handed out: a freed large run (its first slab
-//!   stands for it), an empty page of 2 MiB or more, a slab of smaller pages that are all empty,
-//!   an empty medium slab. `idle[slab]` holds the (coarse, monotonic) time it became idle, 0
+//!   stands for it), an empty page of 2 MiB or more, or a slab of smaller pages that are all
+//!   empty. `idle[slab]` holds the (coarse, monotonic) time it became idle, 0
 //!   while it is in use, [`HANDLED`] once a purge dealt with it;
 //! - a slab idle for at least the pool's purge delay is purged by the next slow-path call of
 //!   [`PoolInner::maybe_purge`] (one load and a compare when nothing is due), or at once by
@@ -21,7 +21,7 @@
 //! equality iff all its pages are in the free list.
 
 use super::class::GRANULE_SHIFT;
-use super::page::{LARGE_FREE, MEDIUM, Page, SMALL};
+use super::page::{LARGE_FREE, Page, SMALL};
 use super::pool::PoolInner;
 use crate::arena::atfork::ForkLock;
 use crate::arena::os::MmapArray;
@@ -102,7 +102,7 @@ impl PoolInner {
         (addr - self.table.span().0) >> SLAB_SHIFT
     }
 
-    /// A freed large run, an empty big page or an empty medium slab at `start` is idle.
+    /// A freed large run or an empty slab-sized page at `start` is idle.
     pub(crate) fn idle_from(&self, start: usize) {
         self.idle.mark_idle(self.slab_of(start));
     }
@@ -170,7 +170,6 @@ impl PoolInner {
                 SMALL if u32::from(head.shift.load(R)) >= SLAB_SHIFT => {
                     self.purge_listed(head, 1 << head.shift.load(R), false)
                 }
-                MEDIUM => self.purge_medium(s),
                 _ => 0,
             };
         }
@@ -261,18 +260,5 @@ impl PoolInner {
             p = next;
         }
         purged
-    }
-
-    /// Purge medium slab `s` if it is still empty.
-    fn purge_medium(&self, s: usize) -> usize {
-        let Some(slab) = self.medium_slab(s) else {
-            return 0;
-        };
-        if !slab.hold(&self.medium_lock()) {
-            return 0;
-        }
-        let n = self.purge_range(self.table.span().0 + (s << SLAB_SHIFT), SLAB);
-        slab.unhold(&self.medium_lock());
-        n
     }
 }

@@ -29,8 +29,6 @@ pub struct PoolStats {
     pub classes: [ClassStats; CLASSES],
     /// Bytes of small blocks handed out.
     pub small_allocated_bytes: u64,
-    /// Bytes of medium blocks (8 KiB slots, above 64 KiB) in use.
-    pub medium_allocated_bytes: u64,
     /// Bytes of large blocks (slab runs) in use.
     pub large_allocated_bytes: u64,
     /// Bytes of freed large runs kept for reuse.
@@ -83,7 +81,6 @@ impl PoolInner {
         PoolStats {
             classes,
             small_allocated_bytes: small,
-            medium_allocated_bytes: self.medium_live.load(Relaxed) as u64,
             large_allocated_bytes: self.large_live.load(Relaxed) as u64,
             large_cached_bytes: self.large_cached.load(Relaxed) as u64,
             empty_pages,

@@ -1,5 +1,6 @@
-//! Medium blocks (64 KiB – 1 MiB): 8 KiB slots, grown and shrunk in place while the
-//! neighbouring slots are free, moved (contents kept) when they are not.
+//! Medium blocks (64 KiB – 1 MiB) come from size-class pages of the thread's heap, as small
+//! ones do: no lock and no scan, at most a slab per page, freed across threads like any block;
+//! over-aligned small blocks cost about their alignment; larger blocks are slab runs.
 
 use super::*;
 use std::alloc::Layout;
@@ -16,53 +17,151 @@ fn all(p: *const u8, len: usize, byte: u8) -> bool {
         .all(|&b| b == byte)
 }
 
+fn l(n: usize, a: usize) -> Layout {
+    Layout::from_size_align(n, a).unwrap()
+}
+
 #[test]
-fn medium_blocks_resize_in_place_while_neighbours_are_free() {
+fn medium_sizes_come_from_per_thread_class_pages() {
     let _g = serial();
     let bed = default_bed();
     let pool = pool_on(&bed.a.pd, Access::empty());
-    let l = |n| Layout::from_size_align(n, 8).unwrap();
-    let p = pool.alloc(l(100 << 10));
-    let usable = pool.usable_size(p).unwrap();
-    assert_eq!(usable % (8 << 10), 0);
-    assert!(
-        usable >= 100 << 10 && usable - (100 << 10) <= (100 << 10) / 8,
-        "{usable}"
-    );
-    fill(p, 100 << 10, 1);
-    // SAFETY: `p` is live with that layout.
-    let p2 = unsafe { pool.realloc(p, l(100 << 10), 600 << 10) };
-    assert_eq!(p2, p, "grown in place");
-    assert!(all(p2, 100 << 10, 1));
-    let q = pool.alloc(l(90 << 10));
-    assert_eq!(
-        q as usize,
-        p as usize + (600 << 10),
-        "first fit right after it"
-    );
-    fill(q, 90 << 10, 2);
-    // SAFETY: as above.
-    let p3 = unsafe { pool.realloc(p2, l(600 << 10), 300 << 10) };
-    assert_eq!(p3, p, "shrunk in place");
-    assert_eq!(pool.usable_size(p3), Some(304 << 10));
-    // SAFETY: as above.
-    let p4 = unsafe { pool.realloc(p3, l(300 << 10), 1 << 20) };
-    assert_ne!(p4, p, "`q` is in the way: moved");
-    assert!(all(p4, 100 << 10, 1), "contents kept across the move");
-    assert!(all(q, 90 << 10, 2), "the neighbour is untouched");
-    let k = pool.keys_of(p4).unwrap();
-    assert!(
-        k.contains(p4 as usize, 1 << 20),
-        "a medium block lies in one registration"
-    );
-    // SAFETY: live blocks, freed once.
-    unsafe {
-        pool.free(p4);
-        pool.free_sized(q, l(90 << 10));
+    for n in [(64 << 10) + 1, 100 << 10, 300 << 10, 600 << 10, 1 << 20] {
+        let p = pool.alloc(l(n, 8));
+        let q = pool.alloc(l(n, 8));
+        let usable = pool.usable_size(p).unwrap();
+        assert!(usable >= n && usable - n <= n / 8, "{n} -> {usable}");
+        fill(p, n, 1);
+        fill(q, n, 2);
+        assert!(all(p, n, 1) && all(q, n, 2));
+        let k = pool.keys_of(p).unwrap();
+        assert!(
+            k.contains(p as usize, usable),
+            "a block lies in one registration"
+        );
+        // Another thread's block of the class comes from its own page.
+        let other = std::thread::scope(|s| s.spawn(|| pool.alloc(l(n, 8)) as usize).join()).unwrap()
+            as *mut u8;
+        // Pages hold eight blocks, or are one 2 MiB slab.
+        let page = (usable * 8).next_power_of_two().min(2 << 20);
+        let page_of = |x: *mut u8| x as usize & !(page - 1);
+        assert_ne!(page_of(other), page_of(p), "{n}: threads share a page");
+        // SAFETY: live blocks of this pool with these layouts, each freed once.
+        unsafe {
+            pool.free_sized(p, l(n, 8));
+            pool.free(q);
+            pool.free(other);
+        }
     }
-    assert_eq!(pool.stats().medium_allocated_bytes, 0);
+    let s = pool.stats();
+    assert_eq!(
+        s.large_allocated_bytes, 0,
+        "no slab run for a block up to 1 MiB"
+    );
     assert_eq!(pool.live_blocks(), 0);
     assert!(pool.validate());
+}
+
+#[test]
+fn medium_blocks_freed_by_other_threads_are_reused_by_their_owner() {
+    let _g = serial();
+    let bed = default_bed();
+    let pool = pool_on(&bed.a.pd, Access::empty());
+    let layout = l(200 << 10, 8);
+    let blocks: Vec<usize> = (0..64)
+        .map(|i| {
+            let p = pool.alloc(layout);
+            fill(p, 200 << 10, i as u8);
+            p as usize
+        })
+        .collect();
+    let committed = pool.stats().arena.committed_bytes;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for (i, &p) in blocks.iter().enumerate() {
+                assert!(all(p as *const u8, 200 << 10, i as u8));
+                // SAFETY: live blocks of this pool, freed once (by this other thread).
+                unsafe { pool.free_sized(p as *mut u8, layout) };
+            }
+        });
+    });
+    // The owner collects them: a second round needs no new memory.
+    let again: Vec<*mut u8> = (0..64).map(|_| pool.alloc(layout)).collect();
+    assert!(again.iter().all(|p| blocks.contains(&(*p as usize))));
+    assert_eq!(pool.stats().arena.committed_bytes, committed);
+    for p in again {
+        // SAFETY: as above.
+        unsafe { pool.free_sized(p, layout) };
+    }
+    assert_eq!(pool.live_blocks(), 0);
+}
+
+#[test]
+fn a_vec_grows_through_the_medium_sizes_with_its_contents() {
+    let _g = serial();
+    let bed = default_bed();
+    let pool = pool_on(&bed.a.pd, Access::empty());
+    let mut v: allocator_api2::vec::Vec<u64, &Pool> = allocator_api2::vec::Vec::new_in(&pool);
+    for i in 0..(3 << 20) / 8 {
+        v.push(i as u64);
+    }
+    assert!(v.iter().enumerate().all(|(i, &x)| x == i as u64));
+    assert!(pool.keys_of(v.as_ptr().cast()).is_some());
+    v.truncate(10_000);
+    v.shrink_to_fit();
+    assert!(v.iter().enumerate().all(|(i, &x)| x == i as u64));
+    drop(v);
+    assert_eq!(pool.live_blocks(), 0);
+}
+
+#[test]
+fn over_aligned_small_blocks_cost_about_their_alignment() {
+    let _g = serial();
+    let bed = default_bed();
+    let pool = Pool::with_config(
+        &bed.a.pd,
+        ArenaConfig {
+            reserve: 1 << 34,
+            chunk: 1 << 28,
+            hugepages: Hugepages::Off,
+            purge_delay: None,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    // 1000 × 64 B at 128 KiB alignment used to take a 2 MiB slab each (2 GiB).
+    let held: Vec<*mut u8> = (0..1000)
+        .map(|_| {
+            let p = pool.alloc(l(64, 128 << 10));
+            assert_eq!(p as usize % (128 << 10), 0);
+            fill(p, 64, 9);
+            p
+        })
+        .collect();
+    let committed = pool.stats().arena.committed_bytes;
+    assert!(
+        committed <= 1000 * (128 << 10) + (4 << 20),
+        "{} MiB for 1000 blocks at 128 KiB alignment",
+        committed >> 20
+    );
+    for align in [4096, 64 << 10, 256 << 10, 1 << 20] {
+        let p = pool.alloc(l(100, align));
+        assert_eq!(p as usize % align, 0);
+        assert!(pool.usable_size(p).unwrap() <= align.max(4096), "{align}");
+        // SAFETY: a live block with this layout.
+        unsafe { pool.free_sized(p, l(100, align)) };
+    }
+    // Beyond 1 MiB alignment a block is a slab run, aligned as asked.
+    let big = pool.alloc(l(100, 4 << 20));
+    assert_eq!(big as usize % (4 << 20), 0);
+    // SAFETY: live blocks, freed once.
+    unsafe {
+        pool.free(big);
+        for p in held {
+            pool.free_sized(p, l(64, 128 << 10));
+        }
+    }
+    assert_eq!(pool.live_blocks(), 0);
 }
 
 #[test]
@@ -70,23 +169,13 @@ fn each_size_goes_to_its_kind_of_block() {
     let _g = serial();
     let bed = default_bed();
     let pool = pool_on(&bed.a.pd, Access::empty());
-    let l = |n, a| Layout::from_size_align(n, a).unwrap();
-    // The largest size-class block and the smallest medium one.
     let small = pool.alloc(l(64 << 10, 8));
     assert_eq!(pool.usable_size(small), Some(64 << 10));
-    assert_eq!(pool.stats().medium_allocated_bytes, 0);
     let medium = pool.alloc(l((64 << 10) + 1, 8));
     assert_eq!(pool.usable_size(medium), Some(72 << 10));
-    assert_eq!(pool.stats().medium_allocated_bytes, 72 << 10);
-    // Over-aligned small blocks still come from size classes, not slab runs.
     let aligned = pool.alloc(l(100, 4096));
     assert_eq!(aligned as usize % 4096, 0);
     assert_eq!(pool.usable_size(aligned), Some(4096));
-    assert_eq!(
-        pool.usable_size(medium.wrapping_add(8 << 10)),
-        None,
-        "not a block start"
-    );
     // SAFETY: the block is live and 64 KiB + 1 long.
     let sge = pool
         .sge_of(unsafe { std::slice::from_raw_parts(medium, 1000) })

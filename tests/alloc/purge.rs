@@ -1,4 +1,4 @@
-//! The pool's purge policy: idle slabs (freed large runs, empty pages, empty medium slabs) go
+//! The pool's purge policy: idle slabs (freed large runs, empty pages of every size) go
 //! back to the system after the delay or on `purge()`, live memory is never touched, and purged
 //! memory comes back committed and registered. Also: a pool attached to an application's PD.
 
@@ -64,7 +64,7 @@ fn idle_slabs_of_every_kind_are_purged_on_request() {
     let pool = purging_pool(&bed.a.pd, None, Registration::Auto);
     // Three slabs in all, so that the pinned memory fits the rxe guest's 8 MiB memlock limit.
     let small = Layout::from_size_align(16 << 10, 8).unwrap(); // 128 KiB pages, 16 per slab
-    let medium = Layout::from_size_align(200 << 10, 8).unwrap(); // a medium slab
+    let medium = Layout::from_size_align(200 << 10, 8).unwrap(); // a 2 MiB page of 9 blocks
     let large = Layout::from_size_align(3 << 19, 4096).unwrap(); // a one-slab run
     let s_blocks = blocks_from_a_thread(&pool, small, 128); // exactly one slab of pages
     let m_blocks = blocks_from_a_thread(&pool, medium, 9);
@@ -79,7 +79,7 @@ fn idle_slabs_of_every_kind_are_purged_on_request() {
     assert_eq!(pool.stats().arena.purged_bytes, 0);
     let purged = pool.purge();
     let after = pool.stats().arena;
-    assert_eq!(purged, 2 * SLAB, "the large run and the medium slab");
+    assert_eq!(purged, 2 * SLAB, "the large run and the 2 MiB page");
     // The last small block goes: now its slab is idle too.
     // SAFETY: a block of the pool, freed once.
     unsafe { pool.free_sized(keep, small) };

@@ -15,7 +15,7 @@ use rdma_pool::alloc::{FREED, GUARD_FILL, Pool, asan_poisoned, memcheck_stats};
 use rdma_pool::nic::*;
 use std::alloc::Layout;
 
-/// A small block, a larger small one, a medium block, a large run.
+/// A small block, a larger one, a medium one (all size classes), a large run.
 const SIZES: [usize; 4] = [48, 5000, 100_000, 3 << 20];
 
 fn layout(size: usize) -> Layout {
@@ -73,8 +73,12 @@ fn freed_blocks_carry_the_fill_and_blocks_handed_out_again_are_clean() {
         }
         // SAFETY: from this pool, freed once.
         unsafe { pool.free(p) };
-        // A small block keeps its first word (the pool's free-list link).
-        let skip = if size <= 64 << 10 { 8 } else { 0 };
+        // A size-class block keeps its first word (the pool's free-list link).
+        let skip = if size <= rdma_pool::alloc::MAX_SMALL {
+            8
+        } else {
+            0
+        };
         if asan() {
             assert_eq!(
                 asan_poisoned(p.wrapping_add(skip), usable - skip),
@@ -88,7 +92,7 @@ fn freed_blocks_carry_the_fill_and_blocks_handed_out_again_are_clean() {
             let fill = unsafe { std::slice::from_raw_parts(p.add(skip), n) };
             assert!(fill.iter().all(|&b| b == FREED), "{size}: not filled");
         }
-        // The same block again (the thread cache, the medium slab, the cached run): clean.
+        // The same block again (the thread cache, the page, the cached run): clean.
         let q = pool.alloc(layout(size));
         assert_eq!(q, p, "{size}");
         if asan() {
@@ -286,22 +290,30 @@ fn blocks_resized_in_place_keep_the_fill_exact() {
     }
     // SAFETY: as above.
     unsafe { pool.free(r) };
-    // A medium block shrunk in place gives its tail slots back filled and poisoned; a block
-    // taking them next is clean.
+    // A block grown past its class moves: the copy keeps its bytes, the old block is freed
+    // (filled), and a block of the new class is clean.
     let big = Layout::from_size_align(3 << 13, 8).unwrap();
     let m = pool.alloc(big);
     // SAFETY: a live block of 24 KiB.
     unsafe { m.write_bytes(0x33, 3 << 13) };
     // SAFETY: `m` came from this pool with `big`.
     let m2 = unsafe { pool.realloc(m, big, 70_000) };
-    if m2 == m && pool.usable_size(m).unwrap() < 3 << 13 {
-        let tail = m.wrapping_add(pool.usable_size(m).unwrap());
-        if asan() {
-            assert_eq!(asan_poisoned(tail, 8), Some(true), "the slots given back");
-        } else {
-            // SAFETY: freed slots of a live slab (test-only read).
-            assert_eq!(unsafe { *tail }, FREED);
-        }
+    assert_ne!(m2, m, "another class");
+    // SAFETY: the first 24 KiB of the moved block were copied.
+    assert!(
+        unsafe { std::slice::from_raw_parts(m2, 3 << 13) }
+            .iter()
+            .all(|&b| b == 0x33)
+    );
+    if asan() {
+        assert_eq!(
+            asan_poisoned(m.wrapping_add(8), 8),
+            Some(true),
+            "the old block"
+        );
+    } else {
+        // SAFETY: a freed block of a live page (test-only read).
+        assert_eq!(unsafe { *m.wrapping_add(8) }, FREED);
     }
     let n = pool.alloc(Layout::from_size_align(9000, 8).unwrap());
     if asan() {
