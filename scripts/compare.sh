@@ -2,9 +2,15 @@
 # The comparison suite (README, "Comparison suite"): builds the workload binaries in release mode
 # — one per allocator as #[global_allocator]: rdma-pool's GlobalPool on the soft NIC, mimalloc,
 # jemalloc, glibc — runs every workload with every allocator back to back, repeated, and writes
-# the markdown table (with the machine it ran on) to comparison/RESULTS.md and into the README.
+# the markdown table (with the machine it ran on: time, peak and final memory per allocator) to
+# comparison/RESULTS.md and into the README, and the resident memory over the `phases` workload to
+# comparison/rss-phases.png. Full scale is for here only: CI runs the suite at scale 0.01 in a
+# debug build (scripts/test.sh). A run that crashes, hangs past the timeout or computes another
+# result than the other allocators is a failure of its allocator in the table (the rest still
+# runs; the script then exits with status 1).
 # Arguments go to the runner: --threads N (the …N workloads; default: the cores), --repeats R
-# (default 3), --scale F (1 = the originals' parameters), --only a,b.
+# (default 3), --scale F (1 = the originals' parameters), --only a,b (labels or workload names),
+# --timeout SECS (per run; default 300 × scale, at least 60).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
