@@ -55,6 +55,11 @@ pub(crate) struct Pages {
     pub(crate) fork: ForkPolicy,
     /// THP is enabled in sysfs.
     pub(crate) thp: bool,
+    /// Ordinary pages are not populated when committed (an ODP arena: the CPU or the NIC
+    /// faults them in on first touch, and the automatic prefetch asks for what it prefetches).
+    /// hugetlb pages always are: a first touch of an unpopulated `MAP_NORESERVE` hugetlb page
+    /// with the pool dry would be `SIGBUS`.
+    pub(crate) lazy: bool,
     /// `mbind` calls that failed (the memory stayed unbound).
     pub(crate) bind_failures: AtomicU64,
 }
@@ -171,11 +176,21 @@ impl Pages {
             self.map_ordinary(at(s), (slabs - s) as usize * SLAB, node)?;
             *huge_until = s;
         }
-        os::populate_write(at(s), len).map_err(|errno| Error::Os {
+        self.populate_ordinary(at(s), len)?;
+        Ok(self.ordinary_kind())
+    }
+
+    /// Populate ordinary memory that is about to be pinned; nothing for a lazy (ODP) arena.
+    /// Before populating a large range, check that the system has the memory.
+    pub(crate) fn populate_ordinary(&self, addr: *mut u8, len: usize) -> Result<(), Error> {
+        if self.lazy {
+            return Ok(());
+        }
+        headroom_for(len)?;
+        os::populate_write(addr, len).map_err(|errno| Error::Os {
             what: "madvise(MADV_POPULATE_WRITE)",
             errno,
-        })?;
-        Ok(self.ordinary_kind())
+        })
     }
 
     /// Map `[addr, addr + len)` anew as ordinary memory and commit it (a purged hugetlb range
@@ -187,10 +202,7 @@ impl Pages {
         node: u32,
     ) -> Result<PageKind, Error> {
         self.map_ordinary(addr, len, node)?;
-        os::populate_write(addr, len).map_err(|errno| Error::Os {
-            what: "madvise(MADV_POPULATE_WRITE)",
-            errno,
-        })?;
+        self.populate_ordinary(addr, len)?;
         Ok(self.ordinary_kind())
     }
 
@@ -198,5 +210,21 @@ impl Pages {
     pub(crate) fn decommit(&self, addr: *mut u8, len: usize) {
         // SAFETY: the slabs were never handed out.
         let _ = unsafe { os::madvise(addr, len, libc::MADV_DONTNEED) };
+    }
+}
+
+/// Ranges below this are populated without a look at the system's memory (a slab or a few).
+pub(crate) const HEADROOM_CHECK_MIN: usize = 64 << 20;
+
+/// Refuse to populate `len` bytes when the system cannot give them: more than `MemAvailable`,
+/// or than the cgroup's `memory.max` leaves above `memory.current` (cgroup v2). Small ranges
+/// pass unchecked. Reads `/proc` and `/sys` into stack buffers (no allocation).
+pub(crate) fn headroom_for(len: usize) -> Result<(), Error> {
+    if len < HEADROOM_CHECK_MIN {
+        return Ok(());
+    }
+    match os::memory_headroom() {
+        Some(available) if len as u64 > available => Err(Error::NoMemory { len, available }),
+        _ => Ok(()),
     }
 }

@@ -20,6 +20,18 @@ pub enum Error {
         /// Its `errno`.
         errno: i32,
     },
+    /// Committing (or pinning) the run would take more memory than the system has to give:
+    /// `MemAvailable`, or what the cgroup's `memory.max` leaves. Refused up front rather than
+    /// populated into the OOM killer.
+    #[error(
+        "a run of {len} bytes would be populated with only {available} bytes of memory available"
+    )]
+    NoMemory {
+        /// Bytes the run needs populated.
+        len: usize,
+        /// Bytes available (the smaller of `MemAvailable` and the cgroup's headroom).
+        available: u64,
+    },
     /// Every chunk of the reservation is in use.
     #[error("the arena's reservation of {reserved} bytes is used up")]
     ReservationFull {

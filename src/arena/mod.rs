@@ -302,6 +302,7 @@ impl Arena {
                 policy: cfg.hugepages,
                 fork,
                 thp: os::thp_available(),
+                lazy: mode == RegMode::Odp,
                 bind_failures: AtomicU64::new(0),
             },
             access,

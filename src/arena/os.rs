@@ -131,6 +131,90 @@ pub(crate) fn populate_write(addr: *mut u8, len: usize) -> Result<(), i32> {
     unsafe { madvise(addr, len, libc::MADV_POPULATE_WRITE) }
 }
 
+/// Bytes the process can still populate: the smaller of `MemAvailable` (`/proc/meminfo`) and
+/// the cgroup v2 headroom (`memory.max - memory.current` of the process's cgroup, when it has a
+/// limit). `None` when neither can be read. Reads into stack buffers.
+pub(crate) fn memory_headroom() -> Option<u64> {
+    let mut buf = [0u8; 4096];
+    let avail = read_small(c"/proc/meminfo", &mut buf)
+        .and_then(|t| field_kib(t, b"MemAvailable:"))
+        .map(|kib| kib.saturating_mul(1024));
+    let cgroup = cgroup_headroom();
+    match (avail, cgroup) {
+        (Some(a), Some(c)) => Some(a.min(c)),
+        (a, c) => a.or(c),
+    }
+}
+
+/// `memory.max - memory.current` of this process's cgroup (v2), if it has a limit.
+fn cgroup_headroom() -> Option<u64> {
+    let mut buf = [0u8; 512];
+    // "0::/path\n" in cgroup v2.
+    let line = read_small(c"/proc/self/cgroup", &mut buf)?;
+    let path = line
+        .split(|&b| b == b'\n')
+        .find_map(|l| l.strip_prefix(b"0::"))?;
+    let mut file = [0u8; 512];
+    let read = |name: &[u8], file: &mut [u8; 512]| -> Option<u64> {
+        let prefix = b"/sys/fs/cgroup";
+        let n = prefix.len() + path.len() + 1 + name.len();
+        if n >= file.len() {
+            return None;
+        }
+        file[..prefix.len()].copy_from_slice(prefix);
+        file[prefix.len()..prefix.len() + path.len()].copy_from_slice(path);
+        file[prefix.len() + path.len()] = b'/';
+        file[prefix.len() + path.len() + 1..n].copy_from_slice(name);
+        file[n] = 0;
+        let cpath = std::ffi::CStr::from_bytes_until_nul(&file[..=n]).ok()?;
+        let mut v = [0u8; 64];
+        parse_u64(read_small(cpath, &mut v)?)
+    };
+    let max = read(b"memory.max", &mut file)?;
+    let current = read(b"memory.current", &mut file)?;
+    Some(max.saturating_sub(current))
+}
+
+/// Read up to `buf.len()` bytes of a small file.
+fn read_small<'a>(path: &std::ffi::CStr, buf: &'a mut [u8]) -> Option<&'a [u8]> {
+    // SAFETY: open/read/close on a NUL-terminated path and a caller's buffer.
+    unsafe {
+        let fd = libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return None;
+        }
+        let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
+        libc::close(fd);
+        (n > 0).then(|| &buf[..n as usize])
+    }
+}
+
+/// The number after `name` in a `/proc` key-value text.
+fn field_kib(text: &[u8], name: &[u8]) -> Option<u64> {
+    let at = text.windows(name.len()).position(|w| w == name)?;
+    let rest = &text[at + name.len()..];
+    let digits: &[u8] = rest
+        .iter()
+        .position(|b| b.is_ascii_digit())
+        .map(|i| &rest[i..])?;
+    let end = digits
+        .iter()
+        .position(|b| !b.is_ascii_digit())
+        .unwrap_or(digits.len());
+    parse_u64(&digits[..end])
+}
+
+/// A decimal number (leading/trailing whitespace allowed); `None` for "max" or garbage.
+fn parse_u64(s: &[u8]) -> Option<u64> {
+    let s = s.trim_ascii();
+    if s.is_empty() || !s.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    s.iter().try_fold(0u64, |n, &d| {
+        n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
+    })
+}
+
 /// Whether transparent huge pages may back `MADV_HUGEPAGE` memory (the sysfs switch is not
 /// `[never]`). Reads into a stack buffer.
 pub(crate) fn thp_available() -> bool {

@@ -467,7 +467,17 @@ impl Arena {
         let addr = self.base + (s << SLAB_SHIFT);
         let len = (e - s) << SLAB_SHIFT;
         let mut kind = self.kind_at(s);
-        if let Err(errno) = os::populate_write(addr as *mut u8, len) {
+        let populated = if kind == PageKind::Hugetlb {
+            os::populate_write(addr as *mut u8, len)
+        } else {
+            self.pages
+                .populate_ordinary(addr as *mut u8, len)
+                .map_err(|e| match e {
+                    Error::Os { errno, .. } => errno,
+                    _ => libc::ENOMEM,
+                })
+        };
+        if let Err(errno) = populated {
             if kind != PageKind::Hugetlb {
                 return Err(Error::Os {
                     what: "madvise(MADV_POPULATE_WRITE)",

@@ -72,7 +72,9 @@ pub struct ArenaStats {
     pub last_degradation: Option<Degradation>,
     /// `RLIMIT_MEMLOCK` after the preflight.
     pub memlock: MemlockInfo,
-    /// Committed bytes in ordinary (THP or 4 KiB) pages: what counts in the process's RSS.
+    /// Committed bytes in ordinary (THP or 4 KiB) pages: what counts in the process's RSS in a
+    /// pinned arena (populated to be pinned); an upper bound in an ODP arena, whose ordinary
+    /// pages become resident only as they are touched.
     pub resident_bytes: u64,
     /// Committed bytes in hugetlb pages (out of the hugetlb pool, not RSS).
     pub hugetlb_bytes: u64,

@@ -9,7 +9,10 @@
 //!   runs a background thread already committed and prefetched. Applications prefetch hot
 //!   ranges with [`Pool::prefetch`](crate::alloc::Pool::prefetch) (`Prefetch`/`PrefetchWrite`
 //!   fault pages in; `PrefetchNoFault` maps only pages the CPU has, e.g. after a migration).
-//!   Pinned memory needs none: it is skipped.
+//!   Pinned memory needs none: it is skipped. The automatic prefetch asks for the first
+//!   [`AUTO_PREFETCH_MAX`] bytes of a run at most: an ODP arena populates nothing else itself
+//!   (`Vec::with_capacity` of GiBs costs what is touched, as with any lazy allocator), and the
+//!   rest faults in on first touch by the CPU or the NIC.
 //! - **Batching.** One `advise_mr` call per list of up to
 //!   [`MAX_ADVISE_SGES`](crate::nic::MAX_ADVISE_SGES) entries (the kernel's bound, not
 //!   `max_sge`); a range is cut into entries of at most 1 GiB.
@@ -34,6 +37,10 @@ pub(crate) use refill::{Refill, Reserve};
 use crate::nic::{self, Advice, AdviseFlags, Caps, Lkey, MAX_ADVISE_SGES, Pd, Sge};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
+
+/// Most bytes of one fresh or revived run the arena prefetches on its own (its head: where a
+/// buffer's first bytes are).
+pub const AUTO_PREFETCH_MAX: usize = 4 << 20;
 
 /// Retries of an `advise_mr` that failed with `EAGAIN` or `ENOMEM`.
 pub const RETRIES: u32 = 4;
@@ -261,7 +268,7 @@ impl Prefetcher {
             AdviseFlags::FLUSH,
             lkey,
             addr,
-            len,
+            len.min(AUTO_PREFETCH_MAX),
         );
         if let Err(e) = r {
             self.automatic_failures.fetch_add(1, Relaxed);

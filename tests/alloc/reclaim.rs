@@ -180,3 +180,97 @@ fn a_thread_keeps_its_heaps_in_eight_pools() {
         assert_eq!(pool.stats().heap_claims, 1, "the thread's heap was evicted");
     }
 }
+
+/// Resident memory of the process (VmRSS), in bytes.
+fn rss() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    kib << 10
+}
+
+#[test]
+fn an_odp_pool_populates_only_what_is_touched() {
+    let _g = serial();
+    let pd = Nic::soft().alloc_pd().unwrap();
+    let pool = Pool::with_config(
+        &pd,
+        ArenaConfig {
+            reserve: 1 << 36,
+            chunk: 1 << 30,
+            hugepages: Hugepages::Off,
+            registration: rdma_pool::arena::Registration::Odp,
+            purge_delay: None,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let before = rss();
+    let layout = Layout::from_size_align(3 << 30, 4096).unwrap();
+    let p = pool.alloc(layout);
+    assert!(!p.is_null());
+    // SAFETY: the first 4 KiB of a live 3 GiB block.
+    unsafe { p.write_bytes(7, 4096) };
+    let grown = rss().saturating_sub(before);
+    assert!(
+        grown < 256 << 20,
+        "a 3 GiB ODP block made {} MiB resident",
+        grown >> 20
+    );
+    assert!(pool.keys_of(p).unwrap().contains(p as usize, 3 << 30));
+    // SAFETY: from this pool with `layout`.
+    unsafe { pool.free_sized(p, layout) };
+}
+
+#[test]
+fn a_pinned_run_larger_than_memory_is_refused_not_populated() {
+    let _g = serial();
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let total_kib: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    let too_big = ((total_kib << 10) as usize + (1 << 30)).next_power_of_two();
+    let pd = Nic::soft_with(rdma_pool::nic::soft::SoftConfig {
+        memlock: rdma_pool::nic::soft::MemlockLimit::Unlimited,
+        ..Default::default()
+    })
+    .alloc_pd()
+    .unwrap();
+    let pool = Pool::with_config(
+        &pd,
+        ArenaConfig {
+            reserve: too_big * 4,
+            chunk: 1 << 30,
+            hugepages: Hugepages::Off,
+            registration: rdma_pool::arena::Registration::Pinned,
+            purge_delay: None,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let before = rss();
+    let p = pool.alloc(Layout::from_size_align(too_big, 4096).unwrap());
+    assert!(p.is_null(), "a pinned run larger than memory was handed out");
+    assert!(rss() < before + (256 << 20), "it was populated before the refusal");
+    assert_eq!(pool.stats().failed_allocations, 1);
+    // The arena says why.
+    match pool.arena().alloc_run(too_big, rdma_pool::arena::SLAB) {
+        Err(rdma_pool::arena::Error::NoMemory { len, available }) => {
+            assert_eq!(len, too_big);
+            assert!(available < too_big as u64);
+        }
+        other => panic!("{other:?}"),
+    }
+    // The pool goes on serving what fits.
+    let q = pool.alloc(Layout::from_size_align(100 << 20, 4096).unwrap());
+    assert!(!q.is_null());
+    // SAFETY: from this pool.
+    unsafe { pool.free(q) };
+}
