@@ -97,6 +97,17 @@ impl Arena {
                 (s + slabs <= spc).then_some(s)
             };
             let open = st.open[slot].and_then(|c| Some((c, fits(st.chunks.get(c)?)?)));
+            // The open chunk is too full for this run: a chunk left behind earlier (a run that
+            // did not fit moved on to a fresh chunk) takes it, before any fresh chunk is opened.
+            let open = open.or_else(|| {
+                let c = (0..st.next_chunk).find(|&c| {
+                    st.chunks.get(c).is_some_and(|ch| {
+                        ch.used > 0 && ch.used < spc && ch.node == node && fits(ch).is_some()
+                    })
+                })?;
+                st.open[slot] = Some(c);
+                Some((c, fits(st.chunks.get(c)?)?))
+            });
             let (c, s) = match open {
                 Some(cs) => cs,
                 None => {

@@ -257,8 +257,14 @@ fn a_pinned_run_larger_than_memory_is_refused_not_populated() {
     .unwrap();
     let before = rss();
     let p = pool.alloc(Layout::from_size_align(too_big, 4096).unwrap());
-    assert!(p.is_null(), "a pinned run larger than memory was handed out");
-    assert!(rss() < before + (256 << 20), "it was populated before the refusal");
+    assert!(
+        p.is_null(),
+        "a pinned run larger than memory was handed out"
+    );
+    assert!(
+        rss() < before + (256 << 20),
+        "it was populated before the refusal"
+    );
     assert_eq!(pool.stats().failed_allocations, 1);
     // The arena says why.
     match pool.arena().alloc_run(too_big, rdma_pool::arena::SLAB) {

@@ -197,7 +197,11 @@ fn blocks_freed_by_another_thread_go_back_to_their_pages_and_are_reused() {
                     // SAFETY: live blocks of `pool` with `l`, freed once.
                     unsafe { pool.free_sized(p as *mut u8, l) };
                 }
-            });
+            })
+            // Joined: the scope's own wait may return before the thread's exit hands its
+            // heap (and the page of `own`) back; a join waits for the thread to be gone.
+            .join()
+            .unwrap();
         });
         assert_eq!(pool.live_blocks(), 0, "round {round}");
         assert!(pool.validate());

@@ -158,3 +158,44 @@ fn the_pool_rkey_alone_gives_a_peer_nothing() {
         );
     }
 }
+
+#[test]
+fn a_chunk_left_behind_by_a_run_that_did_not_fit_takes_later_runs() {
+    let _g = serial();
+    let bed = bed();
+    let arena = Arena::new(
+        &bed.a.pd,
+        ArenaConfig {
+            chunk: 16 << 20, // 8 slabs
+            ..small_cfg()
+        },
+    )
+    .unwrap();
+    let run = |slabs: usize| arena.alloc_run(slabs * SLAB, SLAB).unwrap();
+    let a = run(6); // chunk 0: 2 slabs left
+    let b = run(6); // does not fit: chunk 1, 2 slabs left
+    let c = run(7); // chunk 2, 1 slab left
+    assert_eq!(arena.stats().chunks, 3);
+    // The open chunk (2) has one slab left: two slabs go to chunk 0, then to chunk 1.
+    let d = run(2);
+    assert_eq!(
+        arena.stats().chunks,
+        3,
+        "a fresh chunk was opened with room left behind"
+    );
+    let e = run(2);
+    assert_eq!(arena.stats().chunks, 3);
+    for r in [&a, &b, &c, &d, &e] {
+        let k = arena.keys_of(r.as_ptr()).expect("registered");
+        assert!(k.contains(r.as_ptr() as usize, SLAB));
+    }
+    let starts: Vec<usize> = [&a, &b, &c, &d, &e]
+        .iter()
+        .map(|r| r.as_ptr() as usize)
+        .collect();
+    let mut sorted = starts.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(sorted.len(), 5, "runs overlap: {starts:x?}");
+    assert!(arena.validate());
+}
