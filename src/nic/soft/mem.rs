@@ -95,22 +95,53 @@ pub(crate) fn range_prot(addr: usize, len: usize) -> Option<Prot> {
 }
 
 /// The kernel page size backing `addr` (4 KiB, or the huge page size for hugetlb mappings).
+/// Read from `/proc/self/maps`, not `smaps` (which walks every page table of the process: with
+/// thousands of threads, seconds per call): only hugetlb mappings have a larger kernel page —
+/// anonymous ones are named `/anon_hugepage`, file ones live on a hugetlbfs mount (`statfs`).
 pub(crate) fn backing_page_size(addr: usize) -> Option<usize> {
-    let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
-    let mut inside = false;
-    for line in smaps.lines() {
-        if let Some((s, e, _)) = parse_maps_line(line) {
-            inside = s <= addr && addr < e;
-            continue;
-        }
-        if inside {
-            if let Some(rest) = line.strip_prefix("KernelPageSize:") {
-                let kb: usize = rest.trim().trim_end_matches("kB").trim().parse().ok()?;
-                return Some(kb * 1024);
-            }
-        }
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    let line = maps
+        .lines()
+        .find(|l| parse_maps_line(l).is_some_and(|(s, e, _)| s <= addr && addr < e))?;
+    // Fields: range, perms, offset, dev, inode, path (which may hold spaces).
+    let path = line.splitn(6, char::is_whitespace).nth(5).map(str::trim);
+    let Some(path) = path.filter(|p| p.starts_with('/')) else {
+        return Some(page_size());
+    };
+    if path.starts_with("/anon_hugepage") {
+        return Some(default_huge_page_size());
     }
-    None
+    let file = path.trim_end_matches(" (deleted)");
+    let Ok(c) = std::ffi::CString::new(file) else {
+        return Some(page_size());
+    };
+    // SAFETY: `statfs` writes into a zeroed struct; `c` is NUL-terminated.
+    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let hugetlbfs =
+        unsafe { libc::statfs(c.as_ptr(), &mut fs) } == 0 && fs.f_type as i64 == HUGETLBFS_MAGIC;
+    Some(if hugetlbfs {
+        fs.f_bsize as usize
+    } else {
+        page_size()
+    })
+}
+
+const HUGETLBFS_MAGIC: i64 = 0x9584_58f6;
+
+/// The default hugetlb page size (`Hugepagesize` in `/proc/meminfo`), 2 MiB when unreadable.
+fn default_huge_page_size() -> usize {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            let kb = m.lines().find_map(|l| l.strip_prefix("Hugepagesize:"))?;
+            kb.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<usize>()
+                .ok()
+        })
+        .map_or(2 << 20, |kb| kb * 1024)
 }
 
 /// True when the CPU has the page at `page_addr` resident (`mincore`).
@@ -180,6 +211,37 @@ mod tests {
                 write: false
             })
         );
+    }
+
+    #[test]
+    fn backing_page_size_of_a_hugetlb_mapping_is_the_huge_page() {
+        let len = 2 << 20;
+        // SAFETY: a fresh anonymous mapping, unmapped below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            // No hugetlb page reserved here: the refusal is the kernel's.
+            let errno = io::Error::last_os_error().raw_os_error();
+            assert!(
+                matches!(errno, Some(libc::ENOMEM | libc::EINVAL)),
+                "{errno:?}"
+            );
+            return;
+        }
+        assert_eq!(
+            backing_page_size(p as usize),
+            Some(default_huge_page_size())
+        );
+        // SAFETY: the mapping made above.
+        unsafe { libc::munmap(p, len) };
     }
 
     #[test]
