@@ -24,7 +24,7 @@ impl Arena {
     /// # Errors
     /// [`Error::InvalidArgument`] for `len == 0` or an alignment that is not a power of two;
     /// [`Error::TooLarge`] above `max_mr_size`; [`Error::ReservationFull`];
-    /// [`Error::HugepagesUnavailable`] under [`Hugepages::Require`]; [`Error::Os`] when memory
+    /// [`Error::HugepagesUnavailable`] under [`Hugepages::Require`](super::Hugepages::Require); [`Error::Os`] when memory
     /// cannot be committed; [`Error::Nic`] when the NIC refuses the registration (the memlock
     /// limit, `max_mr`). On error nothing stays committed.
     ///

@@ -14,7 +14,7 @@
 //!   (`Vec::with_capacity` of GiBs costs what is touched, as with any lazy allocator), and the
 //!   rest faults in on first touch by the CPU or the NIC.
 //! - **Batching.** One `advise_mr` call per list of up to
-//!   [`MAX_ADVISE_SGES`](crate::nic::MAX_ADVISE_SGES) entries (the kernel's bound, not
+//!   [`MAX_ADVISE_SGES`] entries (the kernel's bound, not
 //!   `max_sge`); a range is cut into entries of at most 1 GiB.
 //! - **Errors** (`ibv_advise_mr(3)`): `EAGAIN`/`ENOMEM` are retried [`RETRIES`] times with a
 //!   growing pause (20 µs · 4ᵏ); `EOPNOTSUPP` (or a device without the verb) turns prefetch

@@ -22,7 +22,7 @@
 //! - On a device without DEVX (kernel rxe, a soft NIC configured so) every call is a typed
 //!   [`QueueMemError::Unsupported`], never a crash.
 //!
-//! Invariant (checked by `Pool::validate` through [`QueueMem::validate`]): for every UMEM,
+//! Invariant (checked by `Pool::validate` through `QueueMem::validate`): for every UMEM,
 //! `carved == 64 · |set bits|`, and the live carves' ranges are disjoint and inside it.
 
 mod area;
