@@ -30,6 +30,7 @@ mod page;
 mod pool;
 mod purge;
 mod rails;
+mod spare;
 mod stats;
 mod tcache;
 mod tls;

@@ -215,6 +215,7 @@ pub(crate) struct PoolInner {
     pub(crate) large_cached: AtomicUsize,
     pub(crate) failed: AtomicU64,
     pub(crate) idle: Idle,
+    pub(super) spare: super::spare::Spare,
 }
 
 impl PoolInner {
@@ -231,6 +232,7 @@ impl PoolInner {
             descs: pages.get(0).map_or(std::ptr::null(), |d| d as *const Page),
         };
         let idle = Idle::new(reserve / SLAB, arena.purge_delay())?;
+        let spare = super::spare::Spare::new(reserve / SLAB)?;
         Ok(PoolInner {
             grants: crate::grant::Grants::new()?,
             refill: crate::prefetch::Refill::default(),
@@ -248,6 +250,7 @@ impl PoolInner {
             large_cached: AtomicUsize::new(0),
             failed: AtomicU64::new(0),
             idle,
+            spare,
         })
     }
 
@@ -339,18 +342,11 @@ impl PoolInner {
     #[cold]
     fn carve(&self, shift: u32) -> Option<&Page> {
         let bytes = 1usize << shift;
-        let run = match self.arena.alloc_run(bytes.max(SLAB), bytes.max(SLAB)) {
-            Ok(run) => run,
-            Err(e) => {
-                self.count_failure(&e);
-                return None;
-            }
-        };
-        let start = run.as_ptr() as usize;
-        memcheck::unpoison(run.as_ptr(), run.len());
+        let (start, run_len) = self.fresh_run(bytes.max(SLAB), bytes.max(SLAB))?;
+        memcheck::unpoison(start as *mut u8, run_len);
         let granules = bytes >> GRANULE_SHIFT;
         let mut first = None;
-        for at in (start..start + run.len()).step_by(bytes) {
+        for at in (start..start + run_len).step_by(bytes) {
             let head = self.desc(at);
             for g in 1..granules {
                 let t = self.desc(at + (g << GRANULE_SHIFT));
@@ -445,22 +441,65 @@ impl PoolInner {
             }
             return p;
         }
-        let run = match self.arena.alloc_run(len, align.max(SLAB)) {
-            Ok(run) => run,
+        let Some((start, run_len)) = self.fresh_run(len, align.max(SLAB)) else {
+            return null_mut();
+        };
+        let p = start as *mut u8;
+        memcheck::unpoison(p, run_len);
+        memcheck::guard(p, run_len - memcheck::LARGE_GUARD);
+        let head = self.desc(start);
+        head.start.store(start, R);
+        head.large_len.store(run_len, R);
+        head.kind.store(LARGE, Ordering::Release);
+        self.large_live.fetch_add(run_len, R);
+        // Fresh (or purged and revived) arena memory is zero.
+        p
+    }
+
+    /// `(start, len)` of a run of `len` bytes aligned to `align` (both multiples of a slab)
+    /// that nothing uses: spare slabs revived (`spare.rs`), else a fresh arena run. `None` (the
+    /// failure counted) when neither can be had.
+    fn fresh_run(&self, len: usize, align: usize) -> Option<(usize, usize)> {
+        let chunk = self.arena.chunk_size() / SLAB;
+        let (n, a) = (len / SLAB, align / SLAB);
+        if n <= chunk && a <= chunk {
+            if let Some(s) = self.spare.take(n, a, chunk) {
+                let start = self.base + s * SLAB;
+                match self.reuse(start, len) {
+                    Ok(()) => return Some((start, len)),
+                    Err(e) => {
+                        self.count_failure(&e);
+                        self.spare.put(s, n);
+                    }
+                }
+            }
+        }
+        match self.arena.alloc_run(len, align) {
+            Ok(run) => Some((run.as_ptr() as usize, run.len())),
             Err(e) => {
                 self.count_failure(&e);
-                return null_mut();
+                None
             }
-        };
-        memcheck::unpoison(run.as_ptr(), run.len());
-        memcheck::guard(run.as_ptr(), run.len() - memcheck::LARGE_GUARD);
-        let head = self.desc(run.as_ptr() as usize);
-        head.start.store(run.as_ptr() as usize, R);
-        head.large_len.store(run.len(), R);
-        head.kind.store(LARGE, Ordering::Release);
-        self.large_live.fetch_add(run.len(), R);
-        // Fresh arena memory is zero.
-        run.as_ptr()
+        }
+    }
+
+    /// Make `[start, start + len)` (whole slabs a purge returned, out of every list) spare:
+    /// its descriptors forget what it was cut into.
+    pub(super) fn make_spare(&self, start: usize, len: usize) {
+        for at in (start..start + len).step_by(1 << GRANULE_SHIFT) {
+            let d = self.desc(at);
+            d.kind.store(UNUSED, Ordering::Release);
+            d.heap.store(null_mut(), R);
+            d.back.store(0, R);
+            d.start.store(0, R);
+            d.large_len.store(0, R);
+            d.shift.store(0, R);
+        }
+        let s = (start - self.base) / SLAB;
+        if let Some(n) = self.idle.small_free.get(s) {
+            n.store(0, R);
+        }
+        self.spare.put(s, len / SLAB);
     }
 
     /// Keep a freed large run for reuse.

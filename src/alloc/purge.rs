@@ -36,6 +36,9 @@ const PURGER: u64 = u64::MAX;
 /// `idle[slab]` of a slab a purge dealt with (purged, or refused by the arena).
 pub(crate) const HANDLED: u64 = u64::MAX;
 
+/// `idle[slab]` of a slab of small pages purged whole, for the moment before it is made spare.
+const PURGED_WHOLE: u64 = u64::MAX - 1;
+
 /// Now, in nanoseconds of `CLOCK_MONOTONIC_COARSE` (a vDSO read), never 0.
 pub(crate) fn now_ns() -> u64 {
     let mut ts = libc::timespec {
@@ -207,7 +210,15 @@ impl PoolInner {
         }
         let start = head.start.load(R);
         let n = self.purge_range(start, len);
-        list.push(head);
+        if n == len {
+            // Purged whole: any later run may take its slabs (`spare.rs`).
+            if large {
+                self.large_cached.fetch_sub(len, R);
+            }
+            self.make_spare(start, len);
+        } else {
+            list.push(head);
+        }
         n
     }
 
@@ -246,8 +257,12 @@ impl PoolInner {
                 .idle
                 .get(self.slab_of(slab))
                 .map_or(0, |t| t.load(R));
-            if t != HANDLED {
-                purged += self.purge_range(slab, SLAB);
+            if t != HANDLED && t != PURGED_WHOLE {
+                let n = self.purge_range(slab, SLAB);
+                purged += n;
+                if n == SLAB {
+                    self.mark_slab(slab, PURGED_WHOLE);
+                }
             }
             p = page.next.load(R);
         }
@@ -256,9 +271,39 @@ impl PoolInner {
             // SAFETY: as above.
             let page = unsafe { &*p };
             let next = page.next.load(R);
-            list.push(page);
+            if self.slab_mark(page.start.load(R) & !(SLAB - 1)) != PURGED_WHOLE {
+                list.push(page);
+            }
+            p = next;
+        }
+        // Slabs purged whole leave their page size: any later run may take them. Each is
+        // handled at its first page (whose descriptor, like every other of the slab, the
+        // reset clears: later pages of a slab already made spare read start 0).
+        let mut p = chain;
+        while !p.is_null() {
+            // SAFETY: as above.
+            let page = unsafe { &*p };
+            let next = page.next.load(R);
+            let start = page.start.load(R);
+            if start != 0 && start % SLAB == 0 && self.slab_mark(start) == PURGED_WHOLE {
+                self.make_spare(start, SLAB);
+                self.mark_slab(start, HANDLED);
+            }
             p = next;
         }
         purged
+    }
+
+    fn slab_mark(&self, slab: usize) -> u64 {
+        self.idle
+            .idle
+            .get(self.slab_of(slab))
+            .map_or(0, |t| t.load(R))
+    }
+
+    fn mark_slab(&self, slab: usize, mark: u64) {
+        if let Some(t) = self.idle.idle.get(self.slab_of(slab)) {
+            t.store(mark, R);
+        }
     }
 }

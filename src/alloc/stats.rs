@@ -35,6 +35,9 @@ pub struct PoolStats {
     pub large_cached_bytes: u64,
     /// Empty pages kept for reuse.
     pub empty_pages: u64,
+    /// Bytes of purged slabs that any later page or large run takes before fresh address
+    /// space (what freed memory was cut into before does not matter).
+    pub spare_bytes: u64,
     /// Allocations refused because the arena could not grow (reservation, memlock, NIC).
     pub failed_allocations: u64,
     /// Heaps ever created: at most the number of threads that used the pool at one time
@@ -84,6 +87,7 @@ impl PoolInner {
             large_allocated_bytes: self.large_live.load(Relaxed) as u64,
             large_cached_bytes: self.large_cached.load(Relaxed) as u64,
             empty_pages,
+            spare_bytes: (self.spare.count() * crate::arena::SLAB) as u64,
             failed_allocations: self.failed.load(Relaxed),
             heaps_created: self.heaps.top() as u64,
             heap_claims: self.heaps.claims(),

@@ -280,3 +280,59 @@ fn a_pinned_run_larger_than_memory_is_refused_not_populated() {
     // SAFETY: from this pool.
     unsafe { pool.free(q) };
 }
+
+#[test]
+fn address_space_freed_by_one_shape_serves_the_next() {
+    let pd = Nic::soft().alloc_pd().unwrap();
+    let pool = Pool::with_config(
+        &pd,
+        ArenaConfig {
+            reserve: 1 << 32,
+            chunk: 1 << 24,
+            hugepages: Hugepages::Off,
+            purge_delay: None,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    // Shape 1: 1 KiB blocks (64 KiB pages), 48 MiB of them, freed and purged.
+    build_and_drop(&pool, 1024, 48 << 20);
+    pool.purge();
+    let chunks = pool.stats().arena.chunks;
+    assert!(pool.stats().spare_bytes >= 40 << 20, "{:?}", pool.stats());
+    // Shape 2: 200 KiB blocks (2 MiB pages) in the same address space.
+    build_and_drop(&pool, 200 << 10, 40 << 20);
+    assert_eq!(
+        pool.stats().arena.chunks,
+        chunks,
+        "fresh address space for a new shape"
+    );
+    pool.purge();
+    // Shape 3: large runs of 3 slabs, then 1-slab pages again, then 5-slab runs.
+    let l3 = Layout::from_size_align(6 << 20, 4096).unwrap();
+    let runs: Vec<*mut u8> = (0..6).map(|_| pool.alloc(l3)).collect();
+    assert!(runs.iter().all(|p| !p.is_null()));
+    assert_eq!(pool.stats().arena.chunks, chunks);
+    for p in runs {
+        // SAFETY: from this pool with `l3`.
+        unsafe { pool.free_sized(p, l3) };
+    }
+    pool.purge();
+    build_and_drop(&pool, 3000, 30 << 20);
+    pool.purge();
+    let l5 = Layout::from_size_align(10 << 20, 4096).unwrap();
+    let runs: Vec<*mut u8> = (0..3).map(|_| pool.alloc(l5)).collect();
+    for &p in &runs {
+        assert!(!p.is_null());
+        assert!(pool.keys_of(p).unwrap().contains(p as usize, 10 << 20));
+        // SAFETY: a live run of 10 MiB.
+        unsafe { p.write_bytes(5, 10 << 20) };
+    }
+    assert_eq!(pool.stats().arena.chunks, chunks);
+    for p in runs {
+        // SAFETY: from this pool with `l5`.
+        unsafe { pool.free_sized(p, l5) };
+    }
+    assert_eq!(pool.live_blocks(), 0);
+    assert!(pool.validate());
+}

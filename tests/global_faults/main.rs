@@ -62,10 +62,11 @@ fn an_exhausted_reservation_degrades_to_unregistered_memory_and_recovers() {
 #[test]
 fn realloc_moves_a_degraded_block_into_the_pool_when_it_has_room() {
     let _one = FILL.lock().unwrap_or_else(|e| e.into_inner());
-    // Fill the pool with 4 MiB runs until one allocation degrades.
+    // Fill the pool with 2 MiB runs until one allocation degrades (spare slabs of earlier
+    // tests included).
     let mut held = Vec::new();
     loop {
-        let v = vec![0u8; 4 << 20];
+        let v = vec![0u8; 2 << 20];
         let full = rdma_pool::keys_of(v.as_ptr()).is_none();
         held.push(v);
         if full {

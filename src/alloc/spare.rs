@@ -1,0 +1,103 @@
+//! Spare slabs: purged address space any later run may take, whatever it was cut into before.
+//!
+//! Contract: a slab becomes spare when a purge returned it to the system and nothing of it is
+//! listed any more — a slab of empty pages (any page size), a slab-sized page, a freed large
+//! run (each of its slabs). Its descriptors are reset to `UNUSED`. A fresh page or large run
+//! takes spare slabs (first fit, aligned, within one chunk so that a revived run lies in one
+//! registration) before the arena opens fresh address space, and revives them. So the address
+//! space of the reservation is never left behind in a free list of one size: a workload that
+//! moves from one shape to another reuses what the previous shape freed.
+//!
+//! Invariant: a spare slab is purged in the arena, in no free list, and every granule
+//! descriptor of it is `UNUSED`; `count == |spare bits|`.
+
+use crate::arena::atfork::ForkLock;
+use crate::arena::os::MmapArray;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+
+/// A bitmap of spare slabs under one lock.
+pub(crate) struct Spare {
+    bits: MmapArray<AtomicU64>,
+    lock: ForkLock<()>,
+    /// Spare slabs (read without the lock to skip it when there are none).
+    count: AtomicUsize,
+    slabs: usize,
+}
+
+impl Spare {
+    pub(crate) fn new(slabs: usize) -> Result<Spare, i32> {
+        Ok(Spare {
+            // SAFETY: zero is "not spare".
+            bits: unsafe { MmapArray::zeroed(slabs.div_ceil(64))? },
+            lock: ForkLock::new(()),
+            count: AtomicUsize::new(0),
+            slabs,
+        })
+    }
+
+    fn word(&self, s: usize) -> &AtomicU64 {
+        self.bits
+            .get(s / 64)
+            .expect("slab index in the reservation")
+    }
+
+    fn is_spare(&self, s: usize) -> bool {
+        self.word(s).load(Relaxed) >> (s % 64) & 1 == 1
+    }
+
+    fn set(&self, s: usize, on: bool) {
+        let w = self.word(s);
+        let m = 1u64 << (s % 64);
+        w.store(
+            if on {
+                w.load(Relaxed) | m
+            } else {
+                w.load(Relaxed) & !m
+            },
+            Relaxed,
+        );
+    }
+
+    /// Slabs `[s, s + n)` are spare.
+    pub(crate) fn put(&self, s: usize, n: usize) {
+        let _g = self.lock.lock();
+        for i in s..(s + n).min(self.slabs) {
+            if !self.is_spare(i) {
+                self.set(i, true);
+                self.count.fetch_add(1, Relaxed);
+            }
+        }
+    }
+
+    /// Take `n` spare slabs starting at a multiple of `align` (in slabs) that do not cross a
+    /// multiple of `chunk` (in slabs) unless `n` is more than a chunk; the first slab's index.
+    pub(crate) fn take(&self, n: usize, align: usize, chunk: usize) -> Option<usize> {
+        if self.count.load(Relaxed) < n || n == 0 {
+            return None;
+        }
+        let _g = self.lock.lock();
+        let align = align.max(1);
+        let mut s = 0;
+        while s + n <= self.slabs {
+            let crosses = n <= chunk && s / chunk != (s + n - 1) / chunk;
+            if crosses {
+                s = (s / chunk + 1) * chunk;
+                continue;
+            }
+            match (s..s + n).find(|&i| !self.is_spare(i)) {
+                None => {
+                    (s..s + n).for_each(|i| self.set(i, false));
+                    self.count.fetch_sub(n, Relaxed);
+                    return Some(s);
+                }
+                Some(busy) => s = (busy + 1).next_multiple_of(align),
+            }
+        }
+        None
+    }
+
+    /// Spare slabs now (statistics).
+    pub(crate) fn count(&self) -> usize {
+        self.count.load(Relaxed)
+    }
+}
