@@ -4,9 +4,11 @@
 //!
 //! Contract: the checks read the page table and, for a small block of the calling thread's
 //! own page, walk that page's free lists and the thread's cache (bounded by the page's
-//! capacity); they take no lock. What they cannot see
-//! is reported as freeable: a small block freed by *another* thread and not yet collected by
-//! the page's owner. A checked free costs more than [`Pool::free`]: it is for boundaries where
+//! capacity), and for a block of another thread's page read that thread's cache (racily: its
+//! slots are atomics); they take no lock. What they cannot see
+//! is reported as freeable: a block freed by *another* thread and not yet collected by the
+//! page's owner, and a block of another thread's page back on that page's free list (the list
+//! is the owner's, not read from here). A checked free costs more than [`Pool::free`]: it is for boundaries where
 //! pointers come from outside (FFI, a peer's message), not for the fast path.
 
 use super::class::{CLASSES, class_of};
@@ -92,6 +94,13 @@ impl Pool {
                     });
                 }
                 if heap == tls::heap_of(self.id) && self.owner_holds_free(page, heap, p) {
+                    return Err(FreeError::NotLive);
+                }
+                // Another thread's page: its cache is read racily (its slots are atomics), so
+                // a block that thread freed into its cache is seen in all but a race.
+                let class = class_of(bs as usize).min(CLASSES - 1);
+                // SAFETY: a page's heap lives as long as the pool.
+                if heap != tls::heap_of(self.id) && unsafe { (*heap).caches(class, p as *mut u8) } {
                     return Err(FreeError::NotLive);
                 }
                 Ok(())

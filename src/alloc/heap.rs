@@ -233,7 +233,8 @@ impl Heap {
         unsafe { self.tcache.get_unchecked(c) }.push(p)
     }
 
-    /// Whether block `p` of class `c` sits in this heap's cache (the owning thread only).
+    /// Whether block `p` of class `c` sits in this heap's cache (exact on the owning thread;
+    /// racy, but memory-safe, on another: the slots are atomics).
     pub(crate) fn caches(&self, c: usize, p: *mut u8) -> bool {
         self.tcache.get(c).is_some_and(|t| t.holds(p))
     }

@@ -61,8 +61,8 @@ impl TCache {
         true
     }
 
-    /// Whether `p` is cached here (the owning thread only: a linear scan of at most
-    /// [`SLOTS`] entries).
+    /// Whether `p` is cached here (a linear scan of at most [`SLOTS`] entries; exact on the
+    /// owning thread, racy on another).
     pub(crate) fn holds(&self, p: *mut u8) -> bool {
         let n = (self.n.load(R) as usize).min(SLOTS);
         self.slots[..n].iter().any(|s| s.load(R) == p)

@@ -33,8 +33,9 @@ use std::ptr::null_mut;
 use std::sync::Once;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-/// Pools a thread keeps a heap in at once.
-const WAYS: usize = 8;
+/// Pools a thread keeps a heap in at once: eight pools of its own beside `GlobalPool`, and one
+/// more.
+const WAYS: usize = 10;
 
 /// Most pools alive at once in a process.
 pub(crate) const MAX_POOLS: usize = 256;

@@ -606,23 +606,26 @@ impl GlobalPool {
     /// The fast path: a ready pool's own, else the cold path.
     #[inline(always)]
     fn alloc_fast(&self, layout: Layout, zero: bool) -> *mut u8 {
-        if let Some(pool) = self.ready() {
+        let ready = self.ready();
+        if let Some(pool) = ready {
             let p = pool.alloc_with(layout, zero);
             if !p.is_null() {
                 return p;
             }
         }
-        self.alloc_cold(layout, zero)
+        self.alloc_cold(layout, zero, ready.is_some())
     }
 
     /// Serve `layout` when the fast path could not: initialise, provision, degrade.
     #[cold]
     #[inline(never)]
-    fn alloc_cold(&self, layout: Layout, zero: bool) -> *mut u8 {
+    /// `tried`: the fast path asked the ready pool already (and it refused: it is not asked
+    /// twice, nor counts the refusal twice).
+    fn alloc_cold(&self, layout: Layout, zero: bool, tried: bool) -> *mut u8 {
         if provision::active() {
             return self.alloc_reentrant(layout, zero);
         }
-        if let Some(pool) = self.get_cold() {
+        if let Some(pool) = self.get_cold().filter(|_| !tried) {
             let p = pool.alloc_with(layout, zero);
             if !p.is_null() {
                 return p;

@@ -308,6 +308,11 @@ fn a_request_the_system_refuses_too_is_a_failure_not_a_degradation() {
     assert!(p.is_null());
     let after = P.stats();
     assert_eq!(after.failed_allocations, before.failed_allocations + 1);
+    // The pool was asked once, and counted its refusal once.
+    assert_eq!(
+        after.pool.unwrap().failed_allocations,
+        before.pool.unwrap().failed_allocations + 1
+    );
     assert_eq!(after.degraded_allocations, before.degraded_allocations);
     assert_eq!(after.degraded_bytes, before.degraded_bytes, "{after:?}");
     assert!(round_trip(&P, ok));

@@ -209,6 +209,40 @@ fn foreign_interior_and_double_frees_are_refused_or_ignored() {
     unsafe { pool.free_sized(p, l) };
     // SAFETY: refused before anything is freed.
     assert_eq!(tried(unsafe { pool.try_free(p) }), Err(FreeError::NotLive));
+    // A block another (live) thread freed into its own cache (blocks up to 32 KiB): a double
+    // free from here is caught too (it used to be handed out twice afterwards).
+    for size in [64usize, 1000, 32 << 10] {
+        let l = Layout::from_size_align(size, 8).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel::<usize>();
+        let done = std::sync::Barrier::new(2);
+        std::thread::scope(|s| {
+            let t = s.spawn(|| {
+                let p = pool.alloc(l);
+                // SAFETY: from this pool with `l`.
+                unsafe { pool.free_sized(p, l) };
+                tx.send(p as usize).unwrap();
+                done.wait();
+                // The thread allocates twice: never the same block.
+                let (a, b) = (pool.alloc(l), pool.alloc(l));
+                // SAFETY: from this pool with `l`.
+                unsafe {
+                    pool.free_sized(a, l);
+                    pool.free_sized(b, l);
+                }
+                (a, b) != (p, p) && a != b
+            });
+            let p = rx.recv().unwrap() as *mut u8;
+            // SAFETY: refused before anything is freed.
+            let r = tried(unsafe { pool.try_free(p) });
+            done.wait();
+            assert_eq!(
+                r,
+                Err(FreeError::NotLive),
+                "{size}: a double free of a cached block"
+            );
+            assert!(t.join().unwrap(), "{size}: one block handed out twice");
+        });
+    }
     // SAFETY: `theirs` belongs to `other`.
     unsafe { other.free(theirs) };
     assert_eq!(pool.live_blocks(), live);
