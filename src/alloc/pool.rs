@@ -342,7 +342,7 @@ impl PoolInner {
     #[cold]
     fn carve(&self, shift: u32) -> Option<&Page> {
         let bytes = 1usize << shift;
-        let (start, run_len) = self.fresh_run(bytes.max(SLAB), bytes.max(SLAB))?;
+        let (start, run_len, zero) = self.fresh_run(bytes.max(SLAB), bytes.max(SLAB))?;
         memcheck::unpoison(start as *mut u8, run_len);
         let granules = bytes >> GRANULE_SHIFT;
         let mut first = None;
@@ -355,7 +355,7 @@ impl PoolInner {
             }
             head.start.store(at, R);
             head.shift.store(shift as u8, R);
-            head.fresh.store(true, R);
+            head.fresh.store(zero, R);
             head.kind.store(SMALL, Ordering::Release);
             match first {
                 None => first = Some(head),
@@ -441,7 +441,7 @@ impl PoolInner {
             }
             return p;
         }
-        let Some((start, run_len)) = self.fresh_run(len, align.max(SLAB)) else {
+        let Some((start, run_len, clean)) = self.fresh_run(len, align.max(SLAB)) else {
             return null_mut();
         };
         let p = start as *mut u8;
@@ -452,21 +452,38 @@ impl PoolInner {
         head.large_len.store(run_len, R);
         head.kind.store(LARGE, Ordering::Release);
         self.large_live.fetch_add(run_len, R);
-        // Fresh (or purged and revived) arena memory is zero.
+        if zero && !clean {
+            // SAFETY: the run is ours and `size <= run_len`.
+            unsafe { std::ptr::write_bytes(p, 0, size) };
+        }
         p
     }
 
-    /// `(start, len)` of a run of `len` bytes aligned to `align` (both multiples of a slab)
-    /// that nothing uses: spare slabs revived (`spare.rs`), else a fresh arena run. `None` (the
-    /// failure counted) when neither can be had.
-    fn fresh_run(&self, len: usize, align: usize) -> Option<(usize, usize)> {
+    /// `(start, len, zero)` of a run of `len` bytes aligned to `align` (both multiples of a
+    /// slab) that nothing uses — a slab of another size's empty pages (dirty: `zero` false),
+    /// spare slabs revived (`spare.rs`; purged, so zero), else a fresh arena run (zero);
+    /// `None` (the failure counted) when none can be had.
+    fn fresh_run(&self, len: usize, align: usize) -> Option<(usize, usize, bool)> {
         let chunk = self.arena.chunk_size() / SLAB;
         let (n, a) = (len / SLAB, align / SLAB);
+        if n == 1 && a == 1 {
+            if let Some(start) = self.steal_free_slab() {
+                match self.reuse(start, SLAB) {
+                    Ok(()) => return Some((start, SLAB, false)),
+                    // Its pages are gone from their list: spare now, purged by nobody but
+                    // revived by the next taker (the arena still has it committed or purged).
+                    Err(e) => {
+                        self.count_failure(&e);
+                        self.make_spare(start, SLAB);
+                    }
+                }
+            }
+        }
         if n <= chunk && a <= chunk {
             if let Some(s) = self.spare.take(n, a, chunk) {
                 let start = self.base + s * SLAB;
                 match self.reuse(start, len) {
-                    Ok(()) => return Some((start, len)),
+                    Ok(()) => return Some((start, len, true)),
                     Err(e) => {
                         self.count_failure(&e);
                         self.spare.put(s, n);
@@ -475,7 +492,7 @@ impl PoolInner {
             }
         }
         match self.arena.alloc_run(len, align) {
-            Ok(run) => Some((run.as_ptr() as usize, run.len())),
+            Ok(run) => Some((run.as_ptr() as usize, run.len(), true)),
             Err(e) => {
                 self.count_failure(&e);
                 None
@@ -483,9 +500,52 @@ impl PoolInner {
         }
     }
 
-    /// Make `[start, start + len)` (whole slabs a purge returned, out of every list) spare:
-    /// its descriptors forget what it was cut into.
-    pub(super) fn make_spare(&self, start: usize, len: usize) {
+    /// A slab nothing uses, taken out of the free list of another page size (all its pages
+    /// empty) or off the front of a freed large run: so a workload that moves from one block size to
+    /// another reuses the memory of the previous one at once, not only after a purge. Its
+    /// descriptors are reset; the caller revives it (`reuse`) and cuts it anew.
+    fn steal_free_slab(&self) -> Option<usize> {
+        for shift in GRANULE_SHIFT..=super::class::MAX_PAGE_SHIFT {
+            let per_slab = 1u32 << (SLAB_SHIFT - shift);
+            let chosen = std::cell::Cell::new(0usize);
+            let chain = self.page_list(shift).take_all_if(|p| {
+                let slab = p.start.load(R) & !(SLAB - 1);
+                match chosen.get() {
+                    0 => {
+                        let whole = self.small_free(p).is_none_or(|n| n.load(R) == per_slab);
+                        if whole {
+                            chosen.set(slab);
+                        }
+                        whole
+                    }
+                    c => c == slab,
+                }
+            });
+            if !chain.is_null() {
+                let slab = chosen.get();
+                self.forget(slab, SLAB);
+                return Some(slab);
+            }
+        }
+        // A freed large run: its first slab; the rest stays listed as a shorter run.
+        let run = (1..=LARGE_LISTS)
+            .find_map(|i| self.large_free[i].pop_if(|p| p.large_len.load(R) >= SLAB))?;
+        let (start, len) = (run.start.load(R), run.large_len.load(R));
+        self.large_cached.fetch_sub(SLAB, R);
+        self.forget(start, SLAB);
+        if len > SLAB {
+            let rest = self.desc(start + SLAB);
+            rest.start.store(start + SLAB, R);
+            rest.large_len.store(len - SLAB, R);
+            rest.kind.store(LARGE_FREE, Ordering::Release);
+            self.large_list(len - SLAB).push(rest);
+            self.idle_from(start + SLAB);
+        }
+        Some(start)
+    }
+
+    /// Reset the descriptors of `[start, start + len)` (whole slabs out of every list).
+    fn forget(&self, start: usize, len: usize) {
         for at in (start..start + len).step_by(1 << GRANULE_SHIFT) {
             let d = self.desc(at);
             d.kind.store(UNUSED, Ordering::Release);
@@ -495,11 +555,16 @@ impl PoolInner {
             d.large_len.store(0, R);
             d.shift.store(0, R);
         }
-        let s = (start - self.base) / SLAB;
-        if let Some(n) = self.idle.small_free.get(s) {
+        if let Some(n) = self.idle.small_free.get((start - self.base) / SLAB) {
             n.store(0, R);
         }
-        self.spare.put(s, len / SLAB);
+    }
+
+    /// Make `[start, start + len)` (whole slabs a purge returned, out of every list) spare:
+    /// its descriptors forget what it was cut into.
+    pub(super) fn make_spare(&self, start: usize, len: usize) {
+        self.forget(start, len);
+        self.spare.put((start - self.base) / SLAB, len / SLAB);
     }
 
     /// Keep a freed large run for reuse.

@@ -336,3 +336,41 @@ fn address_space_freed_by_one_shape_serves_the_next() {
     assert_eq!(pool.live_blocks(), 0);
     assert!(pool.validate());
 }
+
+#[test]
+fn a_new_shape_reuses_the_empty_pages_of_the_last_one_before_any_purge() {
+    let pd = Nic::soft().alloc_pd().unwrap();
+    let pool = reclaim_pool(&pd, None);
+    // Alternating shapes, faster than any purge delay (there is none: no purge runs at all).
+    // Large runs (3 MiB) come first: pages take their slabs; pages never merge back into
+    // runs of several slabs before a purge (then spare slabs do).
+    build_and_drop(&pool, 3 << 20, 48 << 20);
+    let shapes = [1024usize, 200 << 10, 64, 700 << 10, 10 << 10, 40 << 10];
+    let mut peak = 0;
+    for (round, &size) in shapes.iter().cycle().take(12).enumerate() {
+        build_and_drop(&pool, size, 48 << 20);
+        let committed = pool.stats().arena.committed_bytes;
+        peak = peak.max(committed);
+        assert!(
+            committed <= 100 << 20,
+            "round {round} ({size} B): {} MiB committed for 48 MiB live at a time",
+            committed >> 20
+        );
+    }
+    assert_eq!(pool.stats().arena.purged_bytes, 0);
+    assert_eq!(pool.live_blocks(), 0);
+    assert!(pool.validate());
+    // Zeroed blocks from recycled (dirty) slabs are zero.
+    for size in [100usize, 5000, 300 << 10, 2 << 20] {
+        let l = Layout::from_size_align(size, 8).unwrap();
+        let p = pool.alloc_zeroed(l);
+        // SAFETY: a live block of `size` bytes.
+        assert!(
+            unsafe { std::slice::from_raw_parts(p, size) }
+                .iter()
+                .all(|&b| b == 0)
+        );
+        // SAFETY: from this pool with `l`.
+        unsafe { pool.free_sized(p, l) };
+    }
+}
