@@ -5,7 +5,12 @@
 //! - `churn_16b_4k/*`: free a random one of 4096 live slots and allocate 16 B–4 KiB in it;
 //! - `cross_thread_256b/*`: a producer allocates 256-byte blocks, a consumer thread frees them
 //!   (per block, batches of 1024 handed over through a channel);
-//! - `vec_growth_1m/*`: an allocator-api2 `Vec<u8>` grown to 1 MiB by 4 KiB appends.
+//! - `vec_growth_1m/*`: an allocator-api2 `Vec<u8>` grown to 1 MiB by 4 KiB appends;
+//! - `larson_1t/*`, `larson_2t/*`: Larson's server shape (mimalloc-bench `larson`, abench) with
+//!   1 and 2 threads: each thread owns 5000 blocks of 8–999 bytes (the first generation made
+//!   by the main thread), frees a random one and allocates a new one in its place, touching two
+//!   bytes; every sample hands the blocks to fresh threads, so each generation frees what the
+//!   previous one allocated. Throughput in replacements.
 //!
 //! Contenders: `rdma_pool` (a `Pool` called directly), `global_pool` (the `GlobalPool` that is
 //! this binary's `#[global_allocator]`, through `GlobalAlloc`), mimalloc, jemalloc and the system
@@ -258,6 +263,73 @@ fn workloads(c: &mut Criterion) {
                 black_box(v.len())
             })
         });
+    }
+    g.finish();
+
+    larson(c, &all, 1);
+    larson(c, &all, 2);
+}
+
+/// Larson's blocks per thread and size range (mimalloc-bench: `larson 5 8 1000 5000 ...`).
+const LARSON_SLOTS: usize = 5000;
+
+fn larson_size(r: u64) -> usize {
+    8 + (r % 992) as usize
+}
+
+/// Larson with `threads` threads on every contender (see the module docs).
+fn larson(c: &mut Criterion, all: &[(&'static str, Box<dyn Contender>)], threads: usize) {
+    let mut g = c.benchmark_group(format!("larson_{threads}t"));
+    g.throughput(Throughput::Elements(threads as u64));
+    for (name, a) in all {
+        let a: &dyn Contender = &**a;
+        let mut x = 0x4141_u64 | 1;
+        // Per thread: its slots (address, size) and its random state; made by the main thread.
+        let mut slots: Vec<(Vec<(usize, usize)>, u64)> = (0..threads)
+            .map(|t| {
+                let blocks = (0..LARSON_SLOTS)
+                    .map(|_| {
+                        let n = larson_size(xorshift(&mut x));
+                        let l = Layout::from_size_align(n, 8).unwrap();
+                        (a.alloc(l) as usize, n)
+                    })
+                    .collect();
+                (blocks, 0x9e37_79b9_7f4a_7c15 ^ (t as u64 + 1))
+            })
+            .collect();
+        g.bench_function(*name, |b| {
+            b.iter_custom(|iters| {
+                let start = Instant::now();
+                std::thread::scope(|s| {
+                    for (blocks, rng) in slots.iter_mut() {
+                        s.spawn(move || {
+                            for _ in 0..iters {
+                                let r = xorshift(rng);
+                                let slot = &mut blocks[(r % LARSON_SLOTS as u64) as usize];
+                                let old = Layout::from_size_align(slot.1, 8).unwrap();
+                                // SAFETY: the slot holds a live block of `slot.1` bytes.
+                                unsafe { a.dealloc(slot.0 as *mut u8, old) };
+                                let n = larson_size(r >> 24);
+                                let p = a.alloc(Layout::from_size_align(n, 8).unwrap());
+                                // SAFETY: a fresh block of `n >= 8` bytes.
+                                unsafe {
+                                    p.write_volatile(b'a');
+                                    p.add(1).write_volatile(b'b');
+                                }
+                                *slot = (p as usize, n);
+                            }
+                        });
+                    }
+                });
+                start.elapsed()
+            })
+        });
+        for (blocks, _) in slots {
+            for (p, n) in blocks {
+                // SAFETY: live blocks of `n` bytes.
+                unsafe { a.dealloc(p as *mut u8, Layout::from_size_align(n, 8).unwrap()) };
+            }
+        }
     }
     g.finish();
 }

@@ -538,8 +538,8 @@ impl PoolInner {
             rest.start.store(start + SLAB, R);
             rest.large_len.store(len - SLAB, R);
             rest.kind.store(LARGE_FREE, Ordering::Release);
-            self.large_list(len - SLAB).push(rest);
             self.idle_from(start + SLAB);
+            self.large_list(len - SLAB).push(rest);
         }
         Some(start)
     }
@@ -573,8 +573,10 @@ impl PoolInner {
         page.kind.store(LARGE_FREE, Ordering::Release);
         self.large_live.fetch_sub(len, R);
         self.large_cached.fetch_add(len, R);
-        self.large_list(len).push(page);
+        // Idle before it is listed: once listed, another thread may take it (and reset its
+        // descriptor) at once.
         self.idle_from(page.start.load(R));
+        self.large_list(len).push(page);
         self.maybe_purge();
     }
 

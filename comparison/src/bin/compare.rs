@@ -39,9 +39,10 @@ const PHASES: &str = "phases";
 
 /// A workload of the suite: its label, its name for the binaries, its thread count (`None`:
 /// the `--threads` argument).
-const SUITE: [(&str, &str, Option<usize>); 19] = [
+const SUITE: [(&str, &str, Option<usize>); 20] = [
     ("alloc-test1", "alloc-test", Some(1)),
     ("alloc-testN", "alloc-test", None),
+    ("larson1", "larson", Some(1)),
     ("larsonN", "larson", None),
     ("xmalloc-testN", "xmalloc-test", None),
     ("cache-scratch1", "cache-scratch", Some(1)),
