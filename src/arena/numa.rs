@@ -198,16 +198,7 @@ fn parse_u32(v: &[u8]) -> Option<u32> {
 
 /// Read a small sysfs file into `buf`; the bytes read.
 fn read_small(path: &std::ffi::CStr, buf: &mut [u8]) -> Option<usize> {
-    // SAFETY: open/read/close on a NUL-terminated path and a caller's buffer.
-    unsafe {
-        let fd = libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
-        if fd < 0 {
-            return None;
-        }
-        let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
-        libc::close(fd);
-        (n > 0).then_some(n as usize)
-    }
+    super::os::read_small(path, buf).map(<[u8]>::len)
 }
 
 /// The online nodes (`/sys/devices/system/node/online`); `{0}` when sysfs does not say.

@@ -176,7 +176,7 @@ fn cgroup_headroom() -> Option<u64> {
 }
 
 /// Read up to `buf.len()` bytes of a small file.
-fn read_small<'a>(path: &std::ffi::CStr, buf: &'a mut [u8]) -> Option<&'a [u8]> {
+pub(crate) fn read_small<'a>(path: &std::ffi::CStr, buf: &'a mut [u8]) -> Option<&'a [u8]> {
     // SAFETY: open/read/close on a NUL-terminated path and a caller's buffer.
     unsafe {
         let fd = libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
