@@ -479,15 +479,21 @@ impl PoolInner {
                 }
             }
         }
-        if n <= chunk && a <= chunk {
-            if let Some(s) = self.spare.take(n, a, chunk) {
-                let start = self.base + s * SLAB;
-                match self.reuse(start, len) {
-                    Ok(()) => return Some((start, len, true)),
-                    Err(e) => {
-                        self.count_failure(&e);
-                        self.spare.put(s, n);
-                    }
+        // A run of more than a chunk (or aligned beyond one) takes spare slabs too — a purged
+        // dedicated run's space, or part of it — where they lie in one registration (or none).
+        let one_reg = |s: usize| {
+            n <= chunk
+                || self
+                    .arena
+                    .one_registration((self.base + s * SLAB) as *const u8, len)
+        };
+        if let Some(s) = self.spare.take_if(n, a, chunk, one_reg) {
+            let start = self.base + s * SLAB;
+            match self.reuse(start, len) {
+                Ok(()) => return Some((start, len, true)),
+                Err(e) => {
+                    self.count_failure(&e);
+                    self.spare.put(s, n);
                 }
             }
         }
@@ -548,6 +554,17 @@ impl PoolInner {
     fn forget(&self, start: usize, len: usize) {
         for at in (start..start + len).step_by(1 << GRANULE_SHIFT) {
             let d = self.desc(at);
+            // Descriptors nothing ever wrote (the inside of a large run) stay untouched: a
+            // store would make their page of the table resident (2 MiB per GiB of run).
+            if d.kind.load(R) == UNUSED
+                && d.heap.load(R).is_null()
+                && d.back.load(R) == 0
+                && d.start.load(R) == 0
+                && d.large_len.load(R) == 0
+                && d.shift.load(R) == 0
+            {
+                continue;
+            }
             d.kind.store(UNUSED, Ordering::Release);
             d.heap.store(null_mut(), R);
             d.back.store(0, R);

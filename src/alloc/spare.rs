@@ -3,8 +3,9 @@
 //! Contract: a slab becomes spare when a purge returned it to the system and nothing of it is
 //! listed any more — a slab of empty pages (any page size), a slab-sized page, a freed large
 //! run (each of its slabs). Its descriptors are reset to `UNUSED`. A fresh page or large run
-//! takes spare slabs (first fit, aligned, within one chunk so that a revived run lies in one
-//! registration) before the arena opens fresh address space, and revives them. So the address
+//! takes spare slabs (first fit, aligned; within one chunk, or — for a run of more than a
+//! chunk — within one registration, so that a revived run is one SGE) before the arena opens
+//! fresh address space, and revives them. So the address
 //! space of the reservation is never left behind in a free list of one size: a workload that
 //! moves from one shape to another reuses what the previous shape freed.
 //!
@@ -70,8 +71,16 @@ impl Spare {
     }
 
     /// Take `n` spare slabs starting at a multiple of `align` (in slabs) that do not cross a
-    /// multiple of `chunk` (in slabs) unless `n` is more than a chunk; the first slab's index.
-    pub(crate) fn take(&self, n: usize, align: usize, chunk: usize) -> Option<usize> {
+    /// multiple of `chunk` (in slabs) unless `n` is more than a chunk, the first fitting range
+    /// `[s, s + n)` for which `ok(s)` holds (e.g. that it lies in one registration); the first
+    /// slab's index.
+    pub(crate) fn take_if(
+        &self,
+        n: usize,
+        align: usize,
+        chunk: usize,
+        ok: impl Fn(usize) -> bool,
+    ) -> Option<usize> {
         if self.count.load(Relaxed) < n || n == 0 {
             return None;
         }
@@ -85,6 +94,7 @@ impl Spare {
                 continue;
             }
             match (s..s + n).find(|&i| !self.is_spare(i)) {
+                None if !ok(s) => s = (s + 1).next_multiple_of(align),
                 None => {
                     (s..s + n).for_each(|i| self.set(i, false));
                     self.count.fetch_sub(n, Relaxed);

@@ -142,6 +142,17 @@ impl Arena {
         Ok((self.slab_index(addr), len >> SLAB_SHIFT))
     }
 
+    /// Whether the whole slabs `[ptr, ptr + len)` lie in one registration of this device, or
+    /// in none (all purged out of their pinned regions): so that a run revived there is one
+    /// SGE. False for a range outside the opened chunks.
+    pub(crate) fn one_registration(&self, ptr: *const u8, len: usize) -> bool {
+        let Ok((first, n)) = self.slab_range(ptr, len) else {
+            return false;
+        };
+        let id = self.table.reg_at(first);
+        (first + 1..first + n).all(|i| self.table.reg_at(i) == id)
+    }
+
     /// Whether the slab holding `ptr` is purged (not committed).
     pub fn is_purged(&self, ptr: *const u8) -> bool {
         self.contains(ptr)

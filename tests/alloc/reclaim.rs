@@ -227,6 +227,43 @@ fn an_odp_pool_populates_only_what_is_touched() {
 }
 
 #[test]
+fn purging_a_huge_untouched_run_makes_nothing_resident() {
+    let _g = serial();
+    let pd = Nic::soft().alloc_pd().unwrap();
+    let pool = Pool::with_config(
+        &pd,
+        ArenaConfig {
+            reserve: 1 << 36,
+            chunk: 1 << 30,
+            hugepages: Hugepages::Off,
+            registration: rdma_pool::arena::Registration::Odp,
+            purge_delay: None,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    // 32 GiB: the pool's descriptors of it, if a purge wrote them all, are 64 MiB.
+    let layout = Layout::from_size_align(32 << 30, 4096).unwrap();
+    for round in 0..3 {
+        let p = pool.alloc(layout);
+        assert!(!p.is_null(), "round {round}");
+        // SAFETY: the first 4 KiB of a live block.
+        unsafe { p.write_bytes(7, 4096) };
+        let before = rss();
+        // SAFETY: from this pool with `layout`.
+        unsafe { pool.free_sized(p, layout) };
+        assert!(pool.purge() >= 32 << 30);
+        let grown = rss().saturating_sub(before);
+        assert!(
+            grown < 24 << 20,
+            "round {round}: purging an untouched 32 GiB run made {} MiB resident",
+            grown >> 20
+        );
+    }
+    assert_eq!(pool.stats().failed_allocations, 0);
+}
+
+#[test]
 fn a_pinned_run_larger_than_memory_is_refused_not_populated() {
     let _g = serial();
     let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
@@ -372,5 +409,87 @@ fn a_new_shape_reuses_the_empty_pages_of_the_last_one_before_any_purge() {
         );
         // SAFETY: from this pool with `l`.
         unsafe { pool.free_sized(p, l) };
+    }
+}
+
+#[test]
+fn a_purged_run_of_several_chunks_gives_its_address_space_back() {
+    use rdma_pool::arena::Registration;
+    use rdma_pool::nic::soft::{MemlockLimit, SoftConfig};
+    let nic = Nic::soft_with(SoftConfig {
+        memlock: MemlockLimit::Unlimited,
+        ..Default::default()
+    });
+    let pd = nic.alloc_pd().unwrap();
+    for registration in [Registration::Pinned, Registration::Odp] {
+        // 16 chunks of 16 MiB: without reuse, the fifth run below finds no room.
+        let pool = Pool::with_config(
+            &pd,
+            ArenaConfig {
+                reserve: 1 << 28,
+                chunk: 1 << 24,
+                hugepages: Hugepages::Off,
+                purge_delay: None,
+                registration,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        for (round, size) in [48usize << 20, 40 << 20, 60 << 20]
+            .into_iter()
+            .cycle()
+            .take(15)
+            .enumerate()
+        {
+            let l = Layout::from_size_align(size, 8).unwrap();
+            let p = pool.alloc(l);
+            assert!(
+                !p.is_null(),
+                "{registration:?} round {round}: {size} B refused"
+            );
+            // SAFETY: a live block of `size` bytes (fresh or purged memory reads as zero).
+            let block = unsafe { std::slice::from_raw_parts_mut(p, size) };
+            assert!(block[0] == 0 && block[size - 1] == 0);
+            block[0] = 1;
+            block[size - 1] = 2;
+            // The whole block is one SGE of one registration.
+            let sge = pool.sge_of(block).unwrap();
+            assert_eq!(sge.length as usize, size);
+            // SAFETY: from this pool with `l`.
+            unsafe { pool.free_sized(p, l) };
+            assert!(
+                pool.purge() >= size,
+                "{registration:?} round {round}: not purged"
+            );
+        }
+        // Two purged runs side by side, then one run as long as both: on a pinned pool it
+        // may take their space (their regions are gone); an ODP pool keeps a region per run,
+        // so it takes fresh space or one run's, never a range straddling both regions.
+        let (la, lb) = (
+            Layout::from_size_align(48 << 20, 8).unwrap(),
+            Layout::from_size_align(40 << 20, 8).unwrap(),
+        );
+        let (a, b) = (pool.alloc(la), pool.alloc(lb));
+        assert!(!a.is_null() && !b.is_null());
+        // SAFETY: from this pool with these layouts.
+        unsafe {
+            pool.free_sized(a, la);
+            pool.free_sized(b, lb);
+        }
+        pool.purge();
+        let size = 80 << 20;
+        let l = Layout::from_size_align(size, 8).unwrap();
+        let p = pool.alloc(l);
+        assert!(!p.is_null(), "{registration:?}: {size} B refused");
+        // SAFETY: a live block of `size` bytes.
+        let block = unsafe { std::slice::from_raw_parts(p, size) };
+        assert_eq!(pool.sge_of(block).unwrap().length as usize, size);
+        // SAFETY: from this pool with `l`.
+        unsafe { pool.free_sized(p, l) };
+        assert!(pool.validate());
+        let st = pool.stats();
+        assert_eq!(st.failed_allocations, 0);
+        assert!(st.arena.chunks <= 16);
+        drop(pool);
     }
 }
