@@ -193,12 +193,10 @@ fn rss() -> u64 {
     kib << 10
 }
 
-#[test]
-fn an_odp_pool_populates_only_what_is_touched() {
-    let _g = serial();
-    let pd = Nic::soft().alloc_pd().unwrap();
-    let pool = Pool::with_config(
-        &pd,
+/// An ODP pool of 64 GiB in 1 GiB chunks, purged only on request.
+fn big_odp_pool(pd: &Pd) -> Pool {
+    Pool::with_config(
+        pd,
         ArenaConfig {
             reserve: 1 << 36,
             chunk: 1 << 30,
@@ -208,7 +206,14 @@ fn an_odp_pool_populates_only_what_is_touched() {
             ..Default::default()
         },
     )
-    .unwrap();
+    .unwrap()
+}
+
+#[test]
+fn an_odp_pool_populates_only_what_is_touched() {
+    let _g = serial();
+    let pd = Nic::soft().alloc_pd().unwrap();
+    let pool = big_odp_pool(&pd);
     let before = rss();
     let layout = Layout::from_size_align(3 << 30, 4096).unwrap();
     let p = pool.alloc(layout);
@@ -230,18 +235,7 @@ fn an_odp_pool_populates_only_what_is_touched() {
 fn purging_a_huge_untouched_run_makes_nothing_resident() {
     let _g = serial();
     let pd = Nic::soft().alloc_pd().unwrap();
-    let pool = Pool::with_config(
-        &pd,
-        ArenaConfig {
-            reserve: 1 << 36,
-            chunk: 1 << 30,
-            hugepages: Hugepages::Off,
-            registration: rdma_pool::arena::Registration::Odp,
-            purge_delay: None,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let pool = big_odp_pool(&pd);
     // 32 GiB: the pool's descriptors of it, if a purge wrote them all, are 64 MiB.
     let layout = Layout::from_size_align(32 << 30, 4096).unwrap();
     for round in 0..3 {
