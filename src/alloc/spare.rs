@@ -88,6 +88,11 @@ impl Spare {
         let align = align.max(1);
         let mut s = 0;
         while s + n <= self.slabs {
+            // No spare slab from `s` to the end of its word: skip to the next word.
+            if self.word(s).load(Relaxed) >> (s % 64) == 0 {
+                s = ((s / 64 + 1) * 64).next_multiple_of(align);
+                continue;
+            }
             let crosses = n <= chunk && s / chunk != (s + n - 1) / chunk;
             if crosses {
                 s = (s / chunk + 1) * chunk;
@@ -109,5 +114,31 @@ impl Spare {
     /// Spare slabs now (statistics).
     pub(crate) fn count(&self) -> usize {
         self.count.load(Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Spare;
+
+    #[test]
+    fn take_finds_aligned_ranges_past_empty_words_and_asks_the_predicate() {
+        let sp = Spare::new(1024).unwrap();
+        assert_eq!(sp.take_if(1, 1, 64, |_| true), None);
+        // Spare: slab 3, slabs 700..712, slabs 900..964 (crossing a 64-slab chunk at 960).
+        sp.put(3, 1);
+        sp.put(700, 12);
+        sp.put(900, 64);
+        assert_eq!(sp.count(), 77);
+        // Aligned to 4 and within one chunk of 64: 700..708 would cross 704.
+        assert_eq!(sp.take_if(8, 4, 64, |_| true), Some(704));
+        // 700..704 is too short; 900..960 holds 60 in chunk 14.
+        assert_eq!(sp.take_if(60, 1, 64, |_| true), Some(900));
+        // More than a chunk may cross chunks; the predicate refuses the first candidates.
+        sp.put(900, 60);
+        assert_eq!(sp.take_if(65, 1, 64, |_| true), None);
+        assert_eq!(sp.take_if(50, 1, 64, |s| s >= 905), Some(905));
+        assert_eq!(sp.take_if(1, 1, 64, |_| true), Some(3));
+        assert_eq!(sp.count(), 77 - 8 - 50 - 1);
     }
 }
