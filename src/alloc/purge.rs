@@ -132,6 +132,8 @@ impl PoolInner {
 
     /// Purge every idle slab (`all`) or those idle for the delay; the bytes returned.
     pub(crate) fn purge_idle(&self, all: bool) -> usize {
+        // A fork waits until the purge put back what it took out of the free lists.
+        let _inside = crate::arena::atfork::inside();
         if crate::arena::provision::active() {
             return 0; // a free made by the NIC layer while the arena calls it: later
         }

@@ -2,7 +2,8 @@
 //!
 //! Contract: every lock of the pool is a [`ForkLock`] (or [`ForkRwLock`]); a thread holding
 //! one, or running a slow path that spans several steps between locks (arena growth, purge, a
-//! rail's attach or detach) under an [`Inside`] token, is *inside*. The prepare handler
+//! rail's attach or detach; in the allocator, a page or large run changing hands: taken,
+//! carved, stolen, retired, freed) under an [`Inside`] token, is *inside*. The prepare handler
 //! (installed with the first arena) closes the gate and waits until no other thread is inside;
 //! a thread reaching the closed gate waits outside it, holding no pool lock. So when the
 //! process forks, no pool lock is held and no slow path is half done: in the child every lock
