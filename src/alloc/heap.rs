@@ -86,9 +86,22 @@ impl Heap {
         self as *const Heap as *mut Heap
     }
 
-    /// Allocate a block of class `c`: the fast path (the thread cache, then the page).
+    /// Allocate a block of class `c`: the fast path (the thread cache, then the page), then
+    /// the slow path.
     #[inline(always)]
     pub(crate) fn alloc(&self, c: usize) -> *mut u8 {
+        let p = self.alloc_fast(c);
+        if !p.is_null() {
+            return p;
+        }
+        self.alloc_slow(c)
+    }
+
+    /// The fast path alone: a block of class `c` from the thread cache, else from the current
+    /// page's free list; null when both are empty. It calls nothing, so a caller that takes
+    /// its slow path as a tail call saves no register.
+    #[inline(always)]
+    pub(crate) fn alloc_fast(&self, c: usize) -> *mut u8 {
         if c < CACHED_CLASSES {
             // SAFETY: `c < CACHED_CLASSES`.
             let p = unsafe { self.tcache.get_unchecked(c) }.pop();
@@ -96,21 +109,31 @@ impl Heap {
                 return p;
             }
         }
-        self.alloc_page(c)
+        self.pop_page(c)
     }
 
-    /// Allocate a block of class `c` from its current page.
+    /// A block of class `c` from its current page's free list; null when it is empty.
     #[inline(always)]
-    fn alloc_page(&self, c: usize) -> *mut u8 {
+    fn pop_page(&self, c: usize) -> *mut u8 {
         // SAFETY: `c < CLASSES` (callers compute it with `class_of`/`class_for`), and
         // `current[c]` always points at a live page or at `EMPTY`.
         let page = unsafe { &*self.current.get_unchecked(c).load(R) };
         let b = page.free.load(R);
+        if b.is_null() {
+            return null_mut();
+        }
+        // SAFETY: `b` is on this page's free list, which only this thread touches.
+        page.free.store(unsafe { (*b).next }, R);
+        page.used.store(page.used.load(R) + 1, R);
+        b.cast()
+    }
+
+    /// Allocate a block of class `c` from its current page (the slow path when it is empty).
+    #[inline(always)]
+    fn alloc_page(&self, c: usize) -> *mut u8 {
+        let b = self.pop_page(c);
         if !b.is_null() {
-            // SAFETY: `b` is on this page's free list, which only this thread touches.
-            page.free.store(unsafe { (*b).next }, R);
-            page.used.store(page.used.load(R) + 1, R);
-            return b.cast();
+            return b;
         }
         self.alloc_slow(c)
     }
@@ -228,9 +251,13 @@ impl Heap {
     /// sized-free fast path. False when the cache is full.
     #[inline(always)]
     pub(crate) fn cache_sized(&self, c: usize, p: *mut u8) -> bool {
-        self.tick();
         // SAFETY: callers pass `c < CACHED_CLASSES`.
-        unsafe { self.tcache.get_unchecked(c) }.push(p)
+        if !unsafe { self.tcache.get_unchecked(c) }.push(p) {
+            return false;
+        }
+        // Counted after the push: the tick's rare call is then the function's last.
+        self.tick();
+        true
     }
 
     /// Whether block `p` of class `c` sits in this heap's cache (exact on the owning thread;

@@ -168,26 +168,39 @@ impl Pool {
     /// ```
     #[inline(always)]
     pub fn alloc(&self, layout: Layout) -> *mut u8 {
-        let p = self.alloc_raw(layout);
-        if cfg!(feature = "memcheck") {
-            self.memcheck_out(p);
+        let p = self.alloc_fast(layout);
+        if !p.is_null() {
+            return p;
         }
-        p
+        self.alloc_outlined(layout)
     }
 
-    /// [`Pool::alloc`] without memory-checker mode's bookkeeping.
+    /// The fast path alone (a small block from this thread's cache or current page, nothing
+    /// called); null when it cannot serve `layout` — then [`Pool::alloc`]'s slow path, taken
+    /// as the caller's last call. Always null in memory-checker mode (its bookkeeping is on
+    /// the slow path).
     #[inline(always)]
-    fn alloc_raw(&self, layout: Layout) -> *mut u8 {
+    pub(crate) fn alloc_fast(&self, layout: Layout) -> *mut u8 {
         let (size, align) = (layout.size(), layout.align());
-        if align <= 8 && size <= MAX_SMALL {
+        if !cfg!(feature = "memcheck") && align <= 8 && size <= MAX_SMALL {
             // The first allocation of a thread claims its heap in the slow path.
             let heap = tls::heap_of(self.id);
             if !heap.is_null() {
                 // SAFETY: a heap this thread owns.
-                return unsafe { (*heap).alloc(class_of(size)) };
+                return unsafe { (*heap).alloc_fast(class_of(size)) };
             }
         }
-        self.alloc_slow(layout, false)
+        null_mut()
+    }
+
+    /// [`Pool::alloc`] past its fast path (with memory-checker mode's bookkeeping).
+    #[inline(never)]
+    fn alloc_outlined(&self, layout: Layout) -> *mut u8 {
+        let p = self.alloc_slow(layout, false);
+        if cfg!(feature = "memcheck") {
+            self.memcheck_out(p);
+        }
+        p
     }
 
     /// [`Pool::alloc`], zero-filled (fresh pages are not touched twice).

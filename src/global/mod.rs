@@ -606,6 +606,22 @@ impl GlobalPool {
     /// The fast path: a ready pool's own, else the cold path.
     #[inline(always)]
     fn alloc_fast(&self, layout: Layout, zero: bool) -> *mut u8 {
+        if !zero {
+            if let Some(pool) = self.ready() {
+                let p = pool.alloc_fast(layout);
+                if !p.is_null() {
+                    return p;
+                }
+            }
+        }
+        // The last call: the fast path above saves no register for it.
+        self.alloc_cold(layout, zero)
+    }
+
+    /// Serve `layout` when the fast path could not: the ready pool's slow path (asked once: a
+    /// refusal is counted once), else initialise, provision, degrade.
+    #[inline(never)]
+    fn alloc_cold(&self, layout: Layout, zero: bool) -> *mut u8 {
         let ready = self.ready();
         if let Some(pool) = ready {
             let p = pool.alloc_with(layout, zero);
@@ -613,22 +629,15 @@ impl GlobalPool {
                 return p;
             }
         }
-        self.alloc_cold(layout, zero, ready.is_some())
-    }
-
-    /// Serve `layout` when the fast path could not: initialise, provision, degrade.
-    #[cold]
-    #[inline(never)]
-    /// `tried`: the fast path asked the ready pool already (and it refused: it is not asked
-    /// twice, nor counts the refusal twice).
-    fn alloc_cold(&self, layout: Layout, zero: bool, tried: bool) -> *mut u8 {
         if provision::active() {
             return self.alloc_reentrant(layout, zero);
         }
-        if let Some(pool) = self.get_cold().filter(|_| !tried) {
-            let p = pool.alloc_with(layout, zero);
-            if !p.is_null() {
-                return p;
+        if ready.is_none() {
+            if let Some(pool) = self.get_cold() {
+                let p = pool.alloc_with(layout, zero);
+                if !p.is_null() {
+                    return p;
+                }
             }
         }
         self.alloc_degraded(layout, zero)
