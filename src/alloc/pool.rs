@@ -115,6 +115,13 @@ impl List {
     }
 }
 
+/// Enter the fork gate for a page or run changing hands (taken, carved, stolen, retired,
+/// freed): a fork waits until it is done (`arena/atfork.rs`), so a child never finds a page
+/// half-listed or half-owned.
+fn changing_hands() -> crate::arena::atfork::Inside {
+    crate::arena::atfork::inside()
+}
+
 /// Where the page descriptors are: copied into the `Pool` handle so `free` reaches a
 /// descriptor with one dependent load.
 #[derive(Clone, Copy)]
@@ -289,9 +296,7 @@ impl PoolInner {
     /// An empty page for class `c`, owned by `heap`: from the free list of its size (revived
     /// if it was purged), or carved from a fresh arena run.
     pub(crate) fn take_page(&self, c: usize, heap: *mut Heap) -> Option<&Page> {
-        // A fork waits until this page or run changed hands whole (`arena/atfork.rs`): a
-        // child never finds it half-listed or half-owned.
-        let _inside = crate::arena::atfork::inside();
+        let _inside = changing_hands();
         let shift = page_shift(c);
         let listed = self.page_list(shift).pop_if_then(
             |_| true,
@@ -396,18 +401,14 @@ impl PoolInner {
 
     /// An empty page goes back to the list of its size.
     pub(crate) fn retire_page(&self, page: &Page) {
-        // A fork waits until this page or run changed hands whole (`arena/atfork.rs`): a
-        // child never finds it half-listed or half-owned.
-        let _inside = crate::arena::atfork::inside();
+        let _inside = changing_hands();
         self.set_owner(page, null_mut());
         self.list_page(page);
     }
 
     /// A large block: a whole slab run aligned to `align`, zeroed when `zero`.
     pub(crate) fn alloc_large(&self, size: usize, align: usize, zero: bool) -> *mut u8 {
-        // A fork waits until this page or run changed hands whole (`arena/atfork.rs`): a
-        // child never finds it half-listed or half-owned.
-        let _inside = crate::arena::atfork::inside();
+        let _inside = changing_hands();
         // Memory-checker mode keeps a guard page after the usable bytes (`memcheck.rs`).
         let Some(len) = size
             .checked_add(memcheck::LARGE_GUARD)
@@ -595,9 +596,7 @@ impl PoolInner {
 
     /// Keep a freed large run for reuse.
     pub(crate) fn free_large(&self, page: &Page) {
-        // A fork waits until this page or run changed hands whole (`arena/atfork.rs`): a
-        // child never finds it half-listed or half-owned.
-        let _inside = crate::arena::atfork::inside();
+        let _inside = changing_hands();
         let len = page.large_len.load(R);
         page.kind.store(LARGE_FREE, Ordering::Release);
         self.large_live.fetch_sub(len, R);

@@ -254,19 +254,10 @@ fn purging_a_huge_untouched_run_makes_nothing_resident() {
     // binary would move it by more than the signal.
     const ALONE: &str = "RDMA_POOL_TEST_ALONE";
     if std::env::var_os(ALONE).is_none() {
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "reclaim::purging_a_huge_untouched_run_makes_nothing_resident",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(ALONE, "1")
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).into_owned()
-            + &String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success() && text.contains("1 passed"), "{text}");
+        run_alone(
+            "reclaim::purging_a_huge_untouched_run_makes_nothing_resident",
+            ALONE,
+        );
         return;
     }
     let pd = Nic::soft().alloc_pd().unwrap();

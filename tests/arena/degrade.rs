@@ -206,20 +206,10 @@ const CHILD: &str = "RDMA_POOL_TEST_MEMLOCK_CHILD";
 fn memlock_limit_of_8_mib_degrades_and_loses_nothing() {
     let _g = serial();
     if on_verbs() && std::env::var_os(CHILD).is_none() {
-        let me = std::env::current_exe().unwrap();
-        let out = std::process::Command::new(me)
-            .args([
-                "--exact",
-                "degrade::memlock_limit_of_8_mib_degrades_and_loses_nothing",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(CHILD, "1")
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).into_owned()
-            + &String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success() && text.contains("1 passed"), "{text}");
+        run_alone(
+            "degrade::memlock_limit_of_8_mib_degrades_and_loses_nothing",
+            CHILD,
+        );
         return;
     }
     if on_verbs() {

@@ -31,6 +31,21 @@ pub fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Run the test `name` (its full path, e.g. `module::test`) alone in a child process of this
+/// test binary with `marker` set in its environment, and assert that it passed: for a test
+/// that measures or changes the whole process (resident memory, resource limits). The test
+/// itself calls this when `marker` is not set, and does its work when it is.
+pub fn run_alone(name: &str, marker: &str) {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .env(marker, "1")
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && text.contains("1 passed"), "{text}");
+}
+
 pub fn on_verbs() -> bool {
     std::env::var("RDMA_POOL_TEST_NIC").is_ok_and(|v| v == "verbs")
 }
