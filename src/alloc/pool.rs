@@ -138,7 +138,7 @@ unsafe impl Send for PageTable {}
 unsafe impl Sync for PageTable {}
 
 impl PageTable {
-    /// `(base, reserve)`: the reservation's first address and length.
+    /// `(base, window)`: the first address and length of the address space the arena holds.
     pub(crate) fn span(&self) -> (usize, usize) {
         (self.base, self.reserve)
     }
@@ -228,7 +228,7 @@ pub(crate) struct PoolInner {
 impl PoolInner {
     pub(crate) fn new(id: u64, arena: Arena) -> Result<PoolInner, i32> {
         let base = arena.base();
-        let reserve = arena.reserved();
+        let reserve = arena.window();
         // SAFETY: all-zero descriptors are UNUSED granules; all-zero heaps are unclaimed and
         // uninitialised.
         let pages = unsafe { MmapArray::zeroed(reserve >> GRANULE_SHIFT)? };

@@ -12,6 +12,9 @@ use super::{Error, NumaPolicy, SLAB};
 use crate::nic::Access;
 use std::time::Duration;
 
+/// The most address space an arena may hold: half of x86-64's 47-bit user space.
+pub(crate) const MAX_WINDOW: usize = 64 << 40;
+
 /// How the arena registers its memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Registration {
@@ -90,6 +93,13 @@ pub struct ArenaConfig {
     /// Bytes of address space reserved up front (`PROT_NONE`, `MAP_NORESERVE`): a power of
     /// two. Default 64 GiB.
     pub reserve: usize,
+    /// How many reservations of `reserve` bytes the arena may hold: when one is full, the next
+    /// is added right behind it (so an address still maps to its chunk with one subtraction
+    /// and one shift, and `keys_of` stays one lock-free table read). The address space for
+    /// all of them is held from the start as one `PROT_NONE` window — no memory, no commit
+    /// charge — and a window the kernel refuses (`RLIMIT_AS`) is halved until it fits, down
+    /// to one reservation. At least 1 (1: the arena never grows). Default 16.
+    pub reservations: u32,
     /// Bytes per chunk (a power of two, at least 2 MiB). Slabs are committed as a growing
     /// prefix of a chunk, and a run never crosses a chunk unless it is larger than one.
     /// Default 1 GiB, clamped to the device's `max_mr_size`.
@@ -129,6 +139,7 @@ impl Default for ArenaConfig {
     fn default() -> Self {
         ArenaConfig {
             reserve: 64 << 30,
+            reservations: 16,
             chunk: 1 << 30,
             hugepages: Hugepages::Prefer,
             remote: Access::empty(),
@@ -151,6 +162,16 @@ impl ArenaConfig {
         }
         if self.chunk < SLAB || self.chunk > self.reserve {
             return Err(Error::Config("chunk must be between 2 MiB and reserve"));
+        }
+        if self.reservations == 0
+            || self
+                .reserve
+                .checked_mul(self.reservations as usize)
+                .is_none_or(|w| w > MAX_WINDOW)
+        {
+            return Err(Error::Config(
+                "reservations must be at least 1, and reserve × reservations at most 64 TiB",
+            ));
         }
         if !Access::REMOTE.contains(self.remote) {
             return Err(Error::Config(

@@ -32,10 +32,11 @@ pub enum Error {
         /// Bytes available (the smaller of `MemAvailable` and the cgroup's headroom).
         available: u64,
     },
-    /// Every chunk of the reservation is in use.
-    #[error("the arena's reservation of {reserved} bytes is used up")]
+    /// Every chunk of every reservation the arena may hold
+    /// ([`ArenaConfig::reservations`](super::ArenaConfig::reservations)) is in use.
+    #[error("the arena's reservations of {reserved} bytes in all are used up")]
     ReservationFull {
-        /// Bytes reserved.
+        /// Bytes reserved (all reservations).
         reserved: usize,
     },
     /// A run larger than the device can register as one region.

@@ -3,9 +3,12 @@
 //! O(1) without a lock, and returning purged slabs to the system.
 //!
 //! Contract:
-//! - one range of `reserve` bytes is reserved up front (`PROT_NONE`, `MAP_NORESERVE`) and cut
-//!   into power-of-two chunks of `chunk` bytes (`chunk <= max_mr_size`); an address maps to its
-//!   chunk with one subtraction and one shift;
+//! - a window of `reserve · reservations` bytes of address space is held up front (`PROT_NONE`,
+//!   `MAP_NORESERVE`: no memory, no commit charge) and cut into power-of-two chunks of `chunk`
+//!   bytes (`chunk <= max_mr_size`); an address maps to its chunk with one subtraction and one
+//!   shift. Chunks are opened in the first `reserve` bytes; when a run does not fit there,
+//!   another reservation of `reserve` bytes is added right behind (up to the window), so the
+//!   reservation never runs out while the window has room;
 //! - memory is committed in [`SLAB`] (2 MiB) slabs as a growing prefix of a chunk (see
 //!   `commit.rs` for the page kinds), and every committed slab handed out is registered —
 //!   pinned, or ODP one region per chunk (`register.rs`: [`Registration`], `Auto` and its
@@ -25,7 +28,8 @@
 //!   ([`Arena::chunk_node`]) and a failed binding leaves the chunk unbound, never fails a run.
 //!
 //! Invariants (checked by [`Arena::validate`]):
-//! - `used(c) <= slabs_per_chunk` for every chunk, `next_chunk <= chunks`;
+//! - `used(c) <= slabs_per_chunk` for every chunk, `next_chunk <= reserved / chunk`,
+//!   `reserved == reserve · k` for some `1 <= k`, `reserved <= window`;
 //! - every slab the table maps lies in a live registration covering it; no pinned region
 //!   covers a purged slab;
 //! - `committed_bytes == SLAB · (slabs_hugetlb + slabs_thp + slabs_small)`.
@@ -70,7 +74,7 @@ use commit::Pages;
 use os::MmapArray;
 use stats::Counters;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use table::Table;
 
 /// Bytes per slab: the unit of commitment and registration.
@@ -159,7 +163,12 @@ struct State {
 pub struct Arena {
     pd: Pd,
     base: usize,
+    /// Bytes per reservation (the configured `reserve`).
     reserve: usize,
+    /// Bytes of address space held from `base`: room for every reservation.
+    window: usize,
+    /// Bytes of the window reserved so far (`reserve · k`); grows under the lock.
+    reserved: AtomicUsize,
     chunk_shift: u32,
     slabs_per_chunk: u32,
     max_mr_size: u64,
@@ -206,6 +215,7 @@ impl std::fmt::Debug for Arena {
         f.debug_struct("Arena")
             .field("base", &(self.base as *const u8))
             .field("reserve", &self.reserve)
+            .field("window", &self.window)
             .field("chunk", &self.chunk_size())
             .field("access", &self.access)
             .finish_non_exhaustive()
@@ -241,26 +251,29 @@ impl Arena {
         let (mode, mode_reason, odp_usable) =
             register::choose_mode(cfg.registration, caps, cfg.remote)?;
         let numa = NumaPlacement::resolve(cfg.numa, caps.numa_node).map_err(Error::Config)?;
-        let base = os::reserve(cfg.reserve, chunk).map_err(|errno| Error::Os {
-            what: "mmap(PROT_NONE) reservation",
-            errno,
-        })?;
+        let (base, window) =
+            os::reserve_window(cfg.reserve, cfg.reservations, chunk).map_err(|errno| {
+                Error::Os {
+                    what: "mmap(PROT_NONE) reservation",
+                    errno,
+                }
+            })?;
         let base = base.as_ptr() as usize;
         let unreserve = |e: i32| {
             // SAFETY: the reservation was just made and nothing uses it.
-            unsafe { libc::munmap(base as *mut libc::c_void, cfg.reserve) };
+            unsafe { libc::munmap(base as *mut libc::c_void, window) };
             Error::Os {
                 what: "mmap of arena metadata",
                 errno: e,
             }
         };
-        let table = Table::new(base, cfg.reserve).map_err(unreserve)?;
+        let table = Table::new(base, window).map_err(unreserve)?;
         // SAFETY: an all-zero ChunkState is a valid "not opened" chunk, an all-zero SlabInfo a
         // live slab of unknown kind.
         let (chunks, slabs) = unsafe {
             (
-                MmapArray::zeroed(cfg.reserve / chunk).map_err(unreserve)?,
-                MmapArray::zeroed(cfg.reserve / SLAB).map_err(unreserve)?,
+                MmapArray::zeroed(window / chunk).map_err(unreserve)?,
+                MmapArray::zeroed(window / SLAB).map_err(unreserve)?,
             )
         };
         let mut access = Access::LOCAL_WRITE | cfg.remote;
@@ -287,6 +300,8 @@ impl Arena {
             pd: pd.clone(),
             base,
             reserve: cfg.reserve,
+            window,
+            reserved: AtomicUsize::new(cfg.reserve),
             chunk_shift: chunk.trailing_zeros(),
             slabs_per_chunk: (chunk / SLAB) as u32,
             max_mr_size: caps.max_mr_size,
@@ -336,9 +351,15 @@ impl Arena {
         self.base
     }
 
-    /// Bytes reserved.
-    pub(crate) fn reserved(&self) -> usize {
-        self.reserve
+    /// Bytes of address space held from [`Arena::base`]: every address the arena can ever
+    /// hand out lies in `[base, base + window)`.
+    pub(crate) fn window(&self) -> usize {
+        self.window
+    }
+
+    /// Bytes reserved so far: one or more reservations of the configured `reserve`.
+    fn reserved_now(&self) -> usize {
+        self.reserved.load(Ordering::Relaxed)
     }
 
     /// Bytes from the start of the reservation to the end of the last chunk opened.
@@ -372,9 +393,9 @@ impl Arena {
         self.pages.fork
     }
 
-    /// Whether `ptr` lies in the arena's reservation (registered or not).
+    /// Whether `ptr` lies in the arena's address space (registered or not).
     pub fn contains(&self, ptr: *const u8) -> bool {
-        (ptr as usize).wrapping_sub(self.base) < self.reserve
+        (ptr as usize).wrapping_sub(self.base) < self.window
     }
 
     /// The chunk `ptr` lies in: one subtraction and one shift.
@@ -392,7 +413,7 @@ impl Arena {
     /// ```
     pub fn chunk_of(&self, ptr: *const u8) -> Option<usize> {
         let off = (ptr as usize).wrapping_sub(self.base);
-        (off < self.reserve).then_some(off >> self.chunk_shift)
+        (off < self.window).then_some(off >> self.chunk_shift)
     }
 
     /// The keys of the one registration covering `ptr`, and its range (which covers the whole
@@ -506,7 +527,9 @@ impl Arena {
     /// ```
     pub fn stats(&self) -> ArenaStats {
         self.counters.snapshot(stats::Fixed {
-            reserved_bytes: self.reserve as u64,
+            reserved_bytes: self.reserved_now() as u64,
+            reservations: (self.reserved_now() / self.reserve) as u32,
+            window_bytes: self.window as u64,
             fork: self.pages.fork,
             mode: self.mode,
             mode_reason: self.mode_reason,
@@ -583,14 +606,45 @@ impl Arena {
         (addr - self.base) >> SLAB_SHIFT
     }
 
+    /// Chunks in the reservations made so far.
     fn chunks(&self) -> usize {
-        self.reserve >> self.chunk_shift
+        self.reserved_now() >> self.chunk_shift
+    }
+
+    /// The error for a run the window has no room for.
+    fn full(&self) -> Error {
+        Error::ReservationFull {
+            reserved: self.reserved_now(),
+        }
+    }
+
+    /// Chunks in the whole window.
+    fn window_chunks(&self) -> usize {
+        self.window >> self.chunk_shift
+    }
+
+    /// Add reservations behind the last until chunks `[c, c + m)` are reserved (under the
+    /// lock: `_st` proves it); false when the window has no room for them.
+    fn reserve_through(&self, _st: &mut State, c: usize, m: usize) -> bool {
+        let need = (c + m) << self.chunk_shift;
+        let mut now = self.reserved_now();
+        if need > self.window {
+            return false;
+        }
+        while now < need {
+            now += self.reserve;
+        }
+        self.reserved.store(now, Ordering::Relaxed);
+        true
     }
 
     /// Check the invariants of the module contract (for tests and debug builds).
     pub fn validate(&self) -> bool {
         let st = self.lock();
+        let reserved = self.reserved_now();
         let chunks_ok = st.next_chunk <= self.chunks()
+            && reserved % self.reserve == 0
+            && reserved <= self.window
             && (0..st.chunks.len()).all(|c| {
                 st.chunks
                     .get(c)
@@ -635,6 +689,6 @@ impl Drop for Arena {
         self.rails.drop_all();
         self.table.drop_all();
         // SAFETY: every region over the reservation is gone; nothing else uses it.
-        unsafe { libc::munmap(self.base as *mut libc::c_void, self.reserve) };
+        unsafe { libc::munmap(self.base as *mut libc::c_void, self.window) };
     }
 }

@@ -21,6 +21,25 @@ pub(crate) fn errno() -> i32 {
 /// `MAP_HUGE_2MB`: ask hugetlbfs for 2 MiB pages whatever the default huge page size.
 const MAP_HUGE_2MB: libc::c_int = 21 << 26; // log2(2 MiB) << MAP_HUGE_SHIFT
 
+/// Reserve a window for `n` reservations of `len` bytes aligned to `align` (see
+/// [`reserve`]), halving `n` while the kernel refuses the window (`ENOMEM`: `RLIMIT_AS`, or the
+/// address space is crowded) down to one; returns the window and its length.
+pub(crate) fn reserve_window(
+    len: usize,
+    n: u32,
+    align: usize,
+) -> Result<(NonNull<u8>, usize), i32> {
+    let mut n = n.max(1) as usize;
+    loop {
+        let window = len.checked_mul(n).ok_or(libc::ENOMEM)?;
+        match reserve(window, align) {
+            Ok(p) => return Ok((p, window)),
+            Err(libc::ENOMEM) if n > 1 => n /= 2,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// Reserve `len` bytes of address space aligned to `align` (a power of two), inaccessible and
 /// without commit charge (`PROT_NONE`, `MAP_NORESERVE`).
 pub(crate) fn reserve(len: usize, align: usize) -> Result<NonNull<u8>, i32> {

@@ -224,9 +224,9 @@ impl Arena {
                 what: "mmap of a rail's tables",
                 errno,
             };
-            let table = Table::new(self.base, self.reserve).map_err(os)?;
+            let table = Table::new(self.base, self.window).map_err(os)?;
             // SAFETY: an all-zero AtomicU32 is a valid "no ODP region".
-            let chunk_odp = unsafe { MmapArray::zeroed(self.chunks()) }.map_err(os)?;
+            let chunk_odp = unsafe { MmapArray::zeroed(self.window_chunks()) }.map_err(os)?;
             let _ = slot.tables.set(Tables { table, chunk_odp });
         }
         let mut access = Access::LOCAL_WRITE | self.remote;

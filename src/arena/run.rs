@@ -118,9 +118,7 @@ impl Arena {
             };
             let base = self.chunk_base(c) as *mut u8;
             let Some(ch) = st.chunks.get_mut(c) else {
-                return Err(Error::ReservationFull {
-                    reserved: self.reserve,
-                });
+                return Err(self.full());
             };
             let kind = self
                 .pages
@@ -165,9 +163,7 @@ impl Arena {
         }
         let mut st = self.lock();
         let Some(ch) = st.chunks.get_mut(c) else {
-            return Err(Error::ReservationFull {
-                reserved: self.reserve,
-            });
+            return Err(self.full());
         };
         match registered {
             Ok(_) => {
@@ -289,9 +285,7 @@ impl Arena {
             };
             let base = self.chunk_base(c) as *mut u8;
             let Some(ch) = st.chunks.get_mut(c) else {
-                return Err(Error::ReservationFull {
-                    reserved: self.reserve,
-                });
+                return Err(self.full());
             };
             let s = ch.used;
             match self
@@ -336,13 +330,11 @@ impl Arena {
         node: u32,
     ) -> Result<usize, Error> {
         let mut c = st.next_chunk;
-        while self.chunk_base(c) % align != 0 && c < self.chunks() {
+        while self.chunk_base(c) % align != 0 && c < self.window_chunks() {
             c += 1;
         }
-        if c + m > self.chunks() {
-            return Err(Error::ReservationFull {
-                reserved: self.reserve,
-            });
+        if c + m > self.chunks() && !self.reserve_through(st, c, m) {
+            return Err(self.full());
         }
         let base = self.chunk_base(c) as *mut u8;
         let huge_until = self

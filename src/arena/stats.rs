@@ -16,8 +16,13 @@ pub const MAX_STAT_NODES: usize = 32;
 /// A snapshot of an arena's counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ArenaStats {
-    /// Bytes of address space reserved.
+    /// Bytes of address space reserved: `reservations` × the configured `reserve`.
     pub reserved_bytes: u64,
+    /// Reservations held: 1 at creation, one more each time a run did not fit in those
+    /// before ([`ArenaConfig::reservations`](super::ArenaConfig::reservations) at most).
+    pub reservations: u32,
+    /// Bytes of address space held for all reservations the arena may add (`PROT_NONE`).
+    pub window_bytes: u64,
     /// Bytes committed (faulted in) as slabs.
     pub committed_bytes: u64,
     /// Bytes covered by live registrations.
@@ -138,6 +143,8 @@ pub(crate) struct Counters {
 /// What the snapshot reads besides the counters.
 pub(crate) struct Fixed {
     pub(crate) reserved_bytes: u64,
+    pub(crate) reservations: u32,
+    pub(crate) window_bytes: u64,
     pub(crate) fork: ForkPolicy,
     pub(crate) mode: RegMode,
     pub(crate) mode_reason: ModeReason,
@@ -164,6 +171,8 @@ impl Counters {
         let hugetlb_bytes = r(&self.slabs_hugetlb) * super::SLAB as u64;
         ArenaStats {
             reserved_bytes: f.reserved_bytes,
+            reservations: f.reservations,
+            window_bytes: f.window_bytes,
             committed_bytes: r(&self.committed_bytes),
             registered_bytes: r(&self.registered_bytes),
             slabs_hugetlb: r(&self.slabs_hugetlb),

@@ -58,6 +58,9 @@ pub struct GlobalConfig {
     pub hugepages: Hugepages,
     /// Bytes of address space reserved (a power of two). Default 64 GiB.
     pub reserve: usize,
+    /// How many reservations of `reserve` bytes the pool may hold: a full one adds the next
+    /// (see [`ArenaConfig::reservations`]). Default 16 (1 TiB of address space, no memory).
+    pub reservations: u32,
     /// Bytes per chunk (a power of two). Default 1 GiB, clamped to the device's `max_mr_size`.
     pub chunk: usize,
     /// Remote rights of the pool's own regions: empty by default (see
@@ -86,6 +89,7 @@ impl GlobalConfig {
         registration: Registration::Auto,
         hugepages: Hugepages::Transparent,
         reserve: 64 << 30,
+        reservations: 16,
         chunk: 1 << 30,
         remote: Access::empty(),
         on_failure: OnFailure::Degrade,
@@ -135,6 +139,7 @@ impl GlobalConfig {
     pub(crate) fn arena(&self) -> ArenaConfig {
         ArenaConfig {
             reserve: self.reserve,
+            reservations: self.reservations,
             chunk: self.chunk,
             hugepages: self.hugepages,
             remote: self.remote,

@@ -520,3 +520,51 @@ fn a_purged_run_of_several_chunks_gives_its_address_space_back() {
         drop(pool);
     }
 }
+
+#[test]
+fn over_aligned_blocks_past_the_first_reservation_keep_their_keys() {
+    let _g = serial();
+    let pd = Nic::soft().alloc_pd().unwrap();
+    let pool = Pool::with_config(
+        &pd,
+        ArenaConfig {
+            reserve: 4 << 30,
+            chunk: 1 << 30,
+            hugepages: Hugepages::Off,
+            registration: rdma_pool::arena::Registration::Odp,
+            purge_delay: None,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    // Each block takes a chunk of its own: 12 of them need three reservations of 4 GiB.
+    let layout = Layout::from_size_align(64, 1 << 30).unwrap();
+    let blocks: Vec<*mut u8> = (0..12).map(|_| pool.alloc(layout)).collect();
+    for (i, &p) in blocks.iter().enumerate() {
+        assert!(!p.is_null(), "block {i}");
+        assert_eq!(p as usize % (1 << 30), 0, "block {i}");
+        let keys = pool
+            .keys_of(p)
+            .expect("a block in an added reservation has keys");
+        assert!(keys.contains(p as usize, 64), "block {i}");
+        // SAFETY: a live block of 64 bytes.
+        unsafe { p.write_bytes(i as u8, 64) };
+    }
+    let s = pool.stats();
+    assert!(
+        s.arena.reservations >= 3,
+        "{} reservations",
+        s.arena.reservations
+    );
+    assert_eq!(
+        s.arena.reserved_bytes,
+        u64::from(s.arena.reservations) << 32
+    );
+    assert_eq!((s.failed_allocations, s.arena.unregistered_bytes), (0, 0));
+    for p in blocks {
+        // SAFETY: from this pool with `layout`.
+        unsafe { pool.free_sized(p, layout) };
+    }
+    assert_eq!(pool.live_blocks(), 0);
+    assert!(pool.validate());
+}

@@ -2,7 +2,7 @@
 //! region), a registration refused by the memlock limit, a full reservation.
 
 use super::*;
-use rdma_pool::arena::{Error, RegistrationPolicy};
+use rdma_pool::arena::{Error, Registration, RegistrationPolicy};
 use rdma_pool::nic::soft::{MemlockLimit, ReregMode, SoftConfig};
 
 fn keep_keys_bed() -> Bed {
@@ -229,6 +229,7 @@ fn a_full_reservation_is_an_error() {
         &bed.a.pd,
         ArenaConfig {
             reserve: 8 << 20,
+            reservations: 1,
             chunk: 4 << 20,
             hugepages: Hugepages::Off,
             ..Default::default()
@@ -243,6 +244,71 @@ fn a_full_reservation_is_an_error() {
         matches!(e, Error::ReservationFull { reserved } if reserved == 8 << 20),
         "{e}"
     );
+    assert_eq!(arena.stats().reservations, 1);
+}
+
+#[test]
+fn a_full_reservation_adds_another_behind_it_until_the_window_is_used() {
+    let _g = serial();
+    let bed = default_bed();
+    for registration in [Registration::Pinned, Registration::Odp] {
+        let arena = Arena::new(
+            &bed.a.pd,
+            ArenaConfig {
+                reserve: 8 << 20,
+                reservations: 4,
+                chunk: 4 << 20,
+                hugepages: Hugepages::Off,
+                registration,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let s = arena.stats();
+        assert_eq!(
+            (s.reserved_bytes, s.reservations, s.window_bytes),
+            (8 << 20, 1, 32 << 20)
+        );
+        let mut runs = vec![arena.alloc_run(2 * SLAB, 64).unwrap()];
+        runs.push(arena.alloc_run(2 * SLAB, 64).unwrap());
+        assert_eq!(arena.stats().reservations, 1);
+        // The first reservation is full: the next run is cut from a second one.
+        runs.push(arena.alloc_run(SLAB, 64).unwrap());
+        let s = arena.stats();
+        assert_eq!(
+            (s.reserved_bytes, s.reservations),
+            (16 << 20, 2),
+            "{registration:?}"
+        );
+        // A run of three chunks (its own region) starts in the second reservation and ends in
+        // a third; a run of two chunks takes the fourth.
+        runs.push(arena.alloc_run(12 << 20, 64).unwrap());
+        assert_eq!(arena.stats().reservations, 3);
+        runs.push(arena.alloc_run(8 << 20, 64).unwrap());
+        assert_eq!(arena.stats().reservations, 4);
+        let e = arena.alloc_run(4 << 20, 64).unwrap_err();
+        assert!(
+            matches!(e, Error::ReservationFull { reserved } if reserved == 32 << 20),
+            "{e}"
+        );
+        // Every run has the keys of one registration covering it, and no two runs overlap.
+        let base = runs[0].as_ptr() as usize;
+        for (i, r) in runs.iter().enumerate() {
+            let keys = arena
+                .keys_of(r.as_ptr())
+                .expect("a run in an added reservation");
+            assert!(keys.contains(r.as_ptr() as usize, r.len()), "run {i}");
+            assert!(arena.contains(r.as_ptr()));
+            assert!((r.as_ptr() as usize + r.len()) - base <= 32 << 20);
+            for o in &runs[..i] {
+                let (a, b) = (r.as_ptr() as usize, o.as_ptr() as usize);
+                assert!(a + r.len() <= b || b + o.len() <= a, "runs {i} overlap");
+            }
+            // SAFETY: the run is ours while the arena lives.
+            unsafe { r.as_ptr().write_bytes(i as u8, r.len()) };
+        }
+        assert!(arena.validate());
+    }
 }
 
 #[test]
@@ -305,4 +371,47 @@ fn dropping_the_arena_deregisters_every_region() {
     drop(arena);
     assert_eq!(soft.counters().deregistrations - before, mrs);
     soft.validate().unwrap();
+}
+
+/// Under an address-space limit (`RLIMIT_AS`) the window is halved until it fits.
+#[test]
+fn a_window_the_address_space_limit_refuses_is_halved() {
+    const MARK: &str = "RDMA_POOL_TEST_WINDOW_CHILD";
+    if std::env::var_os(MARK).is_none() {
+        return run_alone(
+            "errors::a_window_the_address_space_limit_refuses_is_halved",
+            MARK,
+        );
+    }
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let vm_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmSize:"))
+        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+        .unwrap();
+    let bed = default_bed();
+    // Room for what the process maps now and 40 GiB more: 8 GiB × 4 (and its alignment) fits,
+    // 8 GiB × 8 does not.
+    let limit = vm_kib * 1024 + (40 << 30);
+    let lim = libc::rlimit {
+        rlim_cur: limit,
+        rlim_max: limit,
+    };
+    // SAFETY: lowering this process's own limit (a child running this test alone).
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &lim) }, 0);
+    let arena = Arena::new(
+        &bed.a.pd,
+        ArenaConfig {
+            reserve: 8 << 30,
+            reservations: 16,
+            chunk: 1 << 30,
+            hugepages: Hugepages::Off,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let s = arena.stats();
+    assert_eq!((s.window_bytes, s.reserved_bytes), (32 << 30, 8 << 30));
+    let run = arena.alloc_run(SLAB, 64).unwrap();
+    assert!(arena.keys_of(run.as_ptr()).is_some());
 }

@@ -16,10 +16,12 @@ use rdma_pool::arena::Hugepages;
 use rdma_pool::global::{GlobalConfig, GlobalState};
 use std::sync::Mutex;
 
-/// A deliberately small pool: 64 MiB reserved in 16 MiB chunks.
+/// A deliberately small pool: 64 MiB reserved in 16 MiB chunks, one reservation that never
+/// grows.
 #[global_allocator]
 static A: GlobalPool = GlobalPool::with_config(GlobalConfig {
     reserve: 64 << 20,
+    reservations: 1,
     chunk: 16 << 20,
     hugepages: Hugepages::Off,
     open: Some(common::open_pool_nic),

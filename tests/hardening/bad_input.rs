@@ -24,7 +24,11 @@ fn tried<T>(r: T) -> T {
 }
 
 fn cfg() -> ArenaConfig {
-    small_arena()
+    // One reservation: a run larger than it is refused, not served from an added one.
+    ArenaConfig {
+        reservations: 1,
+        ..small_arena()
+    }
 }
 
 struct Bed2 {
@@ -78,6 +82,14 @@ fn configurations_that_cannot_work_are_refused() {
             remote: Access::MW_BIND | Access::REMOTE_READ,
             ..cfg()
         },
+        ArenaConfig {
+            reservations: 0,
+            ..cfg()
+        },
+        ArenaConfig {
+            reservations: u32::MAX,
+            ..cfg()
+        },
     ];
     for c in bad {
         assert!(
@@ -85,7 +97,7 @@ fn configurations_that_cannot_work_are_refused() {
             "{c:?}"
         );
     }
-    // A reservation the address space cannot hold.
+    // A reservation beyond what an arena may hold (64 TiB).
     let huge = ArenaConfig {
         reserve: 1 << 62,
         chunk: 1 << 30,
@@ -93,8 +105,9 @@ fn configurations_that_cannot_work_are_refused() {
     };
     assert!(matches!(
         tried(Pool::with_config(&pd, huge)),
-        Err(Error::Os { .. })
+        Err(Error::Config(_))
     ));
+
     eprintln!("bad inputs tried so far: {}", TRIED.load(Relaxed));
 }
 
@@ -490,6 +503,7 @@ static GLOBAL: rdma_pool::GlobalPool =
     rdma_pool::GlobalPool::with_config(rdma_pool::global::GlobalConfig {
         hugepages: Hugepages::Off,
         reserve: 1 << 32,
+        reservations: 1,
         chunk: 1 << 24,
         open: Some(open_soft),
         ..rdma_pool::global::GlobalConfig::DEFAULT
