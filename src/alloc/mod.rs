@@ -400,8 +400,8 @@ impl Pool {
         self.table.contains(p)
     }
 
-    /// `(base, reserve)` of the pool's reservation: [`Pool::contains`] is
-    /// `p - base < reserve`.
+    /// `(base, window)` of the address space the pool's arena holds (every reservation it may
+    /// add): [`Pool::contains`] is `p - base < window`.
     pub(crate) fn span(&self) -> (usize, usize) {
         self.table.span()
     }

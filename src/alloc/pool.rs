@@ -239,7 +239,7 @@ impl PoolInner {
             descs: pages.get(0).map_or(std::ptr::null(), |d| d as *const Page),
         };
         let idle = Idle::new(reserve / SLAB, arena.purge_delay())?;
-        let spare = super::spare::Spare::new(reserve / SLAB)?;
+        let spare = super::spare::Spare::new(reserve / SLAB, base / SLAB)?;
         Ok(PoolInner {
             grants: crate::grant::Grants::new()?,
             refill: crate::prefetch::Refill::default(),
@@ -474,6 +474,17 @@ impl PoolInner {
     /// spare slabs revived (`spare.rs`; purged, so zero), else a fresh arena run (zero);
     /// `None` (the failure counted) when none can be had.
     fn fresh_run(&self, len: usize, align: usize) -> Option<(usize, usize, bool)> {
+        self.fresh_run_once(len, align, false)
+    }
+
+    /// [`PoolInner::fresh_run`]; on a full arena, purge everything idle and try once more
+    /// (unless `retried`).
+    fn fresh_run_once(
+        &self,
+        len: usize,
+        align: usize,
+        retried: bool,
+    ) -> Option<(usize, usize, bool)> {
         let chunk = self.arena.chunk_size() / SLAB;
         let (n, a) = (len / SLAB, align / SLAB);
         if n == 1 && a == 1 {
@@ -509,6 +520,12 @@ impl PoolInner {
         }
         match self.arena.alloc_run(len, align) {
             Ok(run) => Some((run.as_ptr() as usize, run.len(), true)),
+            Err(crate::arena::Error::ReservationFull { .. }) if !retried => {
+                // Every reservation is used: freed slabs the purge delay still keeps become
+                // spare (purged now), and may hold the run.
+                self.purge_idle(true);
+                self.fresh_run_once(len, align, true)
+            }
             Err(e) => {
                 self.count_failure(&e);
                 None

@@ -23,16 +23,21 @@ pub(crate) struct Spare {
     /// Spare slabs (read without the lock to skip it when there are none).
     count: AtomicUsize,
     slabs: usize,
+    /// Slab 0's index in the address space (its address / `SLAB`): alignment is of
+    /// addresses, and the reservation is aligned only to a chunk.
+    origin: usize,
 }
 
 impl Spare {
-    pub(crate) fn new(slabs: usize) -> Result<Spare, i32> {
+    /// A bitmap for `slabs` slabs, slab 0 at address `origin · SLAB`.
+    pub(crate) fn new(slabs: usize, origin: usize) -> Result<Spare, i32> {
         Ok(Spare {
             // SAFETY: zero is "not spare".
             bits: unsafe { MmapArray::zeroed(slabs.div_ceil(64))? },
             lock: ForkLock::new(()),
             count: AtomicUsize::new(0),
             slabs,
+            origin,
         })
     }
 
@@ -70,8 +75,8 @@ impl Spare {
         }
     }
 
-    /// Take `n` spare slabs starting at a multiple of `align` (in slabs) that do not cross a
-    /// multiple of `chunk` (in slabs) unless `n` is more than a chunk, the first fitting range
+    /// Take `n` spare slabs whose first slab's address is a multiple of `align` slabs, that do
+    /// not cross a multiple of `chunk` (in slabs) unless `n` is more than a chunk, the first fitting range
     /// `[s, s + n)` for which `ok(s)` holds (e.g. that it lies in one registration); the first
     /// slab's index.
     pub(crate) fn take_if(
@@ -86,26 +91,28 @@ impl Spare {
         }
         let _g = self.lock.lock();
         let align = align.max(1);
-        let mut s = 0;
+        // The first slab index from `s` on whose address is aligned.
+        let up = |s: usize| (self.origin + s).next_multiple_of(align) - self.origin;
+        let mut s = up(0);
         while s + n <= self.slabs {
             // No spare slab from `s` to the end of its word: skip to the next word.
             if self.word(s).load(Relaxed) >> (s % 64) == 0 {
-                s = ((s / 64 + 1) * 64).next_multiple_of(align);
+                s = up((s / 64 + 1) * 64);
                 continue;
             }
             let crosses = n <= chunk && s / chunk != (s + n - 1) / chunk;
             if crosses {
-                s = (s / chunk + 1) * chunk;
+                s = up((s / chunk + 1) * chunk);
                 continue;
             }
             match (s..s + n).find(|&i| !self.is_spare(i)) {
-                None if !ok(s) => s = (s + 1).next_multiple_of(align),
+                None if !ok(s) => s = up(s + 1),
                 None => {
                     (s..s + n).for_each(|i| self.set(i, false));
                     self.count.fetch_sub(n, Relaxed);
                     return Some(s);
                 }
-                Some(busy) => s = (busy + 1).next_multiple_of(align),
+                Some(busy) => s = up(busy + 1),
             }
         }
         None
@@ -123,7 +130,7 @@ mod tests {
 
     #[test]
     fn take_finds_aligned_ranges_past_empty_words_and_asks_the_predicate() {
-        let sp = Spare::new(1024).unwrap();
+        let sp = Spare::new(1024, 0).unwrap();
         assert_eq!(sp.take_if(1, 1, 64, |_| true), None);
         // Spare: slab 3, slabs 700..712, slabs 900..964 (crossing a 64-slab chunk at 960).
         sp.put(3, 1);
@@ -140,5 +147,22 @@ mod tests {
         assert_eq!(sp.take_if(50, 1, 64, |s| s >= 905), Some(905));
         assert_eq!(sp.take_if(1, 1, 64, |_| true), Some(3));
         assert_eq!(sp.count(), 77 - 8 - 50 - 1);
+    }
+}
+
+#[cfg(test)]
+mod origin_tests {
+    use super::Spare;
+
+    #[test]
+    fn alignment_is_of_addresses_not_of_indices() {
+        // Slab 0 lies at slab 5 of the address space: index 3 is address slab 8.
+        let sp = Spare::new(256, 5).unwrap();
+        sp.put(0, 40);
+        assert_eq!(sp.take_if(2, 8, 64, |_| true), Some(3));
+        assert_eq!(sp.take_if(2, 16, 64, |_| true), Some(11));
+        // Aligned to 32 slabs (more than a chunk of 16): address slab 32 is index 27.
+        sp.put(0, 40);
+        assert_eq!(sp.take_if(1, 32, 16, |_| true), Some(27));
     }
 }

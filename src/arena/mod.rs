@@ -140,6 +140,8 @@ struct State {
     open: [Option<usize>; numa::MAX_NODES],
     /// The chunk unregistered runs (DEVX queue memory) are cut from, if one is open.
     queue: Option<usize>,
+    /// Chunks below `next_chunk` skipped for the alignment of a run and never opened.
+    holes: usize,
     chunks: MmapArray<ChunkState>,
 }
 
@@ -251,12 +253,10 @@ impl Arena {
         let (mode, mode_reason, odp_usable) =
             register::choose_mode(cfg.registration, caps, cfg.remote)?;
         let numa = NumaPlacement::resolve(cfg.numa, caps.numa_node).map_err(Error::Config)?;
-        let (base, window) =
-            os::reserve_window(cfg.reserve, cfg.reservations, chunk).map_err(|errno| {
-                Error::Os {
-                    what: "mmap(PROT_NONE) reservation",
-                    errno,
-                }
+        let (base, window, reserve) = os::reserve_window(cfg.reserve, cfg.reservations, chunk)
+            .map_err(|errno| Error::Os {
+                what: "mmap(PROT_NONE) reservation",
+                errno,
             })?;
         let base = base.as_ptr() as usize;
         let unreserve = |e: i32| {
@@ -299,9 +299,9 @@ impl Arena {
         Ok(Arena {
             pd: pd.clone(),
             base,
-            reserve: cfg.reserve,
+            reserve,
             window,
-            reserved: AtomicUsize::new(cfg.reserve),
+            reserved: AtomicUsize::new(reserve),
             chunk_shift: chunk.trailing_zeros(),
             slabs_per_chunk: (chunk / SLAB) as u32,
             max_mr_size: caps.max_mr_size,
@@ -310,6 +310,7 @@ impl Arena {
                 next_chunk: 0,
                 open: [None; numa::MAX_NODES],
                 queue: None,
+                holes: 0,
                 chunks,
             }),
             counters: Counters::default(),

@@ -21,23 +21,70 @@ pub(crate) fn errno() -> i32 {
 /// `MAP_HUGE_2MB`: ask hugetlbfs for 2 MiB pages whatever the default huge page size.
 const MAP_HUGE_2MB: libc::c_int = 21 << 26; // log2(2 MiB) << MAP_HUGE_SHIFT
 
-/// Reserve a window for `n` reservations of `len` bytes aligned to `align` (see
-/// [`reserve`]), halving `n` while the kernel refuses the window (`ENOMEM`: `RLIMIT_AS`, or the
-/// address space is crowded) down to one; returns the window and its length.
+/// Reserve a window for `n` reservations of `len` bytes aligned to `align` (see [`reserve`]),
+/// with room for the metadata the arena and the pool map for it afterwards (about 1/256 of
+/// the window). Under an address-space limit (`RLIMIT_AS`) the window and its metadata take at
+/// most half of what the process has left; while that does not hold, or the kernel refuses the
+/// mapping (`ENOMEM`: the limit, or a crowded address space), `n` is halved down to one, then
+/// `len` down to `align`. Returns the window, its length and the reservation size used.
 pub(crate) fn reserve_window(
     len: usize,
     n: u32,
     align: usize,
-) -> Result<(NonNull<u8>, usize), i32> {
-    let mut n = n.max(1) as usize;
+) -> Result<(NonNull<u8>, usize, usize), i32> {
+    let budget = address_space_headroom().map(|h| h / 2);
+    let (mut len, mut n) = (len, n.max(1) as usize);
     loop {
         let window = len.checked_mul(n).ok_or(libc::ENOMEM)?;
-        match reserve(window, align) {
-            Ok(p) => return Ok((p, window)),
-            Err(libc::ENOMEM) if n > 1 => n /= 2,
-            Err(e) => return Err(e),
+        let meta = window / 256;
+        let total = window.checked_add(meta).ok_or(libc::ENOMEM)?;
+        if budget.is_none_or(|b| total.saturating_add(align) <= b) {
+            match reserve(total, align) {
+                Ok(p) => {
+                    if meta > 0 {
+                        // SAFETY: the metadata's room at the end of the mapping just made: it
+                        // was only there to prove the address space has it.
+                        unsafe { libc::munmap(p.as_ptr().add(window).cast(), meta) };
+                    }
+                    return Ok((p, window, len));
+                }
+                Err(libc::ENOMEM) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if n > 1 {
+            n /= 2;
+        } else if len > align {
+            len /= 2;
+        } else {
+            return Err(libc::ENOMEM);
         }
     }
+}
+
+/// Bytes of address space the process may still map under `RLIMIT_AS`; `None` without a
+/// limit (or when it cannot be read).
+fn address_space_headroom() -> Option<usize> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct it is given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut lim) } != 0
+        || lim.rlim_cur == libc::RLIM_INFINITY
+    {
+        return None;
+    }
+    let mut buf = [0u8; 128];
+    let text = read_small(c"/proc/self/statm", &mut buf)?;
+    let pages = text
+        .split(|b| b.is_ascii_whitespace())
+        .next()
+        .and_then(parse_u64)?;
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
+    let limit = usize::try_from(lim.rlim_cur).unwrap_or(usize::MAX);
+    Some(limit.saturating_sub(usize::try_from(pages * page).unwrap_or(usize::MAX)))
 }
 
 /// Reserve `len` bytes of address space aligned to `align` (a power of two), inaccessible and

@@ -329,13 +329,24 @@ impl Arena {
         align: usize,
         node: u32,
     ) -> Result<usize, Error> {
-        let mut c = st.next_chunk;
-        while self.chunk_base(c) % align != 0 && c < self.window_chunks() {
-            c += 1;
-        }
-        if c + m > self.chunks() && !self.reserve_through(st, c, m) {
-            return Err(self.full());
-        }
+        let c = match self.find_hole(st, m, align) {
+            Some(c) => {
+                st.holes -= m;
+                c
+            }
+            None => {
+                let mut c = st.next_chunk;
+                while self.chunk_base(c) % align != 0 && c < self.window_chunks() {
+                    c += 1;
+                }
+                if c + m > self.chunks() && !self.reserve_through(st, c, m) {
+                    return Err(self.full());
+                }
+                // Chunks skipped for alignment stay blank: a later run may take them.
+                st.holes += c - st.next_chunk;
+                c
+            }
+        };
         let base = self.chunk_base(c) as *mut u8;
         let huge_until = self
             .pages
@@ -355,9 +366,34 @@ impl Arena {
         if let Some(bytes) = self.node_bytes(node) {
             add(bytes, (m << self.chunk_shift) as u64);
         }
-        st.next_chunk = c + m;
+        st.next_chunk = st.next_chunk.max(c + m);
         add(&self.counters.chunks, m as u64);
         Ok(c)
+    }
+
+    /// The first of `m` blank chunks (never opened: skipped for the alignment of an earlier
+    /// run) below `next_chunk` whose start is aligned to `align`, if any were skipped.
+    fn find_hole(&self, st: &State, m: usize, align: usize) -> Option<usize> {
+        if st.holes < m {
+            return None;
+        }
+        let blank = |i: usize| {
+            st.chunks.get(i).is_some_and(|ch| {
+                ch.used == 0
+                    && ch.huge_until == 0
+                    && ch.tail == 0
+                    && ch.odp == 0
+                    && !ch.fallback
+                    && ch.node == 0
+            }) && !st.open.contains(&Some(i))
+                && st.queue != Some(i)
+        };
+        let step = (align >> self.chunk_shift).max(1);
+        let first =
+            (self.chunk_base(0).next_multiple_of(align) - self.chunk_base(0)) >> self.chunk_shift;
+        (first..st.next_chunk.saturating_sub(m - 1))
+            .step_by(step)
+            .find(|&c| (c..c + m).all(blank))
     }
 
     /// The per-node chunk byte counter of node code `node`, if it has one.
@@ -378,10 +414,15 @@ impl Arena {
         for i in c..c + m {
             if let Some(ch) = st.chunks.get_mut(i) {
                 ch.node = 0;
+                ch.huge_until = 0;
+                ch.used = 0;
             }
         }
         if st.next_chunk == c + m {
             st.next_chunk = c;
+        } else {
+            // Blank again, below chunks still open: a hole.
+            st.holes += m;
         }
         sub(&self.counters.chunks, m as u64);
     }

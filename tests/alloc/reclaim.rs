@@ -568,3 +568,91 @@ fn over_aligned_blocks_past_the_first_reservation_keep_their_keys() {
     assert_eq!(pool.live_blocks(), 0);
     assert!(pool.validate());
 }
+
+/// A small pool that fills its window quickly: 64 MiB reservations in 16 MiB chunks, four of
+/// them, no purge unless asked.
+fn small_window_pool(pd: &Pd) -> Pool {
+    Pool::with_config(
+        pd,
+        ArenaConfig {
+            reserve: 64 << 20,
+            reservations: 4,
+            chunk: 16 << 20,
+            hugepages: Hugepages::Off,
+            purge_delay: None,
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
+#[test]
+fn blocks_aligned_beyond_a_chunk_are_aligned_after_purges_and_never_use_the_window_up() {
+    let _g = serial();
+    let pd = Nic::soft().alloc_pd().unwrap();
+    let pool = small_window_pool(&pd);
+    // Purged slabs become spare; a run aligned beyond a chunk taken from them must still be
+    // aligned in the address space (the window is aligned only to a chunk).
+    let mib = Layout::from_size_align(1 << 20, 8).unwrap();
+    let held: Vec<*mut u8> = (0..64).map(|_| pool.alloc(mib)).collect();
+    for p in held {
+        // SAFETY: from this pool with `mib`.
+        unsafe { pool.free_sized(p, mib) };
+    }
+    assert!(pool.purge() > 0);
+    for align in [32usize << 20, 64 << 20] {
+        let l = Layout::from_size_align(1 << 20, align).unwrap();
+        for round in 0..40 {
+            let p = pool.alloc(l);
+            assert!(!p.is_null(), "align {align}: round {round}");
+            assert_eq!(p as usize % align, 0, "align {align}: round {round}: {p:p}");
+            assert!(
+                pool.keys_of(p)
+                    .is_some_and(|k| k.contains(p as usize, 1 << 20))
+            );
+            // SAFETY: a live block of 1 MiB.
+            unsafe { p.write_bytes(round as u8, 1 << 20) };
+            // SAFETY: from this pool with `l`.
+            unsafe { pool.free_sized(p, l) };
+            pool.purge();
+        }
+    }
+    assert!(pool.validate());
+}
+
+#[test]
+fn a_full_window_purges_what_is_idle_before_it_refuses_a_run() {
+    let _g = serial();
+    let pd = Nic::soft().alloc_pd().unwrap();
+    let pool = small_window_pool(&pd);
+    let mib = Layout::from_size_align(1 << 20, 8).unwrap();
+    let mut held = Vec::new();
+    loop {
+        let p = pool.alloc(mib);
+        if p.is_null() {
+            break;
+        }
+        held.push(p);
+        assert!(held.len() <= 256, "a 256 MiB window holds no more");
+    }
+    assert!(
+        held.len() >= 200,
+        "{} MiB before the window was full",
+        held.len()
+    );
+    for p in held {
+        // SAFETY: from this pool with `mib`.
+        unsafe { pool.free_sized(p, mib) };
+    }
+    // Nothing live, no purge asked for, the window cut into 1 MiB pages: runs far larger than
+    // a page, and aligned ones, still come (the pool purges the idle slabs first).
+    for (size, align) in [(40usize << 20, 8), (8 << 20, 16 << 20), (1 << 20, 32 << 20)] {
+        let l = Layout::from_size_align(size, align).unwrap();
+        let p = pool.alloc(l);
+        assert!(!p.is_null(), "{size} B aligned to {align}");
+        assert_eq!(p as usize % align, 0);
+        // SAFETY: from this pool with `l`.
+        unsafe { pool.free_sized(p, l) };
+    }
+    assert!(pool.validate());
+}

@@ -373,7 +373,8 @@ fn dropping_the_arena_deregisters_every_region() {
     soft.validate().unwrap();
 }
 
-/// Under an address-space limit (`RLIMIT_AS`) the window is halved until it fits.
+/// Under an address-space limit (`RLIMIT_AS`) the window and its metadata take at most half
+/// of what the process has left: reservations are dropped first, then the reservation shrinks.
 #[test]
 fn a_window_the_address_space_limit_refuses_is_halved() {
     const MARK: &str = "RDMA_POOL_TEST_WINDOW_CHILD";
@@ -383,35 +384,103 @@ fn a_window_the_address_space_limit_refuses_is_halved() {
             MARK,
         );
     }
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let vm_kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmSize:"))
-        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
-        .unwrap();
     let bed = default_bed();
-    // Room for what the process maps now and 40 GiB more: 8 GiB × 4 (and its alignment) fits,
-    // 8 GiB × 8 does not.
-    let limit = vm_kib * 1024 + (40 << 30);
-    let lim = libc::rlimit {
-        rlim_cur: limit,
-        rlim_max: limit,
+    // Room for what the process maps now and `more` bytes.
+    let limit_to = |more: u64| {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let vm_kib: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmSize:"))
+            .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+            .unwrap();
+        let limit = vm_kib * 1024 + more;
+        let lim = libc::rlimit {
+            rlim_cur: limit,
+            rlim_max: limit,
+        };
+        // SAFETY: lowering this process's own limit (a child running this test alone).
+        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &lim) }, 0);
     };
-    // SAFETY: lowering this process's own limit (a child running this test alone).
-    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &lim) }, 0);
+    let arena = |reserve: usize, chunk: usize| {
+        Arena::new(
+            &bed.a.pd,
+            ArenaConfig {
+                reserve,
+                reservations: 16,
+                chunk,
+                hugepages: Hugepages::Off,
+                ..Default::default()
+            },
+        )
+        .unwrap()
+    };
+    // Half of 40 GiB: two reservations of 8 GiB (and their alignment and metadata) fit.
+    limit_to(40 << 30);
+    let a = arena(8 << 30, 1 << 30);
+    let s = a.stats();
+    assert_eq!(
+        (s.window_bytes, s.reserved_bytes, s.reservations),
+        (16 << 30, 8 << 30, 1)
+    );
+    let run = a.alloc_run(SLAB, 64).unwrap();
+    assert!(a.keys_of(run.as_ptr()).is_some());
+    drop(a);
+    // Half of 4 GiB: not even one reservation of 8 GiB; it shrinks to 1 GiB.
+    limit_to(4 << 30);
+    let b = arena(8 << 30, 256 << 20);
+    let s = b.stats();
+    assert_eq!(
+        (s.window_bytes, s.reserved_bytes, s.reservations),
+        (1 << 30, 1 << 30, 1)
+    );
+    let run = b.alloc_run(SLAB, 64).unwrap();
+    assert!(b.keys_of(run.as_ptr()).is_some());
+}
+
+#[test]
+fn chunks_skipped_for_alignment_serve_later_runs() {
+    let _g = serial();
+    let bed = default_bed();
     let arena = Arena::new(
         &bed.a.pd,
         ArenaConfig {
-            reserve: 8 << 30,
-            reservations: 16,
-            chunk: 1 << 30,
+            reserve: 64 << 20,
+            reservations: 4,
+            chunk: 16 << 20,
             hugepages: Hugepages::Off,
             ..Default::default()
         },
     )
     .unwrap();
-    let s = arena.stats();
-    assert_eq!((s.window_bytes, s.reserved_bytes), (32 << 30, 8 << 30));
-    let run = arena.alloc_run(SLAB, 64).unwrap();
-    assert!(arena.keys_of(run.as_ptr()).is_some());
+    // Runs aligned beyond a chunk skip the chunks before their alignment.
+    let mut runs = vec![arena.alloc_run(SLAB, 64).unwrap()];
+    for align in [32usize << 20, 64 << 20, 128 << 20] {
+        let r = arena.alloc_run(SLAB, align).unwrap();
+        assert_eq!(r.as_ptr() as usize % align, 0);
+        runs.push(r);
+    }
+    // Whole chunks then fill every chunk nothing took, skipped ones included.
+    let mut whole = 0;
+    while let Ok(r) = arena.alloc_run(16 << 20, 64) {
+        runs.push(r);
+        whole += 1;
+    }
+    let chunks_taken = 1 + 3; // the first run's chunk and one per aligned run
+    assert_eq!(
+        whole,
+        16 - chunks_taken,
+        "whole chunks in a 256 MiB window of 16 MiB chunks"
+    );
+    for (i, r) in runs.iter().enumerate() {
+        assert!(
+            arena
+                .keys_of(r.as_ptr())
+                .is_some_and(|k| k.contains(r.as_ptr() as usize, r.len()))
+        );
+        for o in &runs[..i] {
+            let (a, b) = (r.as_ptr() as usize, o.as_ptr() as usize);
+            assert!(a + r.len() <= b || b + o.len() <= a, "runs {i} overlap");
+        }
+    }
+    assert!(arena.validate());
 }
