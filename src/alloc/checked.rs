@@ -100,7 +100,12 @@ impl Pool {
                 // a block that thread freed into its cache is seen in all but a race.
                 let class = class_of(bs as usize).min(CLASSES - 1);
                 // SAFETY: a page's heap lives as long as the pool.
-                if heap != tls::heap_of(self.id) && unsafe { (*heap).caches(class, p as *mut u8) } {
+                // An abandoned page's blocks are in no cache (its owner's was empty for the
+                // class when it gave the page up).
+                if heap != tls::heap_of(self.id)
+                    && super::heap::is_heap(heap)
+                    && unsafe { (*heap).caches(class, p as *mut u8) }
+                {
                     return Err(FreeError::NotLive);
                 }
                 Ok(())

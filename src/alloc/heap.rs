@@ -4,12 +4,24 @@
 //!
 //! Contract: only the thread that claimed a heap (see `tls.rs`) calls its methods, except
 //! `push_notify`, which any thread may call for a page of this heap. A page is in its class
-//! queue (`queue[c]`, doubly linked, `current[c]` first) unless it is full (`in_full`); a full
-//! page returns to the queue when the owner frees into it or pops it from `notify` (a remote
-//! thread freed into it).
+//! queue (`queue[c]`, doubly linked, `current[c]` first) unless it is full. The first
+//! [`RETAIN`] full pages of a class stay with the heap (`in_full`) and return to the queue when
+//! the owner frees into them or pops them from `notify` (a remote thread freed into them).
+//! Further full pages are **abandoned** (their owner becomes [`ABANDONED`]): the owner no
+//! longer touches them, and the first thread that frees into one claims it (one CAS on the
+//! page's owner) — into its own heap, or, for a thread without a heap in the pool, only long
+//! enough to collect it and retire it when it is empty. So blocks other threads free into the
+//! pages of a thread that stopped allocating (a parked producer) come back without it, as
+//! mimalloc v3 reclaims abandoned pages on free.
 //!
 //! Invariant: `current[c]` is `&EMPTY` or the head of `queue[c]`; every page in `queue[c]` has
-//! class `c`, belongs to this heap and is not `in_full`.
+//! class `c`, belongs to this heap and is not `in_full`; `full[c]` counts this heap's `in_full`
+//! pages of class `c` (at most [`RETAIN`]); an abandoned page is in no queue and not `in_full`.
+//!
+//! Ownership hand-over (Dekker, all `SeqCst`): the abandoning owner stores `ABANDONED` and then
+//! loads `thread_free`; a remote free pushes onto `thread_free` and then loads the owner. One
+//! of them sees the other, so a block freed while the page changed hands is never left on an
+//! abandoned page that nobody will look at.
 
 use super::class::CLASSES;
 use super::page::{Block, Page};
@@ -32,6 +44,20 @@ const EXTEND_BYTES: usize = 4096;
 /// Frees between two looks at the pool's purge clock (see [`Heap::tick`]).
 const TICK: u32 = 1 << 12;
 
+/// Full pages per class a heap keeps (`in_full`); it abandons the others.
+pub(crate) const RETAIN: u32 = 2;
+
+/// The owner of an abandoned page (never a heap's address: nothing is read through it).
+pub(crate) const ABANDONED: *mut Heap = std::ptr::without_provenance_mut(1);
+
+/// The owner of an abandoned page while a thread without a heap in the pool collects it.
+const CLAIMED: *mut Heap = std::ptr::without_provenance_mut(2);
+
+/// Whether `h` is a heap (not null, [`ABANDONED`] or a claim in progress).
+pub(crate) fn is_heap(h: *mut Heap) -> bool {
+    h as usize > CLAIMED as usize
+}
+
 /// A thread's heap in one pool.
 pub(crate) struct Heap {
     /// Frees left until the next [`Heap::tick`] looks whether a purge is due (owner-only).
@@ -39,6 +65,8 @@ pub(crate) struct Heap {
     tcache: [TCache; CACHED_CLASSES],
     current: [AtomicPtr<Page>; CLASSES],
     queue: [AtomicPtr<Page>; CLASSES],
+    /// `in_full` pages of each class (owner-only).
+    full: [AtomicU32; CLASSES],
     /// Full pages that received remote frees (a lock-free stack through `notify_next`).
     notify: AtomicPtr<Page>,
     /// Token of the owning thread; 0 when unclaimed.
@@ -241,7 +269,7 @@ impl Heap {
                 if std::ptr::eq(page.heap.load(R), self) {
                     self.free_to_page(page, q);
                 } else {
-                    Heap::free_remote(page, q);
+                    Heap::free_remote(self.pool(), page, q, self.me());
                 }
             }
         }
@@ -303,6 +331,7 @@ impl Heap {
                 return;
             }
             page.in_full.store(false, R);
+            self.full[c].fetch_sub(1, R);
             self.enqueue(c, pp);
         }
         if page.used.load(R) == 0
@@ -315,14 +344,85 @@ impl Heap {
         }
     }
 
-    /// Free from another thread (or from a thread without a heap in this pool).
-    pub(crate) fn free_remote(page: &Page, p: *mut u8) {
+    /// Free from a thread whose heap in the pool is `me` (null for none) into a page `me` does
+    /// not own: onto the page's `thread_free`; a full page kept by its owner is then pushed on
+    /// the owner's `notify` stack, an abandoned one claimed.
+    pub(crate) fn free_remote(pool: &PoolInner, page: &Page, p: *mut u8, me: *mut Heap) {
         if page.push_thread_free(p.cast()) {
             let heap = page.heap.load(Ordering::Acquire);
             // SAFETY: a page's heap lives as long as the pool; the notified flag makes this
-            // thread the only one pushing the page.
-            unsafe { (*heap).push_notify(page) };
+            // thread the only one pushing the page. Only kept (`in_full`) pages are notified,
+            // and their owner is a heap.
+            if is_heap(heap) {
+                unsafe { (*heap).push_notify(page) };
+            }
+        } else if page.heap.load(Ordering::SeqCst) == ABANDONED {
+            Heap::reclaim(pool, page, me);
         }
+    }
+
+    /// Claim an abandoned page a block was just freed into: into heap `me` (this thread's;
+    /// the page then serves its allocations, or is retired when empty), or, without one, only
+    /// to collect it: retired when empty, else abandoned again.
+    #[cold]
+    #[inline(never)]
+    fn reclaim(pool: &PoolInner, page: &Page, me: *mut Heap) {
+        // SAFETY: `me`, when not null, is this thread's heap in the pool.
+        let adopt = is_heap(me) && !unsafe { &*me }.orphaned();
+        let token = if adopt { me } else { CLAIMED };
+        loop {
+            if page
+                .heap
+                .compare_exchange(ABANDONED, token, Ordering::SeqCst, Ordering::Relaxed)
+                .is_err()
+            {
+                // Another thread claimed it: its blocks are that thread's business now.
+                return;
+            }
+            // The page is this thread's: its owner-only fields were published by the
+            // abandoning store, which the CAS read.
+            page.collect();
+            if page.used.load(R) == 0 {
+                pool.retire_page(page);
+                pool.maybe_purge();
+                return;
+            }
+            if adopt {
+                pool.set_owner(page, me);
+                // SAFETY: `me` is this thread's heap.
+                let heap = unsafe { &*me };
+                heap.enqueue(
+                    page.class.load(R) as usize,
+                    page as *const Page as *mut Page,
+                );
+                return;
+            }
+            // Abandon it again; a block freed meanwhile saw `CLAIMED` and left it to us.
+            page.heap.store(ABANDONED, Ordering::SeqCst);
+            if page.thread_free.load(Ordering::SeqCst).is_null() {
+                return;
+            }
+        }
+    }
+
+    /// Give up a full page of class `c` (already out of the queue). False when a remote free
+    /// raced in and the page stays (the caller requeues it).
+    fn abandon(&self, page: &Page) -> bool {
+        self.pool().set_owner(page, ABANDONED);
+        if page.thread_free.load(Ordering::SeqCst).is_null() {
+            return true;
+        }
+        // A block came back while the page changed hands: take it back, unless the thread
+        // that freed it already claimed the page.
+        if page
+            .heap
+            .compare_exchange(ABANDONED, self.me(), Ordering::SeqCst, Ordering::Relaxed)
+            .is_ok()
+        {
+            self.pool().set_owner(page, self.me());
+            return false;
+        }
+        true
     }
 
     fn push_notify(&self, page: &Page) {
@@ -352,11 +452,10 @@ impl Heap {
             p = page.notify_next.load(R);
             page.notified.store(false, Ordering::Release);
             if page.in_full.load(R) {
+                let c = page.class.load(R) as usize;
                 page.in_full.store(false, R);
-                self.enqueue(
-                    page.class.load(R) as usize,
-                    page as *const Page as *mut Page,
-                );
+                self.full[c].fetch_sub(1, R);
+                self.enqueue(c, page as *const Page as *mut Page);
             }
         }
     }
@@ -450,8 +549,16 @@ impl Heap {
             if !page.free.load(R).is_null() {
                 return self.alloc_page(c);
             }
-            if self.mark_full(page) {
+            if self.full[c].load(R) < RETAIN {
+                if self.mark_full(page) {
+                    self.dequeue(c, p);
+                    self.full[c].fetch_add(1, R);
+                }
+            } else {
                 self.dequeue(c, p);
+                if !self.abandon(page) {
+                    self.enqueue(c, p);
+                }
             }
         }
         let Some(page) = self.pool().take_page(c, self.me()) else {

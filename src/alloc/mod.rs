@@ -293,7 +293,7 @@ impl Pool {
                 // SAFETY: `heap` is this thread's heap and owns the page.
                 unsafe { (*heap).free_local(page, p) };
             } else {
-                Heap::free_remote(page, p);
+                Heap::free_remote(self.inner(), page, p, heap);
             }
         } else if page.kind.load(Relaxed) == LARGE && page.start.load(Relaxed) == p as usize {
             self.inner().free_large(page);

@@ -388,8 +388,11 @@ impl PoolInner {
 
     /// Record `heap` as the owner of `page` in its head and in every tail descriptor, so that
     /// a sized free finds the owner of any block with one load (`PageTable::owner_of`).
-    fn set_owner(&self, page: &Page, heap: *mut Heap) {
-        page.heap.store(heap, Ordering::Release);
+    ///
+    /// The tails are written first and the head last (`SeqCst`): the head is what ownership
+    /// changes compare and swap (`heap.rs`), so once another thread can claim the page, this
+    /// call writes nothing more.
+    pub(crate) fn set_owner(&self, page: &Page, heap: *mut Heap) {
         let start = page.start.load(R);
         let granules = 1usize << (u32::from(page.shift.load(R)) - GRANULE_SHIFT);
         for g in 1..granules {
@@ -397,6 +400,7 @@ impl PoolInner {
                 .heap
                 .store(heap, Ordering::Release);
         }
+        page.heap.store(heap, Ordering::SeqCst);
     }
 
     /// An empty page goes back to the list of its size.
@@ -670,8 +674,10 @@ impl PoolInner {
             if d.kind.load(R) == SMALL {
                 let heap = d.heap.load(R);
                 // SAFETY: a page's heap lives in the pool's heap array.
-                if !heap.is_null() && !unsafe { &*heap }.orphaned() {
-                    ok &= d.validate();
+                if heap == super::heap::ABANDONED
+                    || (super::heap::is_heap(heap) && !unsafe { &*heap }.orphaned())
+                {
+                    ok &= d.validate() && !(heap == super::heap::ABANDONED && d.in_full.load(R));
                 }
                 // Every tail names the head's owner.
                 let start = d.start.load(R);

@@ -656,3 +656,69 @@ fn a_full_window_purges_what_is_idle_before_it_refuses_a_run() {
     }
     assert!(pool.validate());
 }
+
+#[test]
+fn blocks_a_parked_producer_handed_out_come_back_without_it() {
+    let _g = serial();
+    let pd = Nic::soft().alloc_pd().unwrap();
+    let pool = reclaim_pool(&pd, None);
+    let shapes = [
+        Layout::from_size_align(1000, 8).unwrap(),
+        Layout::from_size_align(100 << 10, 8).unwrap(),
+    ];
+    // The consumer without a heap in the pool (it only frees), then with one.
+    for consumer_allocates in [false, true] {
+        let (blocks_tx, blocks_rx) = std::sync::mpsc::channel::<Vec<(usize, Layout)>>();
+        let (wake_tx, wake_rx) = std::sync::mpsc::channel::<()>();
+        std::thread::scope(|s| {
+            // Dropped on the way out, also when an assertion below fails: the producer wakes.
+            let wake = wake_tx;
+            let pool = &pool;
+            s.spawn(move || {
+                let mut out = Vec::new();
+                for &l in &shapes {
+                    for i in 0..(48 << 20) / l.size() {
+                        let p = pool.alloc(l);
+                        // SAFETY: a fresh block of `l.size()` bytes.
+                        unsafe { std::ptr::write_bytes(p, i as u8, l.size()) };
+                        out.push((p as usize, l));
+                    }
+                }
+                blocks_tx.send(out).unwrap();
+                // Parked, alive: it never allocates or frees again until woken.
+                let _ = wake_rx.recv();
+            });
+            let blocks = blocks_rx.recv().unwrap();
+            let built = pool.stats().arena.committed_bytes;
+            assert!(built >= 96 << 20);
+            s.spawn(move || {
+                let l = Layout::from_size_align(64, 8).unwrap();
+                if consumer_allocates {
+                    let p = pool.alloc(l);
+                    // SAFETY: just allocated with `l`.
+                    unsafe { pool.free_sized(p, l) };
+                }
+                for (p, l) in blocks {
+                    // SAFETY: a live block of this pool, freed once, by another thread.
+                    unsafe { pool.free_sized(p as *mut u8, l) };
+                }
+            })
+            .join()
+            .unwrap();
+            // The producer still sleeps: the pages it filled are abandoned, claimed by the
+            // frees, retired when empty, and purgeable. What it keeps: its current page and
+            // at most two full pages per class.
+            pool.purge();
+            let s1 = pool.stats();
+            assert!(
+                s1.arena.committed_bytes <= 16 << 20,
+                "consumer allocates: {consumer_allocates}: {} MiB of {} MiB stay committed",
+                s1.arena.committed_bytes >> 20,
+                built >> 20
+            );
+            assert_eq!(pool.live_blocks(), 0);
+            assert!(pool.validate());
+            wake.send(()).unwrap();
+        });
+    }
+}
