@@ -362,13 +362,34 @@ impl Heap {
     }
 
     /// Claim an abandoned page a block was just freed into: into heap `me` (this thread's;
-    /// the page then serves its allocations, or is retired when empty), or, without one, only
-    /// to collect it: retired when empty, else abandoned again.
+    /// the page then serves its allocations, or is retired when empty; a thread without one
+    /// claims one), or, when it cannot have one (it is exiting), only to collect it once it may
+    /// be empty: retired when it is, else abandoned again.
+    ///
+    /// Without a heap, a free only counts itself (`remote_frees`) until the count reaches the
+    /// blocks the page had out when abandoned. Every free into an abandoned page after its
+    /// abandoning check counts (Dekker), so the count is reached at the latest by the last
+    /// block; a stale count from an earlier abandonment may reach it early, and the claim
+    /// then finds blocks still out and abandons the page again.
     #[cold]
     #[inline(never)]
     fn reclaim(pool: &PoolInner, page: &Page, me: *mut Heap) {
+        // A thread that only frees gets a heap here (O(1)): it adopts the page, and its later
+        // frees into it are local.
+        let me = if is_heap(me) {
+            me
+        } else {
+            super::tls::heap_for(pool.id, pool)
+        };
         // SAFETY: `me`, when not null, is this thread's heap in the pool.
         let adopt = is_heap(me) && !unsafe { &*me }.orphaned();
+        if !adopt {
+            let counted = page.remote_frees.fetch_add(1, Ordering::AcqRel) + 1;
+            // `used` is frozen while the page is abandoned (racy only against a claimer).
+            if counted < page.used.load(R) {
+                return;
+            }
+        }
         let token = if adopt { me } else { CLAIMED };
         loop {
             if page
@@ -398,6 +419,7 @@ impl Heap {
                 return;
             }
             // Abandon it again; a block freed meanwhile saw `CLAIMED` and left it to us.
+            page.remote_frees.store(0, Ordering::Relaxed);
             page.heap.store(ABANDONED, Ordering::SeqCst);
             if page.thread_free.load(Ordering::SeqCst).is_null() {
                 return;
@@ -408,6 +430,7 @@ impl Heap {
     /// Give up a full page of class `c` (already out of the queue). False when a remote free
     /// raced in and the page stays (the caller requeues it).
     fn abandon(&self, page: &Page) -> bool {
+        page.remote_frees.store(0, Ordering::Relaxed);
         self.pool().set_owner(page, ABANDONED);
         if page.thread_free.load(Ordering::SeqCst).is_null() {
             return true;

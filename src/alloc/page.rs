@@ -62,7 +62,10 @@ pub(crate) struct Page {
     pub(crate) shift: AtomicU8,
     pub(crate) in_full: AtomicBool,
     pub(crate) notified: AtomicBool,
-    _line: [u8; 7],
+    _pad: [u8; 3],
+    /// Frees counted into an abandoned page by threads without a heap in the pool since it
+    /// was (last) abandoned: a hint that may run ahead (`heap.rs`), never behind.
+    pub(crate) remote_frees: AtomicU32,
     // Line 2: the owner's.
     pub(crate) free: AtomicPtr<Block>,
     /// Queue links (the heap's class queue, or the pool's free-page list).
@@ -100,7 +103,8 @@ impl Page {
             shift: AtomicU8::new(0),
             in_full: AtomicBool::new(false),
             notified: AtomicBool::new(false),
-            _line: [0; 7],
+            _pad: [0; 3],
+            remote_frees: AtomicU32::new(0),
             fresh: AtomicBool::new(false),
         }
     }

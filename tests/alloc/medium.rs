@@ -77,13 +77,17 @@ fn medium_blocks_freed_by_other_threads_are_reused_by_their_owner() {
         .collect();
     let committed = pool.stats().arena.committed_bytes;
     std::thread::scope(|s| {
+        // Joined explicitly: that waits for the thread's exit (its heap given back), where
+        // the end of the scope only waits for its closure.
         s.spawn(|| {
             for (i, &p) in blocks.iter().enumerate() {
                 assert!(all(p as *const u8, 200 << 10, i as u8));
                 // SAFETY: live blocks of this pool, freed once (by this other thread).
                 unsafe { pool.free_sized(p as *mut u8, layout) };
             }
-        });
+        })
+        .join()
+        .unwrap();
     });
     // The owner collects them (or the freeing thread retired the pages it emptied): a second
     // round needs no new memory, and its blocks lie in the pages (2 MiB slabs) of the first.

@@ -722,3 +722,89 @@ fn blocks_a_parked_producer_handed_out_come_back_without_it() {
         });
     }
 }
+
+/// A thread past the rounds in which it may claim heaps (freeing from a late thread-exit
+/// destructor) still gets abandoned pages back to the pool: it counts its frees, and the one
+/// that completes a page retires it.
+#[test]
+fn frees_from_a_thread_that_can_no_longer_have_a_heap_retire_abandoned_pages() {
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static POOL: std::sync::OnceLock<&'static Pool> = std::sync::OnceLock::new();
+    static LATE: Mutex<Vec<(usize, Layout)>> = Mutex::new(Vec::new());
+    static ROUND: AtomicU32 = AtomicU32::new(0);
+    static KEY: std::sync::OnceLock<libc::pthread_key_t> = std::sync::OnceLock::new();
+    extern "C" fn late(_: *mut libc::c_void) {
+        // The pool's key (created first) runs before this one in every round and counts the
+        // rounds in which the thread claimed a heap; after three it refuses to claim one. So
+        // rounds 1 and 2 claim one (an allocation), and the frees of round 3 find none.
+        let pool = POOL.get().unwrap();
+        if ROUND.fetch_add(1, Ordering::SeqCst) < 2 {
+            let l = Layout::from_size_align(64, 8).unwrap();
+            let p = pool.alloc(l);
+            // SAFETY: just allocated with `l`.
+            unsafe { pool.free_sized(p, l) };
+            // SAFETY: our key; a non-null marker asks for another round.
+            unsafe { libc::pthread_setspecific(*KEY.get().unwrap(), std::ptr::dangling()) };
+            return;
+        }
+        for (p, l) in LATE.lock().unwrap().drain(..) {
+            // SAFETY: live blocks of the pool, freed once.
+            unsafe { pool.free_sized(p as *mut u8, l) };
+        }
+    }
+    let _g = serial();
+    let pd = Nic::soft().alloc_pd().unwrap();
+    let pool: &'static Pool = Box::leak(Box::new(reclaim_pool(&pd, None)));
+    POOL.set(pool).ok().unwrap();
+    let l = Layout::from_size_align(1000, 8).unwrap();
+    let (blocks_tx, blocks_rx) = std::sync::mpsc::channel::<Vec<(usize, Layout)>>();
+    let (wake_tx, wake_rx) = std::sync::mpsc::channel::<()>();
+    let producer = std::thread::spawn(move || {
+        let out: Vec<(usize, Layout)> = (0..(48 << 20) / 1000)
+            .map(|i| {
+                let p = pool.alloc(l);
+                // SAFETY: a fresh block of 1000 bytes.
+                unsafe { std::ptr::write_bytes(p, i as u8, 1000) };
+                (p as usize, l)
+            })
+            .collect();
+        blocks_tx.send(out).unwrap();
+        let _ = wake_rx.recv();
+    });
+    *LATE.lock().unwrap() = blocks_rx.recv().unwrap();
+    let built = pool.stats().arena.committed_bytes;
+    std::thread::spawn(|| {
+        // A heap first, so that the pool's key destructor runs at this thread's exit.
+        let l = Layout::from_size_align(64, 8).unwrap();
+        let p = pool.alloc(l);
+        // SAFETY: just allocated with `l`.
+        unsafe { pool.free_sized(p, l) };
+        let mut key = 0;
+        // SAFETY: a fresh key with our destructor; the value is a non-null marker.
+        unsafe {
+            assert_eq!(libc::pthread_key_create(&mut key, Some(late)), 0);
+            KEY.set(key).unwrap();
+            libc::pthread_setspecific(key, std::ptr::dangling());
+        }
+    })
+    .join()
+    .unwrap();
+    assert!(
+        ROUND.load(Ordering::SeqCst) >= 3,
+        "the late destructor freed the blocks"
+    );
+    assert!(LATE.lock().unwrap().is_empty());
+    pool.purge();
+    let committed = pool.stats().arena.committed_bytes;
+    assert!(
+        committed <= 8 << 20,
+        "{} MiB of {} MiB stay committed",
+        committed >> 20,
+        built >> 20
+    );
+    assert_eq!(pool.live_blocks(), 0);
+    assert!(pool.validate());
+    wake_tx.send(()).unwrap();
+    producer.join().unwrap();
+}
