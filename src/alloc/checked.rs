@@ -98,13 +98,17 @@ impl Pool {
                 }
                 // Another thread's page: its cache is read racily (its slots are atomics), so
                 // a block that thread freed into its cache is seen in all but a race.
+                // An abandoned page's blocks may sit in the cache of the heap that gave it up.
                 let class = class_of(bs as usize).min(CLASSES - 1);
-                // SAFETY: a page's heap lives as long as the pool.
-                // An abandoned page's blocks are in no cache (its owner's was empty for the
-                // class when it gave the page up).
-                if heap != tls::heap_of(self.id)
-                    && super::heap::is_heap(heap)
-                    && unsafe { (*heap).caches(class, p as *mut u8) }
+                let holder = if heap == super::heap::ABANDONED {
+                    page.former.load(Relaxed)
+                } else {
+                    heap
+                };
+                // SAFETY: a page's heap (and its former one) lives as long as the pool.
+                if super::heap::is_heap(holder)
+                    && (holder != tls::heap_of(self.id) || heap == super::heap::ABANDONED)
+                    && unsafe { (*holder).caches(class, p as *mut u8) }
                 {
                     return Err(FreeError::NotLive);
                 }

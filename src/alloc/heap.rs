@@ -8,11 +8,13 @@
 //! [`RETAIN`] full pages of a class stay with the heap (`in_full`) and return to the queue when
 //! the owner frees into them or pops them from `notify` (a remote thread freed into them).
 //! Further full pages are **abandoned** (their owner becomes [`ABANDONED`]): the owner no
-//! longer touches them, and the first thread that frees into one claims it (one CAS on the
-//! page's owner) — into its own heap, or, for a thread without a heap in the pool, only long
-//! enough to collect it and retire it when it is empty. So blocks other threads free into the
-//! pages of a thread that stopped allocating (a parked producer) come back without it, as
-//! mimalloc v3 reclaims abandoned pages on free.
+//! longer touches them until it frees into one itself, which takes it back (one CAS on the
+//! page's owner). Other threads never adopt such a page (a thread that only frees would then
+//! own pages it never collects): their frees count themselves (`remote_frees`), and the one
+//! that completes the page claims it just long enough to collect it and retire it. So blocks
+//! other threads free into the pages of a thread that stopped allocating (a parked producer)
+//! come back without it, as mimalloc v3 reclaims abandoned pages on free into their own
+//! thread only.
 //!
 //! Invariant: `current[c]` is `&EMPTY` or the head of `queue[c]`; every page in `queue[c]` has
 //! class `c`, belongs to this heap and is not `in_full`; `full[c]` counts this heap's `in_full`
@@ -361,28 +363,21 @@ impl Heap {
         }
     }
 
-    /// Claim an abandoned page a block was just freed into: into heap `me` (this thread's;
-    /// the page then serves its allocations, or is retired when empty; a thread without one
-    /// claims one), or, when it cannot have one (it is exiting), only to collect it once it may
-    /// be empty: retired when it is, else abandoned again.
-    ///
-    /// Without a heap, a free only counts itself (`remote_frees`) until the count reaches the
-    /// blocks the page had out when abandoned. Every free into an abandoned page after its
-    /// abandoning check counts (Dekker), so the count is reached at the latest by the last
-    /// block; a stale count from an earlier abandonment may reach it early, and the claim
-    /// then finds blocks still out and abandons the page again.
+    /// A block was just freed into an abandoned page by a thread whose heap in the pool is
+    /// `me` (null for none). The heap that abandoned the page takes it back (its queue; the
+    /// page then serves its allocations, or is retired when empty). Any other free only
+    /// counts itself (`remote_frees`) until the count reaches the blocks the page had out when
+    /// abandoned; that free claims the page just long enough to collect it: retired when
+    /// empty, else abandoned again. Every free into an abandoned page after its abandoning
+    /// check counts (Dekker), so the count is reached at the latest by the last block; a
+    /// stale count from an earlier abandonment may reach it early, and the claim then finds
+    /// blocks still out and abandons the page again.
     #[cold]
     #[inline(never)]
     fn reclaim(pool: &PoolInner, page: &Page, me: *mut Heap) {
-        // A thread that only frees gets a heap here (O(1)): it adopts the page, and its later
-        // frees into it are local.
-        let me = if is_heap(me) {
-            me
-        } else {
-            super::tls::heap_for(pool.id, pool)
-        };
-        // SAFETY: `me`, when not null, is this thread's heap in the pool.
-        let adopt = is_heap(me) && !unsafe { &*me }.orphaned();
+        // SAFETY: `me`, when a heap, is this thread's heap in the pool.
+        let adopt =
+            is_heap(me) && std::ptr::eq(page.former.load(R), me) && !unsafe { &*me }.orphaned();
         if !adopt {
             let counted = page.remote_frees.fetch_add(1, Ordering::AcqRel) + 1;
             // `used` is frozen while the page is abandoned (racy only against a claimer).
@@ -430,6 +425,7 @@ impl Heap {
     /// Give up a full page of class `c` (already out of the queue). False when a remote free
     /// raced in and the page stays (the caller requeues it).
     fn abandon(&self, page: &Page) -> bool {
+        page.former.store(self.me(), R);
         page.remote_frees.store(0, Ordering::Relaxed);
         self.pool().set_owner(page, ABANDONED);
         if page.thread_free.load(Ordering::SeqCst).is_null() {
@@ -577,6 +573,10 @@ impl Heap {
                     self.dequeue(c, p);
                     self.full[c].fetch_add(1, R);
                 }
+            } else if c < CACHED_CLASSES && self.tcache[c].len() > 0 {
+                // Cached blocks of the class (an `alloc_zeroed` skips the cache) go back to
+                // their pages first: an abandoned page's blocks are in no cache.
+                self.flush(c, SLOTS);
             } else {
                 self.dequeue(c, p);
                 if !self.abandon(page) {

@@ -75,6 +75,9 @@ pub(crate) struct Page {
     pub(crate) capacity: AtomicU32,
     pub(crate) reserved: AtomicU32,
     pub(crate) fresh: AtomicBool,
+    /// The heap that last abandoned the page (`heap.rs`): only it takes the page back on a
+    /// free; checked frees look in its cache. Written by that heap before it abandons.
+    pub(crate) former: AtomicPtr<super::heap::Heap>,
 }
 
 const _: () = assert!(std::mem::offset_of!(Page, free) == 64 && size_of::<Page>() == 128);
@@ -106,6 +109,7 @@ impl Page {
             _pad: [0; 3],
             remote_frees: AtomicU32::new(0),
             fresh: AtomicBool::new(false),
+            former: AtomicPtr::new(null_mut()),
         }
     }
 
