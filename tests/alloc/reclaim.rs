@@ -691,23 +691,38 @@ fn blocks_a_parked_producer_handed_out_come_back_without_it() {
             let blocks = blocks_rx.recv().unwrap();
             let built = pool.stats().arena.committed_bytes;
             assert!(built >= 96 << 20);
-            s.spawn(move || {
-                let l = Layout::from_size_align(64, 8).unwrap();
-                if consumer_allocates {
-                    let p = pool.alloc(l);
-                    // SAFETY: just allocated with `l`.
-                    unsafe { pool.free_sized(p, l) };
-                }
-                for (p, l) in blocks {
-                    // SAFETY: a live block of this pool, freed once, by another thread.
-                    unsafe { pool.free_sized(p as *mut u8, l) };
-                }
-            })
-            .join()
-            .unwrap();
-            // The producer still sleeps: the pages it filled are abandoned, claimed by the
-            // frees, retired when empty, and purgeable. What it keeps: its current page and
-            // at most two full pages per class.
+            // Two consumers share every page (every other block each), free, and stay alive
+            // without allocating again.
+            let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+            let mut sleepers = Vec::new();
+            for half in 0..2 {
+                let mine: Vec<(usize, Layout)> =
+                    blocks.iter().copied().skip(half).step_by(2).collect();
+                let (done_tx, (sleep_tx, sleep_rx)) =
+                    (done_tx.clone(), std::sync::mpsc::channel::<()>());
+                sleepers.push(sleep_tx);
+                s.spawn(move || {
+                    let l = Layout::from_size_align(64, 8).unwrap();
+                    if consumer_allocates {
+                        let p = pool.alloc(l);
+                        // SAFETY: just allocated with `l`.
+                        unsafe { pool.free_sized(p, l) };
+                    }
+                    for (p, l) in mine {
+                        // SAFETY: a live block of this pool, freed once, by another thread.
+                        unsafe { pool.free_sized(p as *mut u8, l) };
+                    }
+                    done_tx.send(()).unwrap();
+                    let _ = sleep_rx.recv();
+                });
+            }
+            drop(blocks);
+            for _ in 0..2 {
+                done_rx.recv().unwrap();
+            }
+            // The producer and both consumers sleep: the pages the producer filled are
+            // abandoned, and the free completing each retired it. What stays: the producer's
+            // current page and at most two full pages per class.
             pool.purge();
             let s1 = pool.stats();
             assert!(
@@ -719,6 +734,7 @@ fn blocks_a_parked_producer_handed_out_come_back_without_it() {
             assert_eq!(pool.live_blocks(), 0);
             assert!(pool.validate());
             wake.send(()).unwrap();
+            drop(sleepers);
         });
     }
 }
