@@ -16,9 +16,35 @@ pub const CLASSES: usize = 8 + 8 * 14;
 /// log2 of the smallest page (64 KiB): the granule of the page table.
 pub(crate) const GRANULE_SHIFT: u32 = 16;
 
-/// The class of a request of `size` bytes (`1..=MAX_SMALL`; 0 is served as 1).
+/// Sizes up to this are classed by one table load ([`SMALL_CLASS`]).
+const TABLE_MAX: usize = 1024;
+
+/// `SMALL_CLASS[k]` is the class of `8k` bytes: every class boundary up to [`TABLE_MAX`] is a
+/// multiple of 8, so all sizes in `(8(k-1), 8k]` share it.
+const SMALL_CLASS: [u8; TABLE_MAX / 8 + 1] = {
+    let mut t = [0u8; TABLE_MAX / 8 + 1];
+    let mut k = 0;
+    while k < t.len() {
+        t[k] = class_of_computed(k * 8) as u8;
+        k += 1;
+    }
+    t
+};
+
+/// The class of a request of `size` bytes (`1..=MAX_SMALL`; 0 is served as 1): one table load
+/// up to 1 KiB, so the fast paths take no branch on the size.
 #[inline(always)]
-pub(crate) const fn class_of(size: usize) -> usize {
+pub(crate) fn class_of(size: usize) -> usize {
+    if size <= TABLE_MAX {
+        // SAFETY: `(size + 7) / 8 <= TABLE_MAX / 8`.
+        return unsafe { *SMALL_CLASS.get_unchecked((size + 7) >> 3) } as usize;
+    }
+    class_of_computed(size)
+}
+
+/// [`class_of`] by arithmetic (what the table holds, and every size above it).
+#[inline(always)]
+pub(crate) const fn class_of_computed(size: usize) -> usize {
     if size <= 64 {
         return if size == 0 { 0 } else { size.div_ceil(8) - 1 };
     }
@@ -71,8 +97,14 @@ mod tests {
 
     #[test]
     fn classes_cover_every_size_with_bounded_waste() {
-        for n in 1..=MAX_SMALL {
+        for n in 0..=MAX_SMALL {
             let c = class_of(n);
+            assert_eq!(
+                c,
+                class_of_computed(n),
+                "{n}: table and arithmetic disagree"
+            );
+            let n = n.max(1);
             let s = class_size(c);
             assert!(s >= n, "{n} → class {c} of {s}");
             if n > 64 {

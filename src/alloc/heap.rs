@@ -28,7 +28,7 @@
 use super::class::CLASSES;
 use super::page::{Block, Page};
 use super::pool::PoolInner;
-use super::tcache::{CACHED_CLASSES, SLOTS, TCache};
+use super::tcache::{CACHED_CLASSES, SLOTS, TCaches};
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
@@ -64,7 +64,7 @@ pub(crate) fn is_heap(h: *mut Heap) -> bool {
 pub(crate) struct Heap {
     /// Frees left until the next [`Heap::tick`] looks whether a purge is due (owner-only).
     tick: AtomicU32,
-    tcache: [TCache; CACHED_CLASSES],
+    tcache: TCaches,
     current: [AtomicPtr<Page>; CLASSES],
     queue: [AtomicPtr<Page>; CLASSES],
     /// `in_full` pages of each class (owner-only).
@@ -134,8 +134,7 @@ impl Heap {
     pub(crate) fn alloc_fast(&self, c: usize) -> *mut u8 {
         if c < CACHED_CLASSES {
             // SAFETY: `c < CACHED_CLASSES`.
-            let p = unsafe { self.tcache.get_unchecked(c) }.pop();
-            if !p.is_null() {
+            if let Some(p) = unsafe { self.tcache.pop(c) } {
                 return p;
             }
         }
@@ -240,12 +239,12 @@ impl Heap {
         let c = page.class.load(R) as usize;
         if c < CACHED_CLASSES {
             // SAFETY: `c < CACHED_CLASSES`.
-            if unsafe { self.tcache.get_unchecked(c) }.push(p) {
+            if unsafe { self.tcache.push(c, p) } {
                 return;
             }
             self.flush_half(c);
             // SAFETY: as above; half the stack was just emptied.
-            unsafe { self.tcache.get_unchecked(c) }.push(p);
+            unsafe { self.tcache.push(c, p) };
             return;
         }
         self.free_to_page(page, p);
@@ -261,12 +260,15 @@ impl Heap {
     /// Return `n` cached blocks of class `c` to their pages (all of this heap: only blocks of
     /// its own pages are cached).
     fn flush(&self, c: usize, n: usize) {
+        if c >= CACHED_CLASSES {
+            return;
+        }
         let table = self.pool().table;
         for _ in 0..n {
-            let q = self.tcache[c].pop();
-            if q.is_null() {
+            // SAFETY: checked above.
+            let Some(q) = (unsafe { self.tcache.pop(c) }) else {
                 return;
-            }
+            };
             if let Some(page) = table.page_of(q) {
                 if std::ptr::eq(page.heap.load(R), self) {
                     self.free_to_page(page, q);
@@ -282,7 +284,7 @@ impl Heap {
     #[inline(always)]
     pub(crate) fn cache_sized(&self, c: usize, p: *mut u8) -> bool {
         // SAFETY: callers pass `c < CACHED_CLASSES`.
-        if !unsafe { self.tcache.get_unchecked(c) }.push(p) {
+        if !unsafe { self.tcache.push(c, p) } {
             return false;
         }
         // Counted after the push: the tick's rare call is then the function's last.
@@ -293,12 +295,12 @@ impl Heap {
     /// Whether block `p` of class `c` sits in this heap's cache (exact on the owning thread;
     /// racy, but memory-safe, on another: the slots are atomics).
     pub(crate) fn caches(&self, c: usize, p: *mut u8) -> bool {
-        self.tcache.get(c).is_some_and(|t| t.holds(p))
+        self.tcache.holds(c, p)
     }
 
     /// Blocks of class `c` in this heap's cache (racy; statistics).
     pub(crate) fn cached(&self, c: usize) -> u32 {
-        self.tcache.get(c).map_or(0, TCache::len)
+        self.tcache.len(c)
     }
 
     /// Put a block back on its page's free list.
@@ -573,7 +575,7 @@ impl Heap {
                     self.dequeue(c, p);
                     self.full[c].fetch_add(1, R);
                 }
-            } else if c < CACHED_CLASSES && self.tcache[c].len() > 0 {
+            } else if self.tcache.len(c) > 0 {
                 // Cached blocks of the class (an `alloc_zeroed` skips the cache) go back to
                 // their pages first: an abandoned page's blocks are in no cache.
                 self.flush(c, SLOTS);

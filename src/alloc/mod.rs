@@ -87,7 +87,7 @@ const MAX_SMALL_ALIGN: usize = MAX_SMALL;
 /// ```
 pub struct Pool {
     /// Copies of the hot fields of `inner` (its id and page table): one load less per call.
-    id: u64,
+    pub(crate) id: u64,
     table: PageTable,
     inner: ManuallyDrop<MmapBox<PoolInner>>,
 }
@@ -181,13 +181,19 @@ impl Pool {
     /// the slow path).
     #[inline(always)]
     pub(crate) fn alloc_fast(&self, layout: Layout) -> *mut u8 {
+        Pool::alloc_fast_in(self.id, layout)
+    }
+
+    /// [`Pool::alloc_fast`] of the pool with id `id` (any id: null when this thread has no
+    /// heap with it), for a front end that keeps the id beside its own state.
+    #[inline(always)]
+    pub(crate) fn alloc_fast_in(id: u64, layout: Layout) -> *mut u8 {
         let (size, align) = (layout.size(), layout.align());
         if !cfg!(feature = "memcheck") && align <= 8 && size <= MAX_SMALL {
             // The first allocation of a thread claims its heap in the slow path.
-            let heap = tls::heap_of(self.id);
-            if !heap.is_null() {
+            if let Some(heap) = tls::heap_in(id) {
                 // SAFETY: a heap this thread owns.
-                return unsafe { (*heap).alloc_fast(class_of(size)) };
+                return unsafe { heap.as_ref() }.alloc_fast(class_of(size));
             }
         }
         null_mut()
@@ -339,9 +345,10 @@ impl Pool {
                 // SAFETY: forwarded from the caller.
                 return unsafe { self.free_granted(p) };
             }
-            let heap = tls::heap_of(self.id);
             // SAFETY: `p` is in the reservation (the caller's contract).
-            if unsafe { self.table.owner_of(p) } == heap && !heap.is_null() {
+            let owner = unsafe { self.table.owner_of(p) };
+            if let Some(heap) = tls::heap_in(self.id).filter(|h| h.as_ptr() == owner) {
+                let heap = heap.as_ptr();
                 if cfg!(feature = "memcheck") {
                     // The page's block size, not the size's class: a block resized in place
                     // may have kept a larger class (over-aligned at first).

@@ -10,66 +10,84 @@
 //! back to that page: caching it would hand it to this thread, and two threads would write one
 //! cache line (passive false sharing, mimalloc-bench's `cache-scratch`).
 //!
-//! Invariant: `n <= SLOTS`, and `slots[..n]` are distinct free blocks of this heap's pages,
+//! Invariant: `n[c] <= SLOTS`, and `slots[c][..n[c]]` are distinct free blocks of this heap's pages,
 //! at least `class_size(c)` bytes long and 8-byte aligned (a block kept in place by `realloc`
 //! may sit in the cache of a smaller class).
 
-use super::class::{MAX_SMALL, class_of};
-use std::ptr::null_mut;
+use super::class::{MAX_SMALL, class_of_computed};
 use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
 
 const R: Ordering = Ordering::Relaxed;
 
 /// Classes with a cache: blocks up to 32 KiB.
-pub(crate) const CACHED_CLASSES: usize = class_of(32 << 10) + 1;
+pub(crate) const CACHED_CLASSES: usize = class_of_computed(32 << 10) + 1;
 
 /// Blocks per cache.
 pub(crate) const SLOTS: usize = 32;
 
 const _: () = assert!(32 << 10 <= MAX_SMALL);
 
-/// One class's stack.
+/// Every cached class's stack: the counts side by side (one line for the hot classes), the
+/// slots in rows of 256 bytes, so a class's row is one shift away. All zero is empty (heaps
+/// live in zeroed memory).
 #[repr(C)]
-pub(crate) struct TCache {
-    n: AtomicU32,
-    slots: [AtomicPtr<u8>; SLOTS],
+pub(crate) struct TCaches {
+    n: [AtomicU32; CACHED_CLASSES],
+    slots: [[AtomicPtr<u8>; SLOTS]; CACHED_CLASSES],
 }
 
-impl TCache {
-    /// The most recently freed block, or null.
+const _: () = assert!(size_of::<[AtomicPtr<u8>; SLOTS]>() == 256);
+
+impl TCaches {
+    /// The most recently freed block of class `c`, if any (never null: `None` is the only
+    /// empty answer, so the fast path tests the count alone).
+    ///
+    /// # Safety
+    /// `c < CACHED_CLASSES`.
     #[inline(always)]
-    pub(crate) fn pop(&self) -> *mut u8 {
-        let n = self.n.load(R);
-        if n == 0 {
-            return null_mut();
+    pub(crate) unsafe fn pop(&self, c: usize) -> Option<*mut u8> {
+        // SAFETY: `c < CACHED_CLASSES` (the caller's contract).
+        let n = unsafe { self.n.get_unchecked(c) };
+        let k = n.load(R);
+        if k == 0 {
+            return None;
         }
-        self.n.store(n - 1, R);
-        // SAFETY: `n - 1 < SLOTS`.
-        unsafe { self.slots.get_unchecked(n as usize - 1) }.load(R)
+        n.store(k - 1, R);
+        // SAFETY: as above, and `k - 1 < SLOTS` (the invariant).
+        Some(unsafe { self.slots.get_unchecked(c).get_unchecked(k as usize - 1) }.load(R))
     }
 
-    /// Keep `p`; false when the stack is full.
+    /// Keep `p` in class `c`'s stack; false when it is full.
+    ///
+    /// # Safety
+    /// `c < CACHED_CLASSES`.
     #[inline(always)]
-    pub(crate) fn push(&self, p: *mut u8) -> bool {
-        let n = self.n.load(R);
-        if n as usize == SLOTS {
+    pub(crate) unsafe fn push(&self, c: usize, p: *mut u8) -> bool {
+        // SAFETY: `c < CACHED_CLASSES` (the caller's contract).
+        let n = unsafe { self.n.get_unchecked(c) };
+        let k = n.load(R);
+        if k as usize == SLOTS {
             return false;
         }
-        // SAFETY: `n < SLOTS`.
-        unsafe { self.slots.get_unchecked(n as usize) }.store(p, R);
-        self.n.store(n + 1, R);
+        // SAFETY: as above, and `k < SLOTS`.
+        unsafe { self.slots.get_unchecked(c).get_unchecked(k as usize) }.store(p, R);
+        n.store(k + 1, R);
         true
     }
 
-    /// Whether `p` is cached here (a linear scan of at most [`SLOTS`] entries; exact on the
-    /// owning thread, racy on another).
-    pub(crate) fn holds(&self, p: *mut u8) -> bool {
-        let n = (self.n.load(R) as usize).min(SLOTS);
-        self.slots[..n].iter().any(|s| s.load(R) == p)
+    /// Whether `p` is cached in class `c` (a linear scan of at most [`SLOTS`] entries; exact
+    /// on the owning thread, racy on another). False for a class without a cache.
+    pub(crate) fn holds(&self, c: usize, p: *mut u8) -> bool {
+        let (Some(n), Some(row)) = (self.n.get(c), self.slots.get(c)) else {
+            return false;
+        };
+        let n = (n.load(R) as usize).min(SLOTS);
+        row[..n].iter().any(|s| s.load(R) == p)
     }
 
-    /// Blocks cached (any thread may read it, racily, for statistics).
-    pub(crate) fn len(&self) -> u32 {
-        self.n.load(R)
+    /// Blocks cached in class `c` (any thread may read it, racily, for statistics); 0 for a
+    /// class without a cache.
+    pub(crate) fn len(&self, c: usize) -> u32 {
+        self.n.get(c).map_or(0, |n| n.load(R))
     }
 }

@@ -29,7 +29,7 @@ use super::heap::Heap;
 use super::pool::PoolInner;
 use crate::arena::atfork::{ForkGuard, ForkLock};
 use std::cell::Cell;
-use std::ptr::null_mut;
+use std::ptr::{NonNull, null_mut};
 use std::sync::Once;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
@@ -169,16 +169,25 @@ pub(crate) fn token() -> u64 {
 /// This thread's heap in `pool`, if it has one (never claims).
 #[inline(always)]
 pub(crate) fn heap_of(id: u64) -> *mut Heap {
+    heap_in(id).map_or(null_mut(), NonNull::as_ptr)
+}
+
+/// [`heap_of`] for the fast paths: a hit is never null (a way is filled with its pool's id
+/// and a claimed heap together), so the caller tests the hit alone.
+#[inline(always)]
+pub(crate) fn heap_in(id: u64) -> Option<NonNull<Heap>> {
     CACHE
         .try_with(|ways| {
             for w in ways {
                 if w.id.get() == id {
-                    return w.heap.get();
+                    // SAFETY: `id` is a pool's (never 0), and a way naming a pool holds the
+                    // heap claimed with it (the invariant above), which is not null.
+                    return Some(unsafe { NonNull::new_unchecked(w.heap.get()) });
                 }
             }
-            null_mut()
+            None
         })
-        .unwrap_or(null_mut())
+        .unwrap_or(None)
 }
 
 /// This thread's heap in `pool`, claiming one on first use. Null when every heap of the pool

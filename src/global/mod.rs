@@ -74,12 +74,15 @@ use std::cell::UnsafeCell;
 use std::mem::{ManuallyDrop, MaybeUninit};
 use std::ptr::{self, null_mut};
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, AtomicUsize};
 use std::time::{Duration, Instant};
 
 const UNINIT: u8 = 0;
 const BUSY: u8 = 1;
 const READY: u8 = 2;
+
+/// `fast_id` before the pool is ready: no pool has this id (ids count up from 1).
+const NO_POOL: u64 = u64::MAX;
 const FAILED: u8 = 3;
 
 /// How long a thread allocating during another thread's initialisation waits for it.
@@ -174,6 +177,10 @@ pub struct GlobalPool {
     /// `reserve` is stored last, with `Release`, after `hot`.
     base: AtomicUsize,
     reserve: AtomicUsize,
+    /// The ready pool's id, `NO_POOL` before: the allocation fast path looks this thread's
+    /// heap up by it without loading the state (no heap is ever claimed in `NO_POOL`, so a
+    /// hit means the pool is ready).
+    fast_id: AtomicU64,
     /// This pool's counters, mapped (and never unmapped) on first use.
     counters: AtomicPtr<Counters>,
 }
@@ -232,6 +239,7 @@ impl GlobalPool {
             hot: UnsafeCell::new(MaybeUninit::uninit()),
             base: AtomicUsize::new(0),
             reserve: AtomicUsize::new(0),
+            fast_id: AtomicU64::new(NO_POOL),
             counters: AtomicPtr::new(null_mut()),
         }
     }
@@ -403,6 +411,7 @@ impl GlobalPool {
             let (base, reserve) = ready.pool.span();
             self.base.store(base, Relaxed);
             self.reserve.store(reserve, Release);
+            self.fast_id.store(ready.pool.id, Release);
             let _ = INSTANCE.compare_exchange(
                 null_mut(),
                 *ready as *const Ready as *mut Ready,
@@ -607,11 +616,9 @@ impl GlobalPool {
     #[inline(always)]
     fn alloc_fast(&self, layout: Layout, zero: bool) -> *mut u8 {
         if !zero {
-            if let Some(pool) = self.ready() {
-                let p = pool.alloc_fast(layout);
-                if !p.is_null() {
-                    return p;
-                }
+            let p = Pool::alloc_fast_in(self.fast_id.load(Relaxed), layout);
+            if !p.is_null() {
+                return p;
             }
         }
         // The last call: the fast path above saves no register for it.
