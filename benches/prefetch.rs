@@ -77,8 +77,8 @@ fn bursts(c: &mut Criterion) {
             for (i, &p) in blocks.iter().enumerate() {
                 let rkey = pool.keys_of(p).expect("keys").rkey;
                 let sge = smr.sge(0, BURST).expect("an SGE");
-                peer.post_write(i as u64, &[sge], p as u64, rkey)
-                    .expect("posted");
+                // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
+                unsafe { peer.post_write(i as u64, &[sge], p as u64, rkey) }.expect("posted");
             }
             for _ in 0..blocks.len() {
                 let wc = ccq.wait_one(Duration::from_secs(10)).expect("a completion");

@@ -86,12 +86,15 @@ fn write_4k(c: &mut Criterion) {
     let mut g = c.benchmark_group("write_4k");
     g.bench_function("preregistered", |b| {
         b.iter(|| {
-            p.qa.post_write(
-                1,
-                &[pre.sge(0, 4096).unwrap()],
-                p.dst.addr() as u64,
-                p.dst.rkey(),
-            )
+            // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
+            unsafe {
+                p.qa.post_write(
+                    1,
+                    &[pre.sge(0, 4096).unwrap()],
+                    p.dst.addr() as u64,
+                    p.dst.rkey(),
+                )
+            }
             .unwrap();
             black_box(p.cq.wait_one(Duration::from_secs(1)).unwrap());
         })
@@ -101,12 +104,15 @@ fn write_4k(c: &mut Criterion) {
         b.iter(|| {
             // SAFETY: `src2` outlives the region.
             let mr = unsafe { p.a.reg_mr(src2.as_mut_ptr(), 4096, Access::LOCAL_WRITE) }.unwrap();
-            p.qa.post_write(
-                1,
-                &[mr.sge(0, 4096).unwrap()],
-                p.dst.addr() as u64,
-                p.dst.rkey(),
-            )
+            // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
+            unsafe {
+                p.qa.post_write(
+                    1,
+                    &[mr.sge(0, 4096).unwrap()],
+                    p.dst.addr() as u64,
+                    p.dst.rkey(),
+                )
+            }
             .unwrap();
             black_box(p.cq.wait_one(Duration::from_secs(1)).unwrap());
         })
@@ -141,12 +147,15 @@ fn odp_first_touch(c: &mut Criterion) {
                     (p, s)
                 },
                 |(p, s)| {
-                    p.qa.post_write(
-                        1,
-                        &[s.sge(0, 64 * 1024).unwrap()],
-                        p.dst.addr() as u64,
-                        p.dst.rkey(),
-                    )
+                    // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
+                    unsafe {
+                        p.qa.post_write(
+                            1,
+                            &[s.sge(0, 64 * 1024).unwrap()],
+                            p.dst.addr() as u64,
+                            p.dst.rkey(),
+                        )
+                    }
                     .unwrap();
                     black_box(p.cq.wait_one(Duration::from_secs(5)).unwrap());
                     // Returned, so tearing the pair down is not timed.

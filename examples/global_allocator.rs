@@ -69,14 +69,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // WRITE them to the peer, as they are.
     let mut off = 0u64;
-    qp.post_write(1, &[sge(greeting.as_bytes())], raddr, rkey)?;
+    // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
+    unsafe { qp.post_write(1, &[sge(greeting.as_bytes())], raddr, rkey) }?;
     assert_eq!(cq.wait_one(wait)?.status, WcStatus::Success);
     off += greeting.len() as u64;
     let big = index.get("key-63").expect("inserted above");
-    qp.post_write(2, &[sge(big)], raddr + off, rkey)?;
+    // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
+    unsafe { qp.post_write(2, &[sge(big)], raddr + off, rkey) }?;
     assert_eq!(cq.wait_one(wait)?.status, WcStatus::Success);
     off += big.len() as u64;
-    qp.post_write(3, &[sge(&table)], raddr + off, rkey)?;
+    // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
+    unsafe { qp.post_write(3, &[sge(&table)], raddr + off, rkey) }?;
     assert_eq!(cq.wait_one(wait)?.status, WcStatus::Success);
     off += table.len() as u64;
     let landed = &landing.as_slice()[..off as usize];
@@ -91,7 +94,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // READ the peer's bytes back into a fresh Vec.
     let mut back = vec![0u8; off as usize];
-    qp.post_read(4, &[sge(&back)], raddr, rkey)?;
+    // SAFETY: the read's memory stays allocated and unread until its completion is polled.
+    unsafe { qp.post_read(4, &[sge(&back)], raddr, rkey) }?;
     assert_eq!(cq.wait_one(wait)?.status, WcStatus::Success);
     assert_eq!(&back[..], landed);
     back.truncate(greeting.len());

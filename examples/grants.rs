@@ -48,9 +48,11 @@ fn access(
 ) -> Res<WcStatus> {
     let sge = c.mr.sge(0, len)?;
     if write {
-        qp.post_write(1, &[sge], addr, w.rkey)?;
+        // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
+        unsafe { qp.post_write(1, &[sge], addr, w.rkey) }?;
     } else {
-        qp.post_read(1, &[sge], addr, w.rkey)?;
+        // SAFETY: the read's memory stays allocated and unread until its completion is polled.
+        unsafe { qp.post_read(1, &[sge], addr, w.rkey) }?;
     }
     Ok(c.cq.wait_one(Duration::from_secs(10))?.status)
 }

@@ -63,12 +63,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
 
     let wait = Duration::from_secs(5);
-    qp.post_write(
-        1,
-        &[arena.sge_of(&mine[..msg.len()])?],
-        their_mr.addr() as u64,
-        their_mr.rkey(),
-    )?;
+    // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
+    unsafe {
+        qp.post_write(
+            1,
+            &[arena.sge_of(&mine[..msg.len()])?],
+            their_mr.addr() as u64,
+            their_mr.rkey(),
+        )
+    }?;
     let wc = cq.wait_one(wait)?;
     println!("RDMA WRITE: {:?}", wc.status);
     println!(
@@ -77,12 +80,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
 
     mine.fill(0);
-    qp.post_read(
-        2,
-        &[arena.sge_of(&mine[..msg.len()])?],
-        their_mr.addr() as u64,
-        their_mr.rkey(),
-    )?;
+    // SAFETY: the read's memory stays allocated and unread until its completion is polled.
+    unsafe {
+        qp.post_read(
+            2,
+            &[arena.sge_of(&mine[..msg.len()])?],
+            their_mr.addr() as u64,
+            their_mr.rkey(),
+        )
+    }?;
     println!("RDMA READ: {:?}", cq.wait_one(wait)?.status);
     assert_eq!(&mine[..msg.len()], msg);
     println!(
@@ -92,7 +98,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // The pool's own regions carry no remote rights: its rkey gives a peer nothing (peers
     // reach pool memory only through per-buffer grants).
-    peer_qp.post_read(3, &[their_mr.sge(0, 8)?], mine.as_ptr() as u64, keys.rkey)?;
+    // SAFETY: the read's memory stays allocated and unread until its completion is polled.
+    unsafe { peer_qp.post_read(3, &[their_mr.sge(0, 8)?], mine.as_ptr() as u64, keys.rkey) }?;
     let wc = peer_cq.wait_one(wait)?;
     println!(
         "peer RDMA READ of our buffer with the pool's rkey {}: {:?} (peer QP now {:?})",

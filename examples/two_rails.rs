@@ -96,12 +96,15 @@ fn main() -> Res<()> {
     for (r, rl) in rails.iter().enumerate() {
         let part = &data[r * half..(r + 1) * half];
         let sge: Sge = pool.sge_of_on(part, &rl.nic)?;
-        rl.qp.post_write(
-            r as u64,
-            &[sge],
-            rl.peer_mr.addr() as u64,
-            rl.peer_mr.rkey(),
-        )?;
+        // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
+        unsafe {
+            rl.qp.post_write(
+                r as u64,
+                &[sge],
+                rl.peer_mr.addr() as u64,
+                rl.peer_mr.rkey(),
+            )
+        }?;
     }
     for (r, rl) in rails.iter().enumerate() {
         let wc = rl.cq.wait_one(Duration::from_secs(30))?;

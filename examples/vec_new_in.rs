@@ -37,12 +37,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut msg: Vec<u8, &Pool> = Vec::new_in(&pool);
         msg.extend_from_slice(text.as_bytes());
         let sge = pool.sge_of(&msg)?;
-        qp.post_write(
-            i as u64,
-            &[sge],
-            landing_mr.addr() as u64 + offset,
-            landing_mr.rkey(),
-        )?;
+        // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
+        unsafe {
+            qp.post_write(
+                i as u64,
+                &[sge],
+                landing_mr.addr() as u64 + offset,
+                landing_mr.rkey(),
+            )
+        }?;
         assert_eq!(cq.wait_one(wait)?.status, WcStatus::Success);
         println!(
             "WRITE from Vec at {:p} (lkey {}): {text:?}",
@@ -57,12 +60,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // And the other way: READ the peer's bytes into a Vec of the pool.
     let mut back: Vec<u8, &Pool> = Vec::new_in(&pool);
     back.resize(offset as usize, 0);
-    qp.post_read(
-        9,
-        &[pool.sge_of(&back)?],
-        landing_mr.addr() as u64,
-        landing_mr.rkey(),
-    )?;
+    // SAFETY: the read's memory stays allocated and unread until its completion is polled.
+    unsafe {
+        qp.post_read(
+            9,
+            &[pool.sge_of(&back)?],
+            landing_mr.addr() as u64,
+            landing_mr.rkey(),
+        )
+    }?;
     assert_eq!(cq.wait_one(wait)?.status, WcStatus::Success);
     assert_eq!(&back[..], written);
     println!(

@@ -22,6 +22,31 @@
 //! the allocator-api2 front end (`Vec::new_in(&pool)`) put in front of it.
 //!
 //! # Examples
+//! A pool on the soft NIC, and an RDMA WRITE of a vector of it: the vector travels with the
+//! work request and comes back with the completion (no `unsafe`: the NIC can never touch it
+//! after it is freed).
+//! ```
+//! use rdma_pool::alloc::Pool;
+//! use rdma_pool::nic::{Access, Nic, QpCaps, WcStatus};
+//! use std::time::Duration;
+//!
+//! let nic = Nic::soft();
+//! let pd = nic.alloc_pd()?;
+//! let cq = nic.create_cq(16)?;
+//! let (a, b) = (pd.create_qp(&cq, &cq, QpCaps::default())?, pd.create_qp(&cq, &cq, QpCaps::default())?);
+//! a.connect(&b.endpoint()?)?;
+//! b.connect(&a.endpoint()?)?;
+//! let pool: &'static Pool = Box::leak(Box::new(Pool::new(&pd)?));
+//!
+//! let mut dst = rdma_pool::nic::Buffer::new(4096)?;
+//! // SAFETY: `dst` outlives its region.
+//! let dst_mr = unsafe { pd.reg_mr(dst.as_mut_ptr(), 4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE) }?;
+//! let src = allocator_api2::vec![in pool; 42u8; 20];
+//! let done = a.post_write_owned(1, src, dst_mr.addr() as u64, dst_mr.rkey())?.wait(Duration::from_secs(5))?;
+//! assert_eq!(done.completion.status, WcStatus::Success);
+//! assert_eq!(&dst.as_slice()[..20], &done.buf[..]);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 //! The raw verbs layer: two in-process peers on the soft NIC, register, RDMA WRITE.
 //! ```
 //! use rdma_pool::nic::{Access, Nic, QpCaps, WcStatus};
@@ -41,7 +66,8 @@
 //! let src_mr = unsafe { pd.reg_mr(src.as_mut_ptr(), src.len(), Access::LOCAL_WRITE) }?;
 //! let dst_mr = unsafe { pd.reg_mr(dst.as_mut_ptr(), dst.len(), rw) }?;
 //!
-//! a.post_write(1, &[src_mr.sge(0, 20)?], dst_mr.addr() as u64, dst_mr.rkey())?;
+//! // SAFETY: `src` is neither freed nor written until the completion is polled below.
+//! unsafe { a.post_write(1, &[src_mr.sge(0, 20)?], dst_mr.addr() as u64, dst_mr.rkey()) }?;
 //! assert_eq!(cq.wait_one(Duration::from_secs(5))?.status, WcStatus::Success);
 //! assert_eq!(&dst, b"hello, remote memory");
 //! # Ok::<(), rdma_pool::nic::Error>(())

@@ -137,8 +137,8 @@ fn traffic_fails_while_a_kept_key_region_is_revoked() {
     assert!(kept, "1 → 2 pages fits the 4-descriptor entry");
     assert_eq!(mr.rkey(), rkey);
     let (qa, _qb) = connect(&bed.a, &bed.b);
-    qa.post_write(1, &[src_mr.sge(0, 64).unwrap()], addr, rkey)
-        .unwrap();
+    // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
+    unsafe { qa.post_write(1, &[src_mr.sge(0, 64).unwrap()], addr, rkey) }.unwrap();
     assert_eq!(bed.a.wait().status, WcStatus::Success, "usable again");
 }
 
@@ -168,22 +168,25 @@ fn windows_above_2_gib_are_refused_at_the_call() {
         .b
         .reg_reserved(len, RW | Access::MW_BIND | Access::ON_DEMAND);
     let mut mw = bed.b.pd.alloc_mw(MwType::Type1).unwrap();
-    let e = bed
-        .qb
-        .bind_mw(1, &mut mw, &mr, 0, len, Access::REMOTE_READ)
-        .unwrap_err();
+    // SAFETY: the bound memory outlives the window, and the test reads it only after the peer's access completed.
+    let e = unsafe { bed.qb.bind_mw(1, &mut mw, &mr, 0, len, Access::REMOTE_READ) }.unwrap_err();
     assert!(e.is_unsupported(), "{e}");
     let mut mw2 = bed.b.pd.alloc_mw(MwType::Type2).unwrap();
-    let e = bed
-        .qb
-        .post_bind_mw(2, &mut mw2, &mr, 0, len, Access::REMOTE_READ)
-        .unwrap_err();
+    // SAFETY: the bound memory outlives the window, and the test reads it only after the peer's access completed.
+    let e = unsafe {
+        bed.qb
+            .post_bind_mw(2, &mut mw2, &mr, 0, len, Access::REMOTE_READ)
+    }
+    .unwrap_err();
     assert!(e.is_unsupported(), "{e}");
     assert!(bed.b.cq.poll_one().unwrap().is_none(), "nothing was posted");
     // Exactly 2 GiB is fine.
-    bed.qb
-        .bind_mw(3, &mut mw, &mr, 0, 1 << 31, Access::REMOTE_READ)
-        .unwrap();
+    // SAFETY: the bound memory outlives the window, and the test reads it only after the peer's access completed.
+    unsafe {
+        bed.qb
+            .bind_mw(3, &mut mw, &mr, 0, 1 << 31, Access::REMOTE_READ)
+    }
+    .unwrap();
     assert_eq!(bed.b.wait().status, WcStatus::Success);
 }
 
@@ -222,9 +225,12 @@ fn a_window_of_exactly_2_gib_is_taken_by_both_binds() {
         .b
         .reg_reserved(len, RW | Access::MW_BIND | Access::ON_DEMAND);
     let mut mw2 = bed.b.pd.alloc_mw(MwType::Type2).unwrap();
-    bed.qb
-        .post_bind_mw(1, &mut mw2, &mr, 0, len, Access::REMOTE_READ)
-        .unwrap();
+    // SAFETY: the bound memory outlives the window, and the test reads it only after the peer's access completed.
+    unsafe {
+        bed.qb
+            .post_bind_mw(1, &mut mw2, &mr, 0, len, Access::REMOTE_READ)
+    }
+    .unwrap();
     assert_eq!(bed.b.wait().status, WcStatus::Success);
 }
 

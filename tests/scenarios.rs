@@ -199,9 +199,12 @@ fn local_key_must_cover_the_sge() {
     let (_src, src_mr) = bed.a.reg_buf(4096, 4, Access::LOCAL_WRITE);
     let (dst, dst_mr) = bed.b.reg_buf(4096, 0, RW);
     let bad = sge(src_mr.addr() as u64 + 4000, 200, src_mr.lkey());
-    bed.qa
-        .post_write(1, &[bad], dst_mr.addr() as u64, dst_mr.rkey())
-        .unwrap();
+    // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
+    unsafe {
+        bed.qa
+            .post_write(1, &[bad], dst_mr.addr() as u64, dst_mr.rkey())
+    }
+    .unwrap();
     assert_eq!(
         bed.a.wait().status,
         local_failure(&bed, WcStatus::LocProtErr)
@@ -232,10 +235,10 @@ fn send_lands_in_a_posted_receive() {
     src.as_mut_slice()[..5].copy_from_slice(b"hello");
     let src_mr = bed.a.reg(&mut src, Access::LOCAL_WRITE).unwrap();
     let (dst, dst_mr) = bed.b.reg_buf(4096, 0, Access::LOCAL_WRITE);
-    bed.qb
-        .post_recv(42, &[dst_mr.sge(0, 4096).unwrap()])
-        .unwrap();
-    bed.qa.post_send(43, &[src_mr.sge(0, 5).unwrap()]).unwrap();
+    // SAFETY: the receive's memory stays allocated and unread until its completion is polled.
+    unsafe { bed.qb.post_recv(42, &[dst_mr.sge(0, 4096).unwrap()]) }.unwrap();
+    // SAFETY: the sent memory stays allocated and unwritten until its completion is polled.
+    unsafe { bed.qa.post_send(43, &[src_mr.sge(0, 5).unwrap()]) }.unwrap();
     let s = bed.a.wait();
     assert_eq!(
         (s.wr_id, s.status, s.opcode),
@@ -305,9 +308,11 @@ fn local_odp_rdma_is_correct_or_refused_never_corrupted() {
     assert_eq!(&dst.as_slice()[..2 * 4096], &src.as_slice()[..2 * 4096]);
     // At an offset inside the page: correct on the soft NIC; refused (not corrupted) on rxe.
     let sge = sge(src_mr.addr() as u64 + 16, 4096, src_mr.lkey());
-    let posted = bed
-        .qa
-        .post_write(9, &[sge], dst_mr.addr() as u64 + 8192, dst_mr.rkey());
+    // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
+    let posted = unsafe {
+        bed.qa
+            .post_write(9, &[sge], dst_mr.addr() as u64 + 8192, dst_mr.rkey())
+    };
     if quirk(&bed, Quirk::OdpRdmaNeedsPageAlignment) {
         assert!(posted.unwrap_err().is_unsupported());
         assert!(dst.as_slice()[8192..].iter().all(|&x| x == 0));
@@ -544,7 +549,8 @@ fn bind1(
     len: usize,
     access: Access,
 ) -> Rkey {
-    let rkey = qp.bind_mw(5, mw, mr, off, len, access).unwrap();
+    // SAFETY: the bound memory outlives the window, and the test reads it only after the peer's access completed.
+    let rkey = unsafe { qp.bind_mw(5, mw, mr, off, len, access) }.unwrap();
     let wc = side.wait();
     assert_eq!((wc.wr_id, wc.status), (5, WcStatus::Success));
     rkey
@@ -670,9 +676,9 @@ fn type2_window_is_bound_on_one_qp_and_invalidated() {
     let _g = serial();
     let bed = bed();
     let (_mem, mr, mut mw) = bed.b.window_over(2 * 4096, 0x48, MwType::Type2);
-    let rkey = bed
-        .qb
-        .post_bind_mw(
+    // SAFETY: the bound memory outlives the window, and the test reads it only after the peer's access completed.
+    let rkey = unsafe {
+        bed.qb.post_bind_mw(
             11,
             &mut mw,
             &mr,
@@ -680,7 +686,8 @@ fn type2_window_is_bound_on_one_qp_and_invalidated() {
             4096,
             Access::REMOTE_READ | Access::REMOTE_WRITE,
         )
-        .unwrap();
+    }
+    .unwrap();
     let wc = bed.b.wait();
     assert_eq!(
         (wc.wr_id, wc.status, wc.opcode),
@@ -695,8 +702,8 @@ fn type2_window_is_bound_on_one_qp_and_invalidated() {
 
     // Through another QP pair the window is not usable.
     let (qa2, qb2) = connect(&bed.a, &bed.b);
-    qa2.post_read(12, &[dst_mr.sge(0, 64).unwrap()], mr.addr() as u64, rkey)
-        .unwrap();
+    // SAFETY: the read's memory stays allocated and unread until its completion is polled.
+    unsafe { qa2.post_read(12, &[dst_mr.sge(0, 64).unwrap()], mr.addr() as u64, rkey) }.unwrap();
     assert_eq!(bed.a.wait().status, WcStatus::RemAccessErr);
 
     // LOCAL_INV revokes it.
@@ -716,17 +723,23 @@ fn send_with_invalidate_revokes_a_type2_window() {
     let _g = serial();
     let bed = bed();
     let (_mem, mr, mut mw) = bed.b.window_over(4096, 0x48, MwType::Type2);
-    let rkey = bed
-        .qb
-        .post_bind_mw(21, &mut mw, &mr, 0, 4096, Access::REMOTE_READ)
-        .unwrap();
+    // SAFETY: the bound memory outlives the window, and the test reads it only after the peer's access completed.
+    let rkey = unsafe {
+        bed.qb
+            .post_bind_mw(21, &mut mw, &mr, 0, 4096, Access::REMOTE_READ)
+    }
+    .unwrap();
     assert_eq!(bed.b.wait().status, WcStatus::Success);
     let (_rbuf, rmr) = bed.b.reg_buf(4096, 0, Access::LOCAL_WRITE);
-    bed.qb.post_recv(22, &[rmr.sge(0, 4096).unwrap()]).unwrap();
+    // SAFETY: the receive's memory stays allocated and unread until its completion is polled.
+    unsafe { bed.qb.post_recv(22, &[rmr.sge(0, 4096).unwrap()]) }.unwrap();
     let (_sbuf, smr) = bed.a.reg_buf(4096, 1, Access::LOCAL_WRITE);
-    bed.qa
-        .post_send_with_inv(23, &[smr.sge(0, 8).unwrap()], rkey)
-        .unwrap();
+    // SAFETY: the sent memory stays allocated and unwritten until its completion is polled.
+    unsafe {
+        bed.qa
+            .post_send_with_inv(23, &[smr.sge(0, 8).unwrap()], rkey)
+    }
+    .unwrap();
     assert_eq!(bed.a.wait().status, WcStatus::Success);
     let wc = bed.b.wait();
     let reported = if quirk(&bed, Quirk::SendWithInvNotReported) {
@@ -776,9 +789,12 @@ fn bind_needs_mw_bind_on_the_region() {
     let bed = bed();
     let (mut mem, mr) = bed.b.reg_buf(4096, 0, RW);
     let mut mw = bed.b.pd.alloc_mw(MwType::Type1).unwrap();
-    bed.qb
-        .bind_mw(31, &mut mw, &mr, 0, 4096, Access::REMOTE_READ)
-        .unwrap();
+    // SAFETY: the bound memory outlives the window, and the test reads it only after the peer's access completed.
+    unsafe {
+        bed.qb
+            .bind_mw(31, &mut mw, &mr, 0, 4096, Access::REMOTE_READ)
+    }
+    .unwrap();
     let wc = bed.b.wait();
     assert_eq!(
         (wc.wr_id, wc.status),
@@ -790,13 +806,12 @@ fn bind_needs_mw_bind_on_the_region() {
     assert!(mw.bind_failed());
     let good = bed.b.reg(&mut mem, RW | Access::MW_BIND).unwrap();
     let (qa2, qb2) = connect(&bed.a, &bed.b);
-    let rkey = qb2
-        .bind_mw(32, &mut mw, &good, 0, 4096, Access::REMOTE_READ)
-        .unwrap();
+    // SAFETY: the bound memory outlives the window, and the test reads it only after the peer's access completed.
+    let rkey = unsafe { qb2.bind_mw(32, &mut mw, &good, 0, 4096, Access::REMOTE_READ) }.unwrap();
     assert_eq!(bed.b.wait().status, WcStatus::Success);
     let (dst, dst_mr) = bed.a.reg_buf(4096, 1, Access::LOCAL_WRITE);
-    qa2.post_read(33, &[dst_mr.sge(0, 64).unwrap()], good.addr() as u64, rkey)
-        .unwrap();
+    // SAFETY: the read's memory stays allocated and unread until its completion is polled.
+    unsafe { qa2.post_read(33, &[dst_mr.sge(0, 64).unwrap()], good.addr() as u64, rkey) }.unwrap();
     assert_eq!(bed.a.wait().status, WcStatus::Success);
     assert!(dst.as_slice()[..64].iter().all(|&x| x == 0));
 }
@@ -892,10 +907,8 @@ fn a_window_grants_one_buffer_of_a_region_without_remote_rights() {
         .reg_buf(4 * 4096, 0, Access::LOCAL_WRITE | Access::MW_BIND);
     let mut mw = bed.b.pd.alloc_mw(MwType::Type2).unwrap();
     let rw = Access::REMOTE_READ | Access::REMOTE_WRITE;
-    let rkey = bed
-        .qb
-        .post_bind_mw(1, &mut mw, &mr, 4096, 4096, rw)
-        .unwrap();
+    // SAFETY: the bound memory outlives the window, and the test reads it only after the peer's access completed.
+    let rkey = unsafe { bed.qb.post_bind_mw(1, &mut mw, &mr, 4096, 4096, rw) }.unwrap();
     let wc = bed.b.wait();
     assert_eq!(wc.status, WcStatus::Success);
     assert!(mw.settle(wc.status));
@@ -930,7 +943,8 @@ fn a_remote_access_error_fails_the_responder_and_flushes_its_receives() {
         .b
         .reg_buf(4096, 0, Access::LOCAL_WRITE | Access::REMOTE_READ);
     let (_rbuf, r_mr) = bed.b.reg_buf(4096, 0, Access::LOCAL_WRITE);
-    bed.qb.post_recv(9, &[r_mr.sge(0, 4096).unwrap()]).unwrap();
+    // SAFETY: the receive's memory stays allocated and unread until its completion is polled.
+    unsafe { bed.qb.post_recv(9, &[r_mr.sge(0, 4096).unwrap()]) }.unwrap();
     // The region grants READ only: a WRITE is a remote access error (IB class C).
     assert_eq!(
         write(&bed, &src_mr, 64, dst_mr.addr() as u64, dst_mr.rkey()),
@@ -954,17 +968,22 @@ fn a_type1_bind_completes_in_send_queue_order() {
     let (_dst, dst_mr) = bed.b.reg_buf(1 << 20, 0, RW);
     // A long WRITE, then a bind: the bind completes after it.
     let mut mw = bed.a.pd.alloc_mw(MwType::Type1).unwrap();
-    bed.qa
-        .post_write(
+    // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
+    unsafe {
+        bed.qa.post_write(
             1,
             &[src_mr.sge(0, 1 << 20).unwrap()],
             dst_mr.addr() as u64,
             dst_mr.rkey(),
         )
-        .unwrap();
-    bed.qa
-        .bind_mw(2, &mut mw, &src_mr, 0, 4096, Access::REMOTE_READ)
-        .unwrap();
+    }
+    .unwrap();
+    // SAFETY: the bound memory outlives the window, and the test reads it only after the peer's access completed.
+    unsafe {
+        bed.qa
+            .bind_mw(2, &mut mw, &src_mr, 0, 4096, Access::REMOTE_READ)
+    }
+    .unwrap();
     let (first, second) = (bed.a.wait(), bed.a.wait());
     assert_eq!(
         [(first.wr_id, first.status), (second.wr_id, second.status)],
@@ -973,11 +992,15 @@ fn a_type1_bind_completes_in_send_queue_order() {
     assert_eq!(second.opcode, WcOpcode::BindMw);
     // A SEND that waits at the responder for a receive, then a bind behind it.
     let (_rbuf, r_mr) = bed.b.reg_buf(4096, 0, Access::LOCAL_WRITE);
-    bed.qa.post_send(3, &[src_mr.sge(0, 8).unwrap()]).unwrap();
+    // SAFETY: the sent memory stays allocated and unwritten until its completion is polled.
+    unsafe { bed.qa.post_send(3, &[src_mr.sge(0, 8).unwrap()]) }.unwrap();
     let mut mw2 = bed.a.pd.alloc_mw(MwType::Type1).unwrap();
-    bed.qa
-        .bind_mw(4, &mut mw2, &src_mr, 0, 4096, Access::REMOTE_READ)
-        .unwrap();
+    // SAFETY: the bound memory outlives the window, and the test reads it only after the peer's access completed.
+    unsafe {
+        bed.qa
+            .bind_mw(4, &mut mw2, &src_mr, 0, 4096, Access::REMOTE_READ)
+    }
+    .unwrap();
     std::thread::sleep(std::time::Duration::from_millis(200));
     if quirk(&bed, Quirk::BindBehindRnrRetryFails) {
         let (send, bind) = (bed.a.wait(), bed.a.wait());
@@ -990,7 +1013,8 @@ fn a_type1_bind_completes_in_send_queue_order() {
     }
     let early = bed.a.cq.poll_one().unwrap();
     assert!(early.is_none(), "the bind waits behind the SEND: {early:?}");
-    bed.qb.post_recv(5, &[r_mr.sge(0, 4096).unwrap()]).unwrap();
+    // SAFETY: the receive's memory stays allocated and unread until its completion is polled.
+    unsafe { bed.qb.post_recv(5, &[r_mr.sge(0, 4096).unwrap()]) }.unwrap();
     let (send, bind) = (bed.a.wait(), bed.a.wait());
     assert_eq!(
         [(send.wr_id, send.status), (bind.wr_id, bind.status)],
@@ -1008,12 +1032,18 @@ fn a_type1_bind_behind_a_failed_request_is_flushed() {
         .reg_buf(4096, 7, Access::LOCAL_WRITE | Access::MW_BIND);
     let mut mw = bed.a.pd.alloc_mw(MwType::Type1).unwrap();
     let old = mw.rkey();
-    bed.qa
-        .post_write(1, &[src_mr.sge(0, 64).unwrap()], 0x1000, Rkey(0x4242))
-        .unwrap();
-    bed.qa
-        .bind_mw(2, &mut mw, &src_mr, 0, 4096, Access::REMOTE_READ)
-        .unwrap();
+    // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
+    unsafe {
+        bed.qa
+            .post_write(1, &[src_mr.sge(0, 64).unwrap()], 0x1000, Rkey(0x4242))
+    }
+    .unwrap();
+    // SAFETY: the bound memory outlives the window, and the test reads it only after the peer's access completed.
+    unsafe {
+        bed.qa
+            .bind_mw(2, &mut mw, &src_mr, 0, 4096, Access::REMOTE_READ)
+    }
+    .unwrap();
     assert_eq!(bed.a.wait().status, WcStatus::RemAccessErr);
     let wc = bed.a.wait();
     assert_eq!((wc.wr_id, wc.status), (2, WcStatus::WrFlushErr));
@@ -1026,9 +1056,9 @@ fn bind_mw_refuses_bad_input_at_the_call() {
     let _g = serial();
     let bed = bed();
     let (_mem, mr, mut mw) = bed.b.window_over(4096, 0, MwType::Type1);
-    let e = bed
-        .qb
-        .bind_mw(
+    // SAFETY: the bound memory outlives the window, and the test reads it only after the peer's access completed.
+    let e = unsafe {
+        bed.qb.bind_mw(
             1,
             &mut mw,
             &mr,
@@ -1036,7 +1066,8 @@ fn bind_mw_refuses_bad_input_at_the_call() {
             4096,
             Access::REMOTE_READ | Access::ZERO_BASED,
         )
-        .unwrap_err();
+    }
+    .unwrap_err();
     assert_eq!(
         e.errno(),
         Some(libc::EINVAL),
@@ -1045,18 +1076,22 @@ fn bind_mw_refuses_bad_input_at_the_call() {
     let pd2 = bed.b.nic.alloc_pd().unwrap();
     let mut other = buf(4096, 0);
     let mr2 = reg_in(&pd2, &mut other, RW | Access::MW_BIND).unwrap();
-    let e = bed
-        .qb
-        .bind_mw(2, &mut mw, &mr2, 0, 4096, Access::REMOTE_READ)
-        .unwrap_err();
+    // SAFETY: the bound memory outlives the window, and the test reads it only after the peer's access completed.
+    let e = unsafe {
+        bed.qb
+            .bind_mw(2, &mut mw, &mr2, 0, 4096, Access::REMOTE_READ)
+    }
+    .unwrap_err();
     assert_eq!(e.errno(), Some(libc::EPERM), "a region of another PD");
     // Nothing was posted: no completion, the QP is still usable.
     assert!(bed.b.cq.poll_one().unwrap().is_none());
     assert_eq!(bed.qb.state().unwrap(), QpState::Ready);
-    let rkey = bed
-        .qb
-        .bind_mw(3, &mut mw, &mr, 0, 4096, Access::REMOTE_READ)
-        .unwrap();
+    // SAFETY: the bound memory outlives the window, and the test reads it only after the peer's access completed.
+    let rkey = unsafe {
+        bed.qb
+            .bind_mw(3, &mut mw, &mr, 0, 4096, Access::REMOTE_READ)
+    }
+    .unwrap();
     let wc = bed.b.wait();
     assert_eq!((wc.wr_id, wc.status), (3, WcStatus::Success));
     assert_eq!(mw.rkey(), rkey);
@@ -1071,27 +1106,31 @@ fn a_zero_length_sge_is_skipped_without_checking_its_lkey() {
     let (_src, src_mr) = bed.a.reg_buf(4096, 0x3c, Access::LOCAL_WRITE);
     let (dst, dst_mr) = bed.b.reg_buf(4096, 0, RW);
     let empty = sge(0x10, 0, Lkey(0xdead_be00));
-    bed.qa
-        .post_write(
+    // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
+    unsafe {
+        bed.qa.post_write(
             1,
             &[src_mr.sge(0, 64).unwrap(), empty],
             dst_mr.addr() as u64,
             dst_mr.rkey(),
         )
-        .unwrap();
+    }
+    .unwrap();
     assert_eq!(bed.a.wait().status, WcStatus::Success);
     assert!(dst.as_slice()[..64].iter().all(|&x| x == 0x3c));
     // The same on the scatter side: a READ response into a zero-length entry, then a real one.
     let mut back = buf(4096, 0);
     let back_mr = bed.a.reg(&mut back, Access::LOCAL_WRITE).unwrap();
-    bed.qa
-        .post_read(
+    // SAFETY: the read's memory stays allocated and unread until its completion is polled.
+    unsafe {
+        bed.qa.post_read(
             2,
             &[empty, back_mr.sge(0, 64).unwrap()],
             dst_mr.addr() as u64,
             dst_mr.rkey(),
         )
-        .unwrap();
+    }
+    .unwrap();
     assert_eq!(bed.a.wait().status, WcStatus::Success);
     assert!(back.as_slice()[..64].iter().all(|&x| x == 0x3c));
 }
@@ -1104,8 +1143,10 @@ fn a_receive_into_a_region_without_local_write_fails_both_ends() {
     let bed = bed();
     let (_src, src_mr) = bed.a.reg_buf(4096, 0x11, Access::LOCAL_WRITE);
     let (rbuf, r_mr) = bed.b.reg_buf(4096, 0, Access::empty());
-    bed.qb.post_recv(5, &[r_mr.sge(0, 4096).unwrap()]).unwrap();
-    bed.qa.post_send(6, &[src_mr.sge(0, 64).unwrap()]).unwrap();
+    // SAFETY: the receive's memory stays allocated and unread until its completion is polled.
+    unsafe { bed.qb.post_recv(5, &[r_mr.sge(0, 4096).unwrap()]) }.unwrap();
+    // SAFETY: the sent memory stays allocated and unwritten until its completion is polled.
+    unsafe { bed.qa.post_send(6, &[src_mr.sge(0, 64).unwrap()]) }.unwrap();
     let recv = bed.b.wait();
     let want = if quirk(&bed, Quirk::RecvProtectionIsQpOpErr) {
         WcStatus::LocQpOpErr

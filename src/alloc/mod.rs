@@ -26,6 +26,7 @@ mod class;
 mod heap;
 mod heaps;
 mod memcheck;
+mod nicbuf;
 mod page;
 mod pool;
 mod purge;

@@ -239,6 +239,20 @@ pub(crate) fn forget(pool: &PoolInner) {
     });
 }
 
+/// The SGE of `buf` on `nic` in whichever live pool holds it: `None` unless `buf` lies wholly
+/// inside one registration of that pool on `nic` (under the registry lock, as
+/// [`keys_of_any`]).
+pub(crate) fn sge_of_any_on(buf: &[u8], nic: &crate::nic::Nic) -> Option<crate::nic::Sge> {
+    let r = registry();
+    r.live.iter().filter(|e| e.0 != 0).find_map(|&(_, inner)| {
+        // SAFETY: a registered pool is alive while the registry lock is held.
+        let arena = &unsafe { &*(inner as *const PoolInner) }.arena;
+        arena
+            .contains(buf.as_ptr())
+            .then(|| arena.sge_of_on(buf, nic).ok())?
+    })
+}
+
 /// The keys of `p` in whichever live pool holds it (one range check per pool, under the
 /// registry lock, which keeps every listed pool alive while it is read).
 pub(crate) fn keys_of_any(p: *const u8) -> Option<crate::arena::Keys> {

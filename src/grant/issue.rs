@@ -372,8 +372,8 @@ impl Grants {
         })?;
         let off = addr - mr.addr();
         let r = match ty {
-            MwType::Type2 => qp.post_bind_mw(wr, &mut lent.mw, mr, off, len, access),
-            MwType::Type1 => qp.bind_mw(wr, &mut lent.mw, mr, off, len, access),
+            MwType::Type2 => qp.bind_type2(wr, &mut lent.mw, mr, off, len, access),
+            MwType::Type1 => qp.bind_type1(wr, &mut lent.mw, mr, off, len, access),
         };
         match r {
             Ok(rkey) => {

@@ -224,7 +224,7 @@ pub(crate) struct Grants {
 }
 
 /// Top 16 bits of every `wr_id` the pool posts ("RP").
-const TAG: u64 = 0x5250 << 48;
+const TAG: u64 = crate::nic::GRANT_TAG << 48;
 const OP_BIND: u64 = 1;
 const OP_INV: u64 = 2;
 

@@ -143,7 +143,7 @@ impl Grants {
         };
         let wr = wr_id(OP_INV, self.tag, key, a.seq);
         let posted = match a.kind {
-            GrantKind::Type2 => qp.post_invalidate(wr, &mut l.mw),
+            GrantKind::Type2 => qp.invalidate(wr, &mut l.mw),
             _ => {
                 // Type 1: a zero-length bind, with the region it is bound to (never NULL).
                 let region = match a.region.as_ref() {
@@ -152,7 +152,7 @@ impl Grants {
                 };
                 match region {
                     Some(mr) => qp
-                        .bind_mw(wr, &mut l.mw, mr, 0, 0, Access::empty())
+                        .bind_type1(wr, &mut l.mw, mr, 0, 0, Access::empty())
                         .map(|_| a.keys += 1),
                     None => Err(crate::nic::Error::invalid(
                         crate::nic::Verb::BindMw,

@@ -50,6 +50,7 @@
 mod backend;
 mod buffer;
 mod error;
+mod owned;
 pub mod quirks;
 pub mod soft;
 mod types;
@@ -58,6 +59,8 @@ mod verbs;
 
 pub use buffer::{Buffer, huge_page_size};
 pub use error::{Error, ReregError, ReregErrorKind, Result, Verb};
+pub(crate) use owned::GRANT_TAG;
+pub use owned::{Done, NicBuf, NicBufMut, PostError, Posted, WaitError, is_reserved_wr_id};
 pub use types::*;
 #[cfg(feature = "verbs")]
 pub use verbs::VerbsNic;
@@ -453,6 +456,7 @@ impl Nic {
             inner: Arc::new(CqInner {
                 nic: self.clone(),
                 handle,
+                inflight: owned::Inflight::default(),
             }),
         })
     }
@@ -1177,7 +1181,8 @@ impl Mw {
     /// let mr = unsafe { pd.reg_mr(buf.as_mut_ptr(), 64, Access::LOCAL_WRITE) }.unwrap();
     /// let mut mw = pd.alloc_mw(MwType::Type1).unwrap();
     /// let old = mw.rkey();
-    /// q1.bind_mw(1, &mut mw, &mr, 0, 64, Access::REMOTE_READ).unwrap();
+    /// // SAFETY: `buf` outlives the window (the bind fails anyway).
+    /// unsafe { q1.bind_mw(1, &mut mw, &mr, 0, 64, Access::REMOTE_READ) }.unwrap();
     /// let wc = cq.poll_one().unwrap().unwrap();
     /// assert_ne!(wc.status, WcStatus::Success);
     /// assert!(mw.settle(wc.status));
@@ -1217,6 +1222,8 @@ pub struct Cq {
 struct CqInner {
     nic: Nic,
     handle: u64,
+    /// The owned requests completing here (`owned.rs`).
+    inflight: owned::Inflight,
 }
 
 impl Drop for CqInner {
@@ -1228,12 +1235,30 @@ impl Drop for CqInner {
 debug_fields!(Cq, |s| { "handle": s.inner.handle });
 
 impl Cq {
-    /// Poll up to `out.len()` completions; returns how many were written.
+    /// Poll up to `out.len()` of the application's completions; returns how many were
+    /// written. Completions of owned requests ([`Qp::post_recv_owned`] and siblings) go to
+    /// their [`Posted`] handles instead; the application's completions read while a handle
+    /// waited come first.
     ///
     /// # Errors
     /// The `ibv_poll_cq` failure.
     pub fn poll(&self, out: &mut [Completion]) -> Result<usize> {
-        self.inner.nic.backend.poll_cq(self.inner.handle, out)
+        let mut n = self.take_backlog(out);
+        while n < out.len() {
+            let room = out.len() - n;
+            let (got, kept) = match self.poll_routed(&mut out[n..]) {
+                Ok(r) => r,
+                Err(_) if n > 0 => break,
+                Err(e) => return Err(e),
+            };
+            n += kept;
+            // Fewer than asked: the queue is empty. Else poll again for the room the owned
+            // requests' completions left.
+            if got < room {
+                break;
+            }
+        }
+        Ok(n)
     }
 
     /// Poll one completion, if there is one.
@@ -1273,6 +1298,7 @@ impl Cq {
 /// A reliable-connected queue pair.
 ///
 /// # Examples
+/// The raw verbs (the owned posts, [`Qp::post_send_owned`] and siblings, need no `unsafe`):
 /// SEND into a posted receive, then a grant through a type 2 window and its revocation.
 /// ```
 /// use rdma_pool::nic::{Access, Buffer, MwType, Nic, QpCaps, WcStatus};
@@ -1293,21 +1319,27 @@ impl Cq {
 /// let rw = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::MW_BIND;
 /// // SAFETY: as above.
 /// let bmr = unsafe { ppd.reg_mr(b.as_mut_ptr(), 4096, rw) }?;
-/// pqp.post_recv(1, &[bmr.sge(0, 4096)?])?;
-/// qp.post_send(2, &[amr.sge(0, 4)?])?;
+/// // SAFETY: `a` and `b` are not touched until the completions are polled below.
+/// unsafe {
+///     pqp.post_recv(1, &[bmr.sge(0, 4096)?])?;
+///     qp.post_send(2, &[amr.sge(0, 4)?])?;
+/// }
 /// assert_eq!(cq.wait_one(t)?.status, WcStatus::Success);
 /// assert_eq!(pcq.wait_one(t)?.byte_len, 4);
 ///
 /// // Grant the first 64 bytes of `b` to this QP's peer only, then revoke.
 /// let mut mw = ppd.alloc_mw(MwType::Type2)?;
-/// let rkey = pqp.post_bind_mw(3, &mut mw, &bmr, 0, 64, Access::REMOTE_READ)?;
+/// // SAFETY: `b` outlives the window, and the peer only reads it.
+/// let rkey = unsafe { pqp.post_bind_mw(3, &mut mw, &bmr, 0, 64, Access::REMOTE_READ) }?;
 /// assert_eq!(pcq.wait_one(t)?.status, WcStatus::Success);
-/// qp.post_read(4, &[amr.sge(0, 64)?], bmr.addr() as u64, rkey)?;
+/// // SAFETY: `a` is not touched until the completion is polled.
+/// unsafe { qp.post_read(4, &[amr.sge(0, 64)?], bmr.addr() as u64, rkey) }?;
 /// assert_eq!(cq.wait_one(t)?.status, WcStatus::Success);
 /// assert_eq!(&a.as_slice()[..4], b"ping");
 /// pqp.post_local_inv(5, rkey)?;
 /// assert_eq!(pcq.wait_one(t)?.status, WcStatus::Success);
-/// qp.post_read(6, &[amr.sge(0, 64)?], bmr.addr() as u64, rkey)?;
+/// // SAFETY: as above.
+/// unsafe { qp.post_read(6, &[amr.sge(0, 64)?], bmr.addr() as u64, rkey) }?;
 /// assert_eq!(cq.wait_one(t)?.status, WcStatus::RemAccessErr);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
@@ -1327,7 +1359,13 @@ struct QpInner {
 
 impl Drop for QpInner {
     fn drop(&mut self) {
-        leak_on_error("QP", self.handle, self.pd.backend().destroy_qp(self.handle));
+        let destroyed = self.pd.backend().destroy_qp(self.handle);
+        // Owned requests' buffers: back to their handles (flushed) or dropped once the device
+        // can no longer touch them; leaked when it still may.
+        for cq in [&self._send_cq, &self._recv_cq] {
+            cq.inner.inflight.qp_gone(self.qpn, destroyed.is_ok());
+        }
+        leak_on_error("QP", self.handle, destroyed);
     }
 }
 
@@ -1374,7 +1412,8 @@ impl Qp {
         self.backend().qp_state(self.inner.handle)
     }
 
-    fn post(&self, wr_id: u64, sges: &[Sge], op: RawSendOp) -> Result<()> {
+    /// Post a send-queue request (any `wr_id`: the crate's own posts come here too).
+    pub(crate) fn post(&self, wr_id: u64, sges: &[Sge], op: RawSendOp) -> Result<()> {
         if sges.len() > self.inner.caps.max_send_sge as usize {
             return Err(Error::Limit {
                 verb: Verb::PostSend,
@@ -1393,62 +1432,8 @@ impl Qp {
         )
     }
 
-    /// Post a SEND of `sges`.
-    ///
-    /// # Errors
-    /// The `ibv_post_send` failure (the outcome of the transfer arrives as a completion).
-    pub fn post_send(&self, wr_id: u64, sges: &[Sge]) -> Result<()> {
-        self.post(wr_id, sges, RawSendOp::Send)
-    }
-
-    /// Post a SEND that also invalidates `rkey` at the responder (SEND_WITH_INV).
-    ///
-    /// # Errors
-    /// The `ibv_post_send` failure.
-    pub fn post_send_with_inv(&self, wr_id: u64, sges: &[Sge], rkey: Rkey) -> Result<()> {
-        self.post(wr_id, sges, RawSendOp::SendWithInv(rkey))
-    }
-
-    /// Post an RDMA WRITE of `sges` to `remote_addr` under `rkey`.
-    ///
-    /// # Errors
-    /// The `ibv_post_send` failure.
-    pub fn post_write(&self, wr_id: u64, sges: &[Sge], remote_addr: u64, rkey: Rkey) -> Result<()> {
-        self.post(wr_id, sges, RawSendOp::Write { remote_addr, rkey })
-    }
-
-    /// Post an RDMA READ from `remote_addr` under `rkey` into `sges`.
-    ///
-    /// # Errors
-    /// The `ibv_post_send` failure.
-    pub fn post_read(&self, wr_id: u64, sges: &[Sge], remote_addr: u64, rkey: Rkey) -> Result<()> {
-        self.post(wr_id, sges, RawSendOp::Read { remote_addr, rkey })
-    }
-
-    /// Post a LOCAL_INV of `rkey` (a type 2 window bound on this QP).
-    ///
-    /// # Errors
-    /// The `ibv_post_send` failure.
-    pub fn post_local_inv(&self, wr_id: u64, rkey: Rkey) -> Result<()> {
-        self.post(wr_id, &[], RawSendOp::LocalInv(rkey))
-    }
-
-    /// Post a LOCAL_INV of the window `mw`, recording it in `mw`: once the completion is passed
-    /// to [`Mw::settle`], the window lets go of its region and QP.
-    ///
-    /// # Errors
-    /// The `ibv_post_send` failure (nothing recorded then).
-    pub fn post_invalidate(&self, wr_id: u64, mw: &mut Mw) -> Result<()> {
-        self.post_local_inv(wr_id, mw.cur.rkey)?;
-        mw.bound(mw.cur.rkey, None, None);
-        Ok(())
-    }
-
-    /// Post a receive into `sges`.
-    ///
-    /// # Errors
-    /// `Limit` above `max_recv_sge`, or the `ibv_post_recv` failure.
-    pub fn post_recv(&self, wr_id: u64, sges: &[Sge]) -> Result<()> {
+    /// Post a receive (any `wr_id`).
+    fn post_recv_any(&self, wr_id: u64, sges: &[Sge]) -> Result<()> {
         if sges.len() > self.inner.caps.max_recv_sge as usize {
             return Err(Error::Limit {
                 verb: Verb::PostRecv,
@@ -1457,6 +1442,123 @@ impl Qp {
             });
         }
         self.backend().post_recv(self.inner.handle, wr_id, sges)
+    }
+
+    /// Refuse an application `wr_id` in the range the crate reserves ([`is_reserved_wr_id`]).
+    fn app_wr_id(wr_id: u64, verb: Verb) -> Result<()> {
+        if is_reserved_wr_id(wr_id) {
+            return Err(Error::invalid(
+                verb,
+                "wr_id in the range rdma-pool reserves (top 16 bits 0x5250/0x5251)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Post a SEND of `sges` (the raw verb; [`Qp::post_send_owned`] is the safe one).
+    ///
+    /// # Errors
+    /// A reserved `wr_id` ([`is_reserved_wr_id`]), `Limit` above `max_send_sge`, or the
+    /// `ibv_post_send` failure (the outcome of the transfer arrives as a completion).
+    ///
+    /// # Safety
+    /// The NIC reads the memory of `sges` until the request's completion is polled: it must
+    /// stay allocated and registered, and not be written, until then.
+    pub unsafe fn post_send(&self, wr_id: u64, sges: &[Sge]) -> Result<()> {
+        Self::app_wr_id(wr_id, Verb::PostSend)?;
+        self.post(wr_id, sges, RawSendOp::Send)
+    }
+
+    /// Post a SEND that also invalidates `rkey` at the responder (SEND_WITH_INV).
+    ///
+    /// # Errors
+    /// As [`Qp::post_send`].
+    ///
+    /// # Safety
+    /// As [`Qp::post_send`].
+    pub unsafe fn post_send_with_inv(&self, wr_id: u64, sges: &[Sge], rkey: Rkey) -> Result<()> {
+        Self::app_wr_id(wr_id, Verb::PostSend)?;
+        self.post(wr_id, sges, RawSendOp::SendWithInv(rkey))
+    }
+
+    /// Post an RDMA WRITE of `sges` to `remote_addr` under `rkey` (the raw verb;
+    /// [`Qp::post_write_owned`] is the safe one).
+    ///
+    /// # Errors
+    /// As [`Qp::post_send`].
+    ///
+    /// # Safety
+    /// As [`Qp::post_send`]: the NIC reads `sges` until the completion is polled.
+    pub unsafe fn post_write(
+        &self,
+        wr_id: u64,
+        sges: &[Sge],
+        remote_addr: u64,
+        rkey: Rkey,
+    ) -> Result<()> {
+        Self::app_wr_id(wr_id, Verb::PostSend)?;
+        self.post(wr_id, sges, RawSendOp::Write { remote_addr, rkey })
+    }
+
+    /// Post an RDMA READ from `remote_addr` under `rkey` into `sges` (the raw verb;
+    /// [`Qp::post_read_owned`] is the safe one).
+    ///
+    /// # Errors
+    /// As [`Qp::post_send`].
+    ///
+    /// # Safety
+    /// The NIC writes the memory of `sges` until the request's completion is polled: it must
+    /// stay allocated and registered, and be neither read nor written by anything else, until
+    /// then.
+    pub unsafe fn post_read(
+        &self,
+        wr_id: u64,
+        sges: &[Sge],
+        remote_addr: u64,
+        rkey: Rkey,
+    ) -> Result<()> {
+        Self::app_wr_id(wr_id, Verb::PostSend)?;
+        self.post(wr_id, sges, RawSendOp::Read { remote_addr, rkey })
+    }
+
+    /// Post a LOCAL_INV of `rkey` (a type 2 window bound on this QP). Touches no memory.
+    ///
+    /// # Errors
+    /// A reserved `wr_id`, or the `ibv_post_send` failure.
+    pub fn post_local_inv(&self, wr_id: u64, rkey: Rkey) -> Result<()> {
+        Self::app_wr_id(wr_id, Verb::PostSend)?;
+        self.post(wr_id, &[], RawSendOp::LocalInv(rkey))
+    }
+
+    /// Post a LOCAL_INV of the window `mw`, recording it in `mw`: once the completion is passed
+    /// to [`Mw::settle`], the window lets go of its region and QP.
+    ///
+    /// # Errors
+    /// A reserved `wr_id`, or the `ibv_post_send` failure (nothing recorded then).
+    pub fn post_invalidate(&self, wr_id: u64, mw: &mut Mw) -> Result<()> {
+        Self::app_wr_id(wr_id, Verb::PostSend)?;
+        self.invalidate(wr_id, mw)
+    }
+
+    /// [`Qp::post_invalidate`] with any `wr_id` (the crate's grants).
+    pub(crate) fn invalidate(&self, wr_id: u64, mw: &mut Mw) -> Result<()> {
+        self.post(wr_id, &[], RawSendOp::LocalInv(mw.cur.rkey))?;
+        mw.bound(mw.cur.rkey, None, None);
+        Ok(())
+    }
+
+    /// Post a receive into `sges` (the raw verb; [`Qp::post_recv_owned`] is the safe one).
+    ///
+    /// # Errors
+    /// A reserved `wr_id`, `Limit` above `max_recv_sge`, or the `ibv_post_recv` failure.
+    ///
+    /// # Safety
+    /// The NIC writes the memory of `sges` until the request's completion is polled (or the
+    /// QP is destroyed): it must stay allocated and registered, and be neither read nor
+    /// written by anything else, until then.
+    pub unsafe fn post_recv(&self, wr_id: u64, sges: &[Sge]) -> Result<()> {
+        Self::app_wr_id(wr_id, Verb::PostRecv)?;
+        self.post_recv_any(wr_id, sges)
     }
 
     fn bind_args(
@@ -1509,8 +1611,28 @@ impl Qp {
     /// in `mw`); a completion with `wr_id` follows.
     ///
     /// # Errors
-    /// `InvalidArgument` for a type 2 window or a range outside `mr`; the verb's failure.
-    pub fn bind_mw(
+    /// `InvalidArgument` for a type 2 window, a range outside `mr` or a reserved `wr_id`; the
+    /// verb's failure.
+    ///
+    /// # Safety
+    /// Whoever holds the key may read or write (as `access` allows) the bound range until the
+    /// window is invalidated and that completion polled: the memory must stay allocated, and
+    /// not be accessed by the program in a way that conflicts with `access`, until then.
+    pub unsafe fn bind_mw(
+        &self,
+        wr_id: u64,
+        mw: &mut Mw,
+        mr: &Mr,
+        offset: usize,
+        len: usize,
+        access: Access,
+    ) -> Result<Rkey> {
+        Self::app_wr_id(wr_id, Verb::BindMw)?;
+        self.bind_type1(wr_id, mw, mr, offset, len, access)
+    }
+
+    /// [`Qp::bind_mw`] with any `wr_id` (the crate's grants).
+    pub(crate) fn bind_type1(
         &self,
         wr_id: u64,
         mw: &mut Mw,
@@ -1532,8 +1654,26 @@ impl Qp {
     /// next variant), valid once the completion reports success.
     ///
     /// # Errors
-    /// `InvalidArgument` for a type 1 window or a range outside `mr`; the post failure.
-    pub fn post_bind_mw(
+    /// `InvalidArgument` for a type 1 window, a range outside `mr` or a reserved `wr_id`; the
+    /// post failure.
+    ///
+    /// # Safety
+    /// As [`Qp::bind_mw`]: the peer may access the range until the window is invalidated.
+    pub unsafe fn post_bind_mw(
+        &self,
+        wr_id: u64,
+        mw: &mut Mw,
+        mr: &Mr,
+        offset: usize,
+        len: usize,
+        access: Access,
+    ) -> Result<Rkey> {
+        Self::app_wr_id(wr_id, Verb::PostSend)?;
+        self.bind_type2(wr_id, mw, mr, offset, len, access)
+    }
+
+    /// [`Qp::post_bind_mw`] with any `wr_id` (the crate's grants).
+    pub(crate) fn bind_type2(
         &self,
         wr_id: u64,
         mw: &mut Mw,

@@ -111,9 +111,12 @@ fn idle_slabs_of_every_kind_are_purged_on_request() {
     let k = pool.keys_of(big).unwrap();
     let (_mem, src) = bed.b.reg_buf(4096, 0x6D, RW);
     let at = big as u64 + 4096;
-    bed.qb
-        .post_write(9, &[src.sge(0, 4096).unwrap()], at, k.rkey)
-        .unwrap();
+    // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
+    unsafe {
+        bed.qb
+            .post_write(9, &[src.sge(0, 4096).unwrap()], at, k.rkey)
+    }
+    .unwrap();
     assert_eq!(bed.b.wait().status, WcStatus::Success);
     // SAFETY: the block is live.
     assert!(
@@ -230,14 +233,16 @@ fn a_pool_attached_to_the_applications_pd_posts_through_its_qps() {
     unsafe { std::ptr::write_bytes(p, 0x42, 4096) };
     let k = pool.keys_of(p).unwrap();
     let (_mem, dst) = bed.b.reg_buf(4096, 0, RW);
-    bed.qa
-        .post_write(
+    // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
+    unsafe {
+        bed.qa.post_write(
             1,
             &[sge(p as u64, 4096, k.lkey)],
             dst.addr() as u64,
             dst.rkey(),
         )
-        .unwrap();
+    }
+    .unwrap();
     assert_eq!(bed.a.wait().status, WcStatus::Success);
     // SAFETY: the peer's buffer, idle now.
     let got = unsafe { std::slice::from_raw_parts(dst.addr() as *const u8, 4096) };

@@ -93,9 +93,8 @@ fn threads_free_each_others_blocks_and_rdma_sees_exact_bytes() {
     for &s in &kept {
         let k = pool.keys_of(s.0 as *const u8).unwrap();
         let sge = sge(s.0 as u64, s.1 as u32, k.lkey);
-        bed.qa
-            .post_write(9, &[sge], dst.addr() as u64, dst.rkey())
-            .unwrap();
+        // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
+        unsafe { bed.qa.post_write(9, &[sge], dst.addr() as u64, dst.rkey()) }.unwrap();
         assert_eq!(bed.a.wait().status, WcStatus::Success);
         assert!(
             (0..s.1).all(|i| dst_mem.as_slice()[i] == pattern(s.2, i)),
@@ -105,9 +104,12 @@ fn threads_free_each_others_blocks_and_rdma_sees_exact_bytes() {
     // Default rights: a peer's READ with the pool's rkey is refused.
     let s = kept[0];
     let k = pool.keys_of(s.0 as *const u8).unwrap();
-    bed.qb
-        .post_read(10, &[dst.sge(0, 64).unwrap()], s.0 as u64, k.rkey)
-        .unwrap();
+    // SAFETY: the read's memory stays allocated and unread until its completion is polled.
+    unsafe {
+        bed.qb
+            .post_read(10, &[dst.sge(0, 64).unwrap()], s.0 as u64, k.rkey)
+    }
+    .unwrap();
     assert_eq!(bed.b.wait().status, WcStatus::RemAccessErr);
     for s in kept {
         // SAFETY: blocks of the pool, freed once.
@@ -126,9 +128,12 @@ fn with_remote_rights_a_peer_reads_the_same_bytes() {
     let (dst_mem, dst) = bed.b.reg_buf(70_000, 0, RW);
     for &s in &kept {
         let k = pool.keys_of(s.0 as *const u8).unwrap();
-        bed.qb
-            .post_read(11, &[dst.sge(0, s.1).unwrap()], s.0 as u64, k.rkey)
-            .unwrap();
+        // SAFETY: the read's memory stays allocated and unread until its completion is polled.
+        unsafe {
+            bed.qb
+                .post_read(11, &[dst.sge(0, s.1).unwrap()], s.0 as u64, k.rkey)
+        }
+        .unwrap();
         assert_eq!(bed.b.wait().status, WcStatus::Success);
         assert!((0..s.1).all(|i| dst_mem.as_slice()[i] == pattern(s.2, i)));
         // SAFETY: a block of the pool, freed once.

@@ -59,25 +59,30 @@ pub fn bytes(run: Run, len: usize) -> Vec<u8> {
 /// RDMA WRITE `len` bytes at `addr` (local SGE by `keys.lkey`) from side a into `dst`.
 pub fn write_out(bed: &Bed, keys: Keys, addr: usize, len: usize, dst: &Mr) -> WcStatus {
     let sge = sge(addr as u64, len as u32, keys.lkey);
-    bed.qa
-        .post_write(1, &[sge], dst.addr() as u64, dst.rkey())
-        .unwrap();
+    // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
+    unsafe { bed.qa.post_write(1, &[sge], dst.addr() as u64, dst.rkey()) }.unwrap();
     bed.a.wait().status
 }
 
 /// The peer (side b) READs `len` bytes at `addr` with `keys.rkey` into `dst`.
 pub fn peer_read(bed: &Bed, keys: Keys, addr: usize, len: usize, dst: &Mr) -> WcStatus {
-    bed.qb
-        .post_read(2, &[dst.sge(0, len).unwrap()], addr as u64, keys.rkey)
-        .unwrap();
+    // SAFETY: the read's memory stays allocated and unread until its completion is polled.
+    unsafe {
+        bed.qb
+            .post_read(2, &[dst.sge(0, len).unwrap()], addr as u64, keys.rkey)
+    }
+    .unwrap();
     bed.b.wait().status
 }
 
 /// The peer (side b) WRITEs `len` bytes of `src` to `addr` with `keys.rkey`.
 pub fn peer_write(bed: &Bed, keys: Keys, addr: usize, len: usize, src: &Mr) -> WcStatus {
-    bed.qb
-        .post_write(3, &[src.sge(0, len).unwrap()], addr as u64, keys.rkey)
-        .unwrap();
+    // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
+    unsafe {
+        bed.qb
+            .post_write(3, &[src.sge(0, len).unwrap()], addr as u64, keys.rkey)
+    }
+    .unwrap();
     bed.b.wait().status
 }
 

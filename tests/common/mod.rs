@@ -268,16 +268,22 @@ pub fn buf(len: usize, fill: u8) -> Buffer {
 
 /// Post an RDMA WRITE of `len` bytes and return the requester's completion status.
 pub fn write(bed: &Bed, src: &Mr, len: usize, raddr: u64, rkey: Rkey) -> WcStatus {
-    bed.qa
-        .post_write(7, &[src.sge(0, len).unwrap()], raddr, rkey)
-        .unwrap();
+    // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
+    unsafe {
+        bed.qa
+            .post_write(7, &[src.sge(0, len).unwrap()], raddr, rkey)
+    }
+    .unwrap();
     bed.a.wait().status
 }
 
 /// Post an RDMA READ of `len` bytes into `dst` and return the requester's completion status.
 pub fn read(bed: &Bed, dst: &Mr, len: usize, raddr: u64, rkey: Rkey) -> WcStatus {
-    bed.qa
-        .post_read(8, &[dst.sge(0, len).unwrap()], raddr, rkey)
-        .unwrap();
+    // SAFETY: the read's memory stays allocated and unread until its completion is polled.
+    unsafe {
+        bed.qa
+            .post_read(8, &[dst.sge(0, len).unwrap()], raddr, rkey)
+    }
+    .unwrap();
     bed.a.wait().status
 }

@@ -86,8 +86,8 @@ fn parent_intact(server: &Side, peer: &Side, pool: &Pool, p: *mut u8, byte: u8) 
     let (qa, qb) = connect(server, peer);
     let (mem, mr) = peer.reg_buf(LEN, 0, RW);
     let sge = pool.sge_of(s).unwrap();
-    qa.post_write(1, &[sge], mr.addr() as u64, mr.rkey())
-        .unwrap();
+    // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
+    unsafe { qa.post_write(1, &[sge], mr.addr() as u64, mr.rkey()) }.unwrap();
     assert_eq!(server.wait().status, WcStatus::Success);
     assert!(mem.as_slice().iter().all(|&b| b == byte));
     drop((qa, qb));

@@ -10,7 +10,8 @@ use rdma_pool::nic::{Access, WcStatus};
 /// The peer WRITEs `len` bytes of its landing zone to `addr` with `rkey`: the status.
 fn peer_writes(p: &Peer, len: usize, addr: u64, rkey: rdma_pool::nic::Rkey) -> WcStatus {
     let sge = p.landing_mr.sge(0, len).unwrap();
-    p.peer_qp.post_write(3, &[sge], addr, rkey).unwrap();
+    // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
+    unsafe { p.peer_qp.post_write(3, &[sge], addr, rkey) }.unwrap();
     p.peer_cq.wait_one(WAIT).unwrap().status
 }
 

@@ -66,14 +66,16 @@ impl Peer {
             length: buf.len() as u32,
             lkey: k.lkey,
         };
-        self.qp
-            .post_write(
+        // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
+        unsafe {
+            self.qp.post_write(
                 1,
                 &[sge],
                 self.landing_mr.addr() as u64,
                 self.landing_mr.rkey(),
             )
-            .unwrap();
+        }
+        .unwrap();
         assert_eq!(self.cq.wait_one(WAIT).unwrap().status, WcStatus::Success);
         assert!(
             self.landing.as_slice()[..buf.len()] == *buf,
@@ -87,9 +89,12 @@ impl Peer {
         let k = rdma_pool::keys_of(buf.as_ptr()).expect("a pool block");
         self.landing.as_mut_slice()[..buf.len()].fill(0);
         let sge = self.landing_mr.sge(0, buf.len()).unwrap();
-        self.peer_qp
-            .post_read(2, &[sge], buf.as_ptr() as u64, k.rkey)
-            .unwrap();
+        // SAFETY: the read's memory stays allocated and unread until its completion is polled.
+        unsafe {
+            self.peer_qp
+                .post_read(2, &[sge], buf.as_ptr() as u64, k.rkey)
+        }
+        .unwrap();
         assert_eq!(
             self.peer_cq.wait_one(WAIT).unwrap().status,
             WcStatus::Success

@@ -40,15 +40,15 @@ pub fn scratch(side: &Side, len: usize, fill: u8) -> (Buffer, Mr) {
 
 /// A client's RDMA WRITE of `mr[off..off + len]` to `remote` with `rkey`: its status.
 pub fn write(side: &Side, qp: &Qp, mr: &Mr, len: usize, remote: u64, rkey: Rkey) -> WcStatus {
-    qp.post_write(1, &[mr.sge(0, len).unwrap()], remote, rkey)
-        .unwrap();
+    // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
+    unsafe { qp.post_write(1, &[mr.sge(0, len).unwrap()], remote, rkey) }.unwrap();
     side.wait().status
 }
 
 /// A client's RDMA READ of `len` bytes at `remote` into `mr`: its status.
 pub fn read(side: &Side, qp: &Qp, mr: &Mr, len: usize, remote: u64, rkey: Rkey) -> WcStatus {
-    qp.post_read(2, &[mr.sge(0, len).unwrap()], remote, rkey)
-        .unwrap();
+    // SAFETY: the read's memory stays allocated and unread until its completion is polled.
+    unsafe { qp.post_read(2, &[mr.sge(0, len).unwrap()], remote, rkey) }.unwrap();
     side.wait().status
 }
 

@@ -199,9 +199,12 @@ fn a_grant_whose_qp_failed_is_revoked_by_deallocating_its_window() {
     let w = g.wire();
     // The server's QP fails: a READ with a bogus key is refused and moves it to the error state.
     let (_m, local) = scratch(&bed.b, 8, 0);
-    bed.qb
-        .post_read(9, &[local.sge(0, 8).unwrap()], 0x1000, Rkey(0x00ba_d0ff))
-        .unwrap();
+    // SAFETY: the read's memory stays allocated and unread until its completion is polled.
+    unsafe {
+        bed.qb
+            .post_read(9, &[local.sge(0, 8).unwrap()], 0x1000, Rkey(0x00ba_d0ff))
+    }
+    .unwrap();
     let wc = bed.b.wait();
     assert!(
         !pool.on_completion(&wc),
@@ -233,10 +236,14 @@ fn a_peers_send_with_invalidate_kills_its_key_where_the_device_reports_it() {
     let (_src, src) = scratch(&bed.a, 64, 4);
     let mut g = pool.grant(&buf, &bed.qb, Access::REMOTE_WRITE).unwrap();
     bound(&mut g, &bed.b);
-    bed.qb.post_recv(5, &[recv.sge(0, 64).unwrap()]).unwrap();
-    bed.qa
-        .post_send_with_inv(6, &[src.sge(0, 8).unwrap()], g.rkey())
-        .unwrap();
+    // SAFETY: the receive's memory stays allocated and unread until its completion is polled.
+    unsafe { bed.qb.post_recv(5, &[recv.sge(0, 64).unwrap()]) }.unwrap();
+    // SAFETY: the sent memory stays allocated and unwritten until its completion is polled.
+    unsafe {
+        bed.qa
+            .post_send_with_inv(6, &[src.sge(0, 8).unwrap()], g.rkey())
+    }
+    .unwrap();
     assert_eq!(bed.a.wait().status, WcStatus::Success);
     let wc = bed.b.wait();
     assert_eq!((wc.wr_id, wc.status), (5, WcStatus::Success));

@@ -392,8 +392,8 @@ fn grants_refuse_bad_ranges_rights_and_qps_and_leak_nothing() {
     ));
     let (qe, _qf) = connect(&b.server, &b.client);
     let (_m, bad_src) = b.server.reg_buf(8, 0, RW);
-    qe.post_write(9, &[bad_src.sge(0, 8).unwrap()], 0, Rkey(0xdead))
-        .unwrap();
+    // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
+    unsafe { qe.post_write(9, &[bad_src.sge(0, 8).unwrap()], 0, Rkey(0xdead)) }.unwrap();
     assert_ne!(b.server.wait().status, WcStatus::Success);
     assert!(matches!(
         tried(pool.grant_with(&v, &qe, rw, GrantKind::Type2)),

@@ -123,8 +123,8 @@ impl Fx {
         if let Ok(sge) = self.pool.sge_of(&s[..4096]) {
             let (mem, mr) = self.client.reg_buf(4096, 0, RW);
             let (qa, qb) = connect(&self.server, &self.client);
-            qa.post_write(3, &[sge], mr.addr() as u64, mr.rkey())
-                .unwrap();
+            // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
+            unsafe { qa.post_write(3, &[sge], mr.addr() as u64, mr.rkey()) }.unwrap();
             assert_eq!(self.server.wait().status, WcStatus::Success);
             assert!(mem.as_slice().iter().all(|&x| x == 0x5A));
             drop((qa, qb));
@@ -583,8 +583,8 @@ fn window_rows(rows: &mut Vec<Row>) {
         assert!(fx.pool.grant_stats().revoked_by_dealloc >= 1);
         let (qc, qs2) = connect(&fx.client, &fx.server);
         let (_m, src) = fx.client.reg_buf(8, 0xEE, RW);
-        qc.post_write(4, &[src.sge(0, 8).unwrap()], w.addr, w.rkey)
-            .unwrap();
+        // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
+        unsafe { qc.post_write(4, &[src.sge(0, 8).unwrap()], w.addr, w.rkey) }.unwrap();
         assert_ne!(fx.client.wait().status, WcStatus::Success, "a dead key");
         drop((qc, qs2));
         fx.after();

@@ -169,14 +169,20 @@ impl Bed {
     fn access(&mut self, write: bool, addr: u64, len: usize, rkey: Rkey, byte: u8) -> WcStatus {
         if write {
             self.scratch_mem.as_mut_slice()[..len].fill(byte);
-            self.qc
-                .post_write(1, &[self.scratch.sge(0, len).unwrap()], addr, rkey)
-                .unwrap();
+            // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
+            unsafe {
+                self.qc
+                    .post_write(1, &[self.scratch.sge(0, len).unwrap()], addr, rkey)
+            }
+            .unwrap();
         } else {
             self.scratch_mem.as_mut_slice()[..len].fill(0xCC);
-            self.qc
-                .post_read(2, &[self.scratch.sge(0, len).unwrap()], addr, rkey)
-                .unwrap();
+            // SAFETY: the read's memory stays allocated and unread until its completion is polled.
+            unsafe {
+                self.qc
+                    .post_read(2, &[self.scratch.sge(0, len).unwrap()], addr, rkey)
+            }
+            .unwrap();
         }
         self.client.wait().status
     }

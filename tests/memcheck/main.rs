@@ -36,8 +36,8 @@ fn nic_reads_into(pool: &Pool, peer: &Side, p: *mut u8, len: usize, fill: u8) {
     // SAFETY: a live block of at least `len` bytes.
     let block = unsafe { std::slice::from_raw_parts(p, len) };
     let sge = pool.sge_of(block).unwrap();
-    qp.post_read(1, &[sge], mr.addr() as u64, mr.rkey())
-        .unwrap();
+    // SAFETY: the read's memory stays allocated and unread until its completion is polled.
+    unsafe { qp.post_read(1, &[sge], mr.addr() as u64, mr.rkey()) }.unwrap();
     assert_eq!(cq.wait_one(WAIT).unwrap().status, WcStatus::Success);
     assert!(block.iter().all(|&b| b == fill));
     drop((mr, mem));

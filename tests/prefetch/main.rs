@@ -43,9 +43,12 @@ fn faults(nic: &Nic) -> u64 {
 fn peer_writes(bed: &Bed, pool: &Pool, p: *mut u8, len: usize, fill: u8) {
     let (_m, src) = bed.a.reg_buf(len, fill, RW);
     let k = pool.keys_of(p).unwrap();
-    bed.qa
-        .post_write(1, &[src.sge(0, len).unwrap()], p as u64, k.rkey)
-        .unwrap();
+    // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
+    unsafe {
+        bed.qa
+            .post_write(1, &[src.sge(0, len).unwrap()], p as u64, k.rkey)
+    }
+    .unwrap();
     assert_eq!(bed.a.wait().status, WcStatus::Success);
     // SAFETY: `len` bytes of a live block of the pool.
     assert!(

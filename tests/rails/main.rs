@@ -85,8 +85,8 @@ impl TwoRails {
         }
         let (mut mem, mr) = peer.reg_buf(n.next_multiple_of(4096), 0, RW);
         let sge = self.pool.sge_of_on(block, nic).unwrap();
-        qp.post_write(11, &[sge], mr.addr() as u64, mr.rkey())
-            .unwrap();
+        // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
+        unsafe { qp.post_write(11, &[sge], mr.addr() as u64, mr.rkey()) }.unwrap();
         assert_eq!(side.wait().status, WcStatus::Success, "WRITE on rail {r}");
         let got = &mem.as_slice()[..n];
         assert!(
@@ -96,8 +96,8 @@ impl TwoRails {
         for (i, b) in mem.as_mut_slice()[..n].iter_mut().enumerate() {
             *b = pattern(i, seed ^ 0x5a);
         }
-        qp.post_read(12, &[sge], mr.addr() as u64, mr.rkey())
-            .unwrap();
+        // SAFETY: the read's memory stays allocated and unread until its completion is polled.
+        unsafe { qp.post_read(12, &[sge], mr.addr() as u64, mr.rkey()) }.unwrap();
         assert_eq!(side.wait().status, WcStatus::Success, "READ on rail {r}");
         assert!(
             block
@@ -211,10 +211,8 @@ fn a_rail_attached_late_registers_what_is_there_and_detaching_changes_no_other_k
     let (_, peer) = t.peer(1);
     let (_mem, mr) = peer.reg_buf(4096, 0, RW);
     let stale = sge(before[1].as_ptr() as u64, 64, old1[1].lkey);
-    if qs
-        .post_write(13, &[stale], mr.addr() as u64, mr.rkey())
-        .is_ok()
-    {
+    // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
+    if unsafe { qs.post_write(13, &[stale], mr.addr() as u64, mr.rkey()) }.is_ok() {
         assert_ne!(t.s1.wait().status, WcStatus::Success, "stale lkey");
     }
     // Rail 0 still moves bytes; attaching again gives rail 1 working keys.
@@ -244,8 +242,8 @@ fn grants_name_their_device_through_the_peers_qp() {
         let (pqp, peer) = t.peer(r);
         let (_m, src) = peer.reg_buf(64, fill, RW);
         let w = g.wire();
-        pqp.post_write(1, &[src.sge(0, 64).unwrap()], w.addr, w.rkey)
-            .unwrap();
+        // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
+        unsafe { pqp.post_write(1, &[src.sge(0, 64).unwrap()], w.addr, w.rkey) }.unwrap();
         assert_eq!(peer.wait().status, WcStatus::Success, "grant on rail {r}");
         assert!(b[..64].iter().all(|&x| x == fill) && b[64] == 0);
     }
@@ -253,8 +251,8 @@ fn grants_name_their_device_through_the_peers_qp() {
     let (pqp, peer) = t.peer(0);
     let (_m, src) = peer.reg_buf(64, 0xEE, RW);
     let w1 = g1.wire();
-    pqp.post_write(2, &[src.sge(0, 64).unwrap()], w1.addr, w1.rkey)
-        .unwrap();
+    // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
+    unsafe { pqp.post_write(2, &[src.sge(0, 64).unwrap()], w1.addr, w1.rkey) }.unwrap();
     assert_ne!(peer.wait().status, WcStatus::Success);
     assert!(b1[..64].iter().all(|&x| x == 0xB1));
     // A PD with an open grant is not detached.

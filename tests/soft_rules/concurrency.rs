@@ -13,19 +13,23 @@ fn soft_nic_is_send_and_sync_and_keeps_its_invariants() {
     let bed = default_bed();
     let (_mem, mr, mut w1) = bed.b.window_over(4096, 0, MwType::Type1);
     let mut w2 = bed.b.pd.alloc_mw(MwType::Type2).unwrap();
-    bed.qb
-        .bind_mw(1, &mut w1, &mr, 0, 4096, Access::REMOTE_READ)
-        .unwrap();
-    let k2 = bed
-        .qb
-        .post_bind_mw(2, &mut w2, &mr, 0, 64, Access::REMOTE_READ)
-        .unwrap();
+    // SAFETY: the bound memory outlives the window, and the test reads it only after the peer's access completed.
+    unsafe {
+        bed.qb
+            .bind_mw(1, &mut w1, &mr, 0, 4096, Access::REMOTE_READ)
+    }
+    .unwrap();
+    // SAFETY: the bound memory outlives the window, and the test reads it only after the peer's access completed.
+    let k2 = unsafe {
+        bed.qb
+            .post_bind_mw(2, &mut w2, &mr, 0, 64, Access::REMOTE_READ)
+    }
+    .unwrap();
     let soft = bed.b.nic.as_soft().unwrap();
     soft.validate().unwrap();
     bed.qb.post_local_inv(3, k2).unwrap();
-    bed.qb
-        .bind_mw(4, &mut w1, &mr, 0, 0, Access::empty())
-        .unwrap();
+    // SAFETY: the bound memory outlives the window, and the test reads it only after the peer's access completed.
+    unsafe { bed.qb.bind_mw(4, &mut w1, &mr, 0, 0, Access::empty()) }.unwrap();
     for _ in 0..4 {
         assert_eq!(bed.b.wait().status, WcStatus::Success);
     }
@@ -50,12 +54,15 @@ fn concurrent_writers_on_many_qps() {
                 link(&qa, &qb);
                 let (_src, src_mr) = a.reg_buf(4096, t + 1, Access::LOCAL_WRITE);
                 for _ in 0..50 {
-                    qa.post_write(
-                        t as u64,
-                        &[src_mr.sge(0, 4096).unwrap()],
-                        dst_mr.addr() as u64 + t as u64 * 4096,
-                        dst_mr.rkey(),
-                    )
+                    // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
+                    unsafe {
+                        qa.post_write(
+                            t as u64,
+                            &[src_mr.sge(0, 4096).unwrap()],
+                            dst_mr.addr() as u64 + t as u64 * 4096,
+                            dst_mr.rkey(),
+                        )
+                    }
                     .unwrap();
                     assert_eq!(cq.wait_one(WAIT).unwrap().status, WcStatus::Success);
                 }
@@ -109,23 +116,35 @@ fn sends_both_ways_from_many_threads_neither_deadlock_nor_reorder() {
         );
         std::thread::scope(|s| {
             s.spawn(|| {
-                (0..N).for_each(|i| bed.qa.post_send(i, &[sa_mr.sge(0, 8).unwrap()]).unwrap())
-            });
-            s.spawn(|| {
-                (0..N).for_each(|i| bed.qb.post_send(i, &[sb_mr.sge(0, 8).unwrap()]).unwrap())
-            });
-            s.spawn(|| {
+                // SAFETY: the sent memory stays allocated and unwritten until its completion is polled.
                 (0..N).for_each(|i| {
-                    bed.qb
-                        .post_recv(1000 + i, &[rb_mr.sge(i as usize * 8, 8).unwrap()])
-                        .unwrap()
+                    unsafe { bed.qa.post_send(i, &[sa_mr.sge(0, 8).unwrap()]) }.unwrap()
+                })
+            });
+            s.spawn(|| {
+                // SAFETY: the sent memory stays allocated and unwritten until its completion is polled.
+                (0..N).for_each(|i| {
+                    unsafe { bed.qb.post_send(i, &[sb_mr.sge(0, 8).unwrap()]) }.unwrap()
                 })
             });
             s.spawn(|| {
                 (0..N).for_each(|i| {
-                    bed.qa
-                        .post_recv(1000 + i, &[ra_mr.sge(i as usize * 8, 8).unwrap()])
-                        .unwrap()
+                    // SAFETY: the receive's memory stays allocated and unread until its completion is polled.
+                    unsafe {
+                        bed.qb
+                            .post_recv(1000 + i, &[rb_mr.sge(i as usize * 8, 8).unwrap()])
+                    }
+                    .unwrap()
+                })
+            });
+            s.spawn(|| {
+                (0..N).for_each(|i| {
+                    // SAFETY: the receive's memory stays allocated and unread until its completion is polled.
+                    unsafe {
+                        bed.qa
+                            .post_recv(1000 + i, &[ra_mr.sge(i as usize * 8, 8).unwrap()])
+                    }
+                    .unwrap()
                 })
             });
         });

@@ -47,9 +47,11 @@ fn read_response_needs_local_write_on_the_destination() {
 #[test]
 fn zero_length_rdma_does_not_check_the_rkey() {
     let bed = default_bed();
-    bed.qa.post_write(1, &[], 0, Rkey(0)).unwrap();
+    // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
+    unsafe { bed.qa.post_write(1, &[], 0, Rkey(0)) }.unwrap();
     assert_eq!(bed.a.wait().status, WcStatus::Success, "C9-88");
-    bed.qa.post_read(2, &[], 0, Rkey(0)).unwrap();
+    // SAFETY: the read's memory stays allocated and unread until its completion is polled.
+    unsafe { bed.qa.post_read(2, &[], 0, Rkey(0)) }.unwrap();
     assert_eq!(bed.a.wait().status, WcStatus::Success);
 }
 
@@ -60,10 +62,12 @@ fn handles_of_another_device_are_refused_not_confused() {
     // A region of the *requester's* device, bound through the responder's QP.
     let foreign = bed.a.reg(&mut mem, RW | Access::MW_BIND).unwrap();
     let mut mw = bed.b.pd.alloc_mw(MwType::Type1).unwrap();
-    let e = bed
-        .qb
-        .bind_mw(1, &mut mw, &foreign, 0, 4096, Access::REMOTE_READ)
-        .unwrap_err();
+    // SAFETY: the bound memory outlives the window, and the test reads it only after the peer's access completed.
+    let e = unsafe {
+        bed.qb
+            .bind_mw(1, &mut mw, &foreign, 0, 4096, Access::REMOTE_READ)
+    }
+    .unwrap_err();
     assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
     let e = bed
         .b

@@ -117,9 +117,12 @@ fn messages_beyond_2gib_are_length_errors_without_allocating() {
     let (_src, src_mr) = bed.a.reg_buf(4096, 0, Access::LOCAL_WRITE);
     let (_dst, dst_mr) = bed.b.reg_buf(4096, 0, RW);
     let huge = sge(src_mr.addr() as u64, u32::MAX, src_mr.lkey());
-    bed.qa
-        .post_write(1, &[huge], dst_mr.addr() as u64, dst_mr.rkey())
-        .unwrap();
+    // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
+    unsafe {
+        bed.qa
+            .post_write(1, &[huge], dst_mr.addr() as u64, dst_mr.rkey())
+    }
+    .unwrap();
     assert_eq!(bed.a.wait().status, WcStatus::LocLenErr);
 }
 
@@ -128,9 +131,12 @@ fn a_bogus_huge_sge_is_a_protection_error_before_any_buffer_is_made() {
     let bed = default_bed();
     let (_dst, dst_mr) = bed.b.reg_buf(4096, 0, RW);
     let bogus = sge(0x1000, 1 << 30, Lkey(0));
-    bed.qa
-        .post_write(1, &[bogus], dst_mr.addr() as u64, dst_mr.rkey())
-        .unwrap();
+    // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
+    unsafe {
+        bed.qa
+            .post_write(1, &[bogus], dst_mr.addr() as u64, dst_mr.rkey())
+    }
+    .unwrap();
     assert_eq!(bed.a.wait().status, WcStatus::LocProtErr);
 }
 
@@ -145,9 +151,12 @@ fn the_send_queue_depth_is_enforced_behind_a_waiting_send() {
     let qb = b.qp();
     link(&qa, &qb);
     let (_s, smr) = a.reg_buf(4096, 7, Access::LOCAL_WRITE);
-    qa.post_send(1, &[smr.sge(0, 8).unwrap()]).unwrap();
-    qa.post_send(2, &[smr.sge(0, 8).unwrap()]).unwrap();
-    let e = qa.post_send(3, &[smr.sge(0, 8).unwrap()]).unwrap_err();
+    // SAFETY: the sent memory stays allocated and unwritten until its completion is polled.
+    unsafe { qa.post_send(1, &[smr.sge(0, 8).unwrap()]) }.unwrap();
+    // SAFETY: the sent memory stays allocated and unwritten until its completion is polled.
+    unsafe { qa.post_send(2, &[smr.sge(0, 8).unwrap()]) }.unwrap();
+    // SAFETY: the sent memory stays allocated and unwritten until its completion is polled.
+    let e = unsafe { qa.post_send(3, &[smr.sge(0, 8).unwrap()]) }.unwrap_err();
     assert_eq!(e.errno(), Some(libc::ENOMEM));
 }
 

@@ -19,12 +19,15 @@ fn odp_access_to_an_inaccessible_page_fails() {
         WcStatus::RemAccessErr
     );
     let (qa, _qb) = connect(&bed.a, &bed.b);
-    qa.post_write(
-        1,
-        &[src_mr.sge(0, 64).unwrap()],
-        mr.addr() as u64,
-        mr.rkey(),
-    )
+    // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
+    unsafe {
+        qa.post_write(
+            1,
+            &[src_mr.sge(0, 64).unwrap()],
+            mr.addr() as u64,
+            mr.rkey(),
+        )
+    }
     .unwrap();
     assert_eq!(
         bed.a.wait().status,
@@ -259,12 +262,15 @@ fn failed_odp_fault_maps_nothing() {
     );
     unprotect(&mut dst, 0, 4096);
     let (qa, _qb) = connect(&bed.a, &bed.b);
-    qa.post_write(
-        2,
-        &[src_mr.sge(0, 64).unwrap()],
-        mr.addr() as u64,
-        mr.rkey(),
-    )
+    // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
+    unsafe {
+        qa.post_write(
+            2,
+            &[src_mr.sge(0, 64).unwrap()],
+            mr.addr() as u64,
+            mr.rkey(),
+        )
+    }
     .unwrap();
     assert_eq!(bed.a.wait().status, WcStatus::Success);
     assert_eq!(soft.counters().page_faults, 2, "the page faults again");

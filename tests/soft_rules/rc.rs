@@ -8,13 +8,17 @@ use rdma_pool::nic::*;
 fn receives_are_flushed_when_the_qp_fails() {
     let bed = default_bed();
     let (_r, rmr) = bed.b.reg_buf(4096, 0, Access::LOCAL_WRITE);
-    bed.qb.post_recv(1, &[rmr.sge(0, 4096).unwrap()]).unwrap();
+    // SAFETY: the receive's memory stays allocated and unread until its completion is polled.
+    unsafe { bed.qb.post_recv(1, &[rmr.sge(0, 4096).unwrap()]) }.unwrap();
     // Fail the responder QP with a bad bind.
     let (_mem, mr) = bed.b.reg_buf(4096, 0, RW);
     let mut mw = bed.b.pd.alloc_mw(MwType::Type1).unwrap();
-    bed.qb
-        .bind_mw(2, &mut mw, &mr, 0, 4096, Access::REMOTE_READ)
-        .unwrap();
+    // SAFETY: the bound memory outlives the window, and the test reads it only after the peer's access completed.
+    unsafe {
+        bed.qb
+            .bind_mw(2, &mut mw, &mr, 0, 4096, Access::REMOTE_READ)
+    }
+    .unwrap();
     let mut got = bed.b.wait_n(2);
     got.sort_by_key(|c| c.0);
     assert_eq!(
@@ -27,9 +31,11 @@ fn receives_are_flushed_when_the_qp_fails() {
 fn small_receive_is_a_length_error() {
     let bed = default_bed();
     let (_r, rmr) = bed.b.reg_buf(4096, 0, Access::LOCAL_WRITE);
-    bed.qb.post_recv(1, &[rmr.sge(0, 4).unwrap()]).unwrap();
+    // SAFETY: the receive's memory stays allocated and unread until its completion is polled.
+    unsafe { bed.qb.post_recv(1, &[rmr.sge(0, 4).unwrap()]) }.unwrap();
     let (_s, smr) = bed.a.reg_buf(4096, 1, Access::LOCAL_WRITE);
-    bed.qa.post_send(2, &[smr.sge(0, 64).unwrap()]).unwrap();
+    // SAFETY: the sent memory stays allocated and unwritten until its completion is polled.
+    unsafe { bed.qa.post_send(2, &[smr.sge(0, 64).unwrap()]) }.unwrap();
     assert_eq!(bed.b.wait().status, WcStatus::LocLenErr);
     assert_ne!(bed.a.wait().status, WcStatus::Success);
 }
@@ -38,13 +44,15 @@ fn small_receive_is_a_length_error() {
 fn send_waits_for_a_receive() {
     let bed = default_bed();
     let (_s, smr) = bed.a.reg_buf(4096, 9, Access::LOCAL_WRITE);
-    bed.qa.post_send(2, &[smr.sge(0, 16).unwrap()]).unwrap();
+    // SAFETY: the sent memory stays allocated and unwritten until its completion is polled.
+    unsafe { bed.qa.post_send(2, &[smr.sge(0, 16).unwrap()]) }.unwrap();
     assert!(
         bed.a.cq.poll_one().unwrap().is_none(),
         "no receive yet: the send is not complete"
     );
     let (r, rmr) = bed.b.reg_buf(4096, 0, Access::LOCAL_WRITE);
-    bed.qb.post_recv(1, &[rmr.sge(0, 4096).unwrap()]).unwrap();
+    // SAFETY: the receive's memory stays allocated and unread until its completion is polled.
+    unsafe { bed.qb.post_recv(1, &[rmr.sge(0, 4096).unwrap()]) }.unwrap();
     assert_eq!(bed.a.wait().status, WcStatus::Success);
     assert_eq!(bed.b.wait().byte_len, 16);
     assert!(r.as_slice()[..16].iter().all(|&x| x == 9));
@@ -57,7 +65,8 @@ fn posting_before_connect_is_refused() {
     let qp = side.qp();
     let (_s, smr) = side.reg_buf(4096, 9, Access::LOCAL_WRITE);
     assert_eq!(
-        qp.post_send(1, &[smr.sge(0, 8).unwrap()])
+        // SAFETY: the sent memory stays allocated and unwritten until its completion is polled.
+        unsafe { qp.post_send(1, &[smr.sge(0, 8).unwrap()]) }
             .unwrap_err()
             .errno(),
         Some(libc::EINVAL)
@@ -71,12 +80,15 @@ fn a_responder_that_is_not_ready_drops_requests() {
     qa.connect(&qb.endpoint().unwrap()).unwrap(); // the responder side never connects
     let (_src, src_mr) = a.reg_buf(4096, 1, Access::LOCAL_WRITE);
     let (dst, dst_mr) = b.reg_buf(4096, 0, RW);
-    qa.post_write(
-        1,
-        &[src_mr.sge(0, 64).unwrap()],
-        dst_mr.addr() as u64,
-        dst_mr.rkey(),
-    )
+    // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
+    unsafe {
+        qa.post_write(
+            1,
+            &[src_mr.sge(0, 64).unwrap()],
+            dst_mr.addr() as u64,
+            dst_mr.rkey(),
+        )
+    }
     .unwrap();
     assert_eq!(a.wait().status, WcStatus::RetryExcErr);
     assert!(
@@ -88,12 +100,16 @@ fn a_responder_that_is_not_ready_drops_requests() {
 #[test]
 fn connect_is_refused_after_the_error_state() {
     let bed = default_bed();
-    bed.qa.post_write(1, &[], 0, Rkey(0)).unwrap();
+    // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
+    unsafe { bed.qa.post_write(1, &[], 0, Rkey(0)) }.unwrap();
     bed.a.wait();
     let (_src, src_mr) = bed.a.reg_buf(4096, 1, Access::LOCAL_WRITE);
-    bed.qa
-        .post_write(2, &[src_mr.sge(0, 8).unwrap()], 0, Rkey(0))
-        .unwrap();
+    // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
+    unsafe {
+        bed.qa
+            .post_write(2, &[src_mr.sge(0, 8).unwrap()], 0, Rkey(0))
+    }
+    .unwrap();
     assert_eq!(bed.a.wait().status, WcStatus::RemAccessErr);
     let e = bed.qa.connect(&bed.qb.endpoint().unwrap()).unwrap_err();
     assert_eq!(e.errno(), Some(libc::EINVAL));
@@ -105,15 +121,18 @@ fn requests_behind_a_waiting_send_keep_rc_order() {
     let bed = default_bed();
     let (_s, smr) = bed.a.reg_buf(4096, 7, Access::LOCAL_WRITE);
     let (d, dmr) = bed.b.reg_buf(4096, 0, RW);
-    bed.qa.post_send(1, &[smr.sge(0, 16).unwrap()]).unwrap();
-    bed.qa
-        .post_write(
+    // SAFETY: the sent memory stays allocated and unwritten until its completion is polled.
+    unsafe { bed.qa.post_send(1, &[smr.sge(0, 16).unwrap()]) }.unwrap();
+    // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
+    unsafe {
+        bed.qa.post_write(
             2,
             &[smr.sge(0, 64).unwrap()],
             dmr.addr() as u64 + 1024,
             dmr.rkey(),
         )
-        .unwrap();
+    }
+    .unwrap();
     assert!(
         bed.a.cq.poll_one().unwrap().is_none(),
         "both wait for the receive"
@@ -122,7 +141,8 @@ fn requests_behind_a_waiting_send_keep_rc_order() {
         d.as_slice()[1024..1088].iter().all(|&x| x == 0),
         "the WRITE waits behind the SEND"
     );
-    bed.qb.post_recv(9, &[dmr.sge(0, 1024).unwrap()]).unwrap();
+    // SAFETY: the receive's memory stays allocated and unread until its completion is polled.
+    unsafe { bed.qb.post_recv(9, &[dmr.sge(0, 1024).unwrap()]) }.unwrap();
     let ids = bed.a.wait_n(2);
     assert_eq!(ids, vec![(1, WcStatus::Success), (2, WcStatus::Success)]);
     assert!(d.as_slice()[1024..1088].iter().all(|&x| x == 7));
@@ -132,14 +152,19 @@ fn requests_behind_a_waiting_send_keep_rc_order() {
 fn a_failing_responder_fails_the_sends_waiting_there() {
     let bed = default_bed();
     let (_s, smr) = bed.a.reg_buf(4096, 7, Access::LOCAL_WRITE);
-    bed.qa.post_send(1, &[smr.sge(0, 16).unwrap()]).unwrap();
-    bed.qa.post_send(2, &[smr.sge(0, 16).unwrap()]).unwrap();
+    // SAFETY: the sent memory stays allocated and unwritten until its completion is polled.
+    unsafe { bed.qa.post_send(1, &[smr.sge(0, 16).unwrap()]) }.unwrap();
+    // SAFETY: the sent memory stays allocated and unwritten until its completion is polled.
+    unsafe { bed.qa.post_send(2, &[smr.sge(0, 16).unwrap()]) }.unwrap();
     // Put the responder in the error state with a bind that must fail.
     let (_mem, mr) = bed.b.reg_buf(4096, 0, RW);
     let mut mw = bed.b.pd.alloc_mw(MwType::Type1).unwrap();
-    bed.qb
-        .bind_mw(3, &mut mw, &mr, 0, 4096, Access::REMOTE_READ)
-        .unwrap();
+    // SAFETY: the bound memory outlives the window, and the test reads it only after the peer's access completed.
+    unsafe {
+        bed.qb
+            .bind_mw(3, &mut mw, &mr, 0, 4096, Access::REMOTE_READ)
+    }
+    .unwrap();
     assert_eq!(bed.b.wait().status, WcStatus::MwBindErr);
     let got = bed.a.wait_n(2);
     assert_eq!(
@@ -154,10 +179,12 @@ fn a_destroyed_requester_never_delivers_its_waiting_sends() {
     let bed = default_bed();
     let (_s, smr) = bed.a.reg_buf(4096, 7, Access::LOCAL_WRITE);
     let (qa2, qb2) = connect(&bed.a, &bed.b);
-    qa2.post_send(1, &[smr.sge(0, 16).unwrap()]).unwrap();
+    // SAFETY: the sent memory stays allocated and unwritten until its completion is polled.
+    unsafe { qa2.post_send(1, &[smr.sge(0, 16).unwrap()]) }.unwrap();
     drop(qa2);
     let (r, rmr) = bed.b.reg_buf(4096, 0, Access::LOCAL_WRITE);
-    qb2.post_recv(5, &[rmr.sge(0, 4096).unwrap()]).unwrap();
+    // SAFETY: the receive's memory stays allocated and unread until its completion is polled.
+    unsafe { qb2.post_recv(5, &[rmr.sge(0, 4096).unwrap()]) }.unwrap();
     assert!(
         bed.b.cq.poll_one().unwrap().is_none(),
         "the receive stays posted"

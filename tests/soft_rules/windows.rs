@@ -9,16 +9,21 @@ use rdma_pool::nic::*;
 fn window_keys_are_not_local_keys() {
     let bed = default_bed();
     let (_mem, mr, mut mw) = bed.a.window_over(4096, 0, MwType::Type1);
-    let rkey = bed
-        .qa
-        .bind_mw(1, &mut mw, &mr, 0, 4096, Access::REMOTE_READ)
-        .unwrap();
+    // SAFETY: the bound memory outlives the window, and the test reads it only after the peer's access completed.
+    let rkey = unsafe {
+        bed.qa
+            .bind_mw(1, &mut mw, &mr, 0, 4096, Access::REMOTE_READ)
+    }
+    .unwrap();
     assert_eq!(bed.a.wait().status, WcStatus::Success);
     let (_dst, dst_mr) = bed.b.reg_buf(4096, 0, RW);
     let sge = sge(mr.addr() as u64, 64, Lkey(rkey.0));
-    bed.qa
-        .post_write(2, &[sge], dst_mr.addr() as u64, dst_mr.rkey())
-        .unwrap();
+    // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
+    unsafe {
+        bed.qa
+            .post_write(2, &[sge], dst_mr.addr() as u64, dst_mr.rkey())
+    }
+    .unwrap();
     assert_eq!(bed.a.wait().status, WcStatus::LocProtErr);
 }
 
@@ -26,15 +31,17 @@ fn window_keys_are_not_local_keys() {
 fn type1_window_is_usable_from_any_qp() {
     let bed = default_bed();
     let (_mem, mr, mut mw) = bed.b.window_over(4096, 0x61, MwType::Type1);
-    let rkey = bed
-        .qb
-        .bind_mw(1, &mut mw, &mr, 0, 4096, Access::REMOTE_READ)
-        .unwrap();
+    // SAFETY: the bound memory outlives the window, and the test reads it only after the peer's access completed.
+    let rkey = unsafe {
+        bed.qb
+            .bind_mw(1, &mut mw, &mr, 0, 4096, Access::REMOTE_READ)
+    }
+    .unwrap();
     assert_eq!(bed.b.wait().status, WcStatus::Success);
     let (qa2, _qb2) = connect(&bed.a, &bed.b);
     let (dst, dst_mr) = bed.a.reg_buf(4096, 0, Access::LOCAL_WRITE);
-    qa2.post_read(3, &[dst_mr.sge(0, 64).unwrap()], mr.addr() as u64, rkey)
-        .unwrap();
+    // SAFETY: the read's memory stays allocated and unread until its completion is polled.
+    unsafe { qa2.post_read(3, &[dst_mr.sge(0, 64).unwrap()], mr.addr() as u64, rkey) }.unwrap();
     assert_eq!(bed.a.wait().status, WcStatus::Success);
     assert!(dst.as_slice()[..64].iter().all(|&x| x == 0x61));
 }
@@ -46,9 +53,12 @@ fn writable_window_needs_local_write_on_the_region() {
         .b
         .reg_buf(4096, 0, Access::REMOTE_READ | Access::MW_BIND);
     let mut mw = bed.b.pd.alloc_mw(MwType::Type1).unwrap();
-    bed.qb
-        .bind_mw(1, &mut mw, &mr, 0, 4096, Access::REMOTE_ATOMIC)
-        .unwrap();
+    // SAFETY: the bound memory outlives the window, and the test reads it only after the peer's access completed.
+    unsafe {
+        bed.qb
+            .bind_mw(1, &mut mw, &mr, 0, 4096, Access::REMOTE_ATOMIC)
+    }
+    .unwrap();
     assert_eq!(bed.b.wait().status, WcStatus::MwBindErr);
 }
 
@@ -56,14 +66,19 @@ fn writable_window_needs_local_write_on_the_region() {
 fn type2_window_must_be_invalidated_before_rebinding() {
     let bed = default_bed();
     let (_mem, mr, mut mw) = bed.b.window_over(4096, 0, MwType::Type2);
-    let k1 = bed
-        .qb
-        .post_bind_mw(1, &mut mw, &mr, 0, 4096, Access::REMOTE_READ)
-        .unwrap();
+    // SAFETY: the bound memory outlives the window, and the test reads it only after the peer's access completed.
+    let k1 = unsafe {
+        bed.qb
+            .post_bind_mw(1, &mut mw, &mr, 0, 4096, Access::REMOTE_READ)
+    }
+    .unwrap();
     assert_eq!(bed.b.wait().status, WcStatus::Success);
-    bed.qb
-        .post_bind_mw(2, &mut mw, &mr, 0, 4096, Access::REMOTE_READ)
-        .unwrap();
+    // SAFETY: the bound memory outlives the window, and the test reads it only after the peer's access completed.
+    unsafe {
+        bed.qb
+            .post_bind_mw(2, &mut mw, &mr, 0, 4096, Access::REMOTE_READ)
+    }
+    .unwrap();
     assert_eq!(bed.b.wait().status, WcStatus::MwBindErr);
     let _ = k1;
 }
@@ -72,9 +87,12 @@ fn type2_window_must_be_invalidated_before_rebinding() {
 fn type2_window_cannot_be_bound_to_nothing() {
     let bed = default_bed();
     let (_mem, mr, mut mw) = bed.b.window_over(4096, 0, MwType::Type2);
-    bed.qb
-        .post_bind_mw(1, &mut mw, &mr, 0, 0, Access::REMOTE_READ)
-        .unwrap();
+    // SAFETY: the bound memory outlives the window, and the test reads it only after the peer's access completed.
+    unsafe {
+        bed.qb
+            .post_bind_mw(1, &mut mw, &mr, 0, 0, Access::REMOTE_READ)
+    }
+    .unwrap();
     assert_eq!(bed.b.wait().status, WcStatus::MwBindErr);
 }
 
@@ -85,9 +103,9 @@ fn zero_based_type2_window_addresses_from_its_start() {
     mem.as_mut_slice()[4096..].fill(0x7e);
     let mr = bed.b.reg(&mut mem, RW | Access::MW_BIND).unwrap();
     let mut mw = bed.b.pd.alloc_mw(MwType::Type2).unwrap();
-    let rkey = bed
-        .qb
-        .post_bind_mw(
+    // SAFETY: the bound memory outlives the window, and the test reads it only after the peer's access completed.
+    let rkey = unsafe {
+        bed.qb.post_bind_mw(
             1,
             &mut mw,
             &mr,
@@ -95,7 +113,8 @@ fn zero_based_type2_window_addresses_from_its_start() {
             4096,
             Access::REMOTE_READ | Access::ZERO_BASED,
         )
-        .unwrap();
+    }
+    .unwrap();
     assert_eq!(bed.b.wait().status, WcStatus::Success);
     let (dst, dst_mr) = bed.a.reg_buf(4096, 0, Access::LOCAL_WRITE);
     assert_eq!(read(&bed, &dst_mr, 4096, 0, rkey), WcStatus::Success);
@@ -112,17 +131,19 @@ fn window_key_must_belong_to_the_responders_pd() {
     // Kills: keys.rs, window branch of check_and_access, `mw.pd != who.pd` check removed.
     let bed = default_bed();
     let (_mem, mr, mut mw) = bed.b.window_over(4096, 0x5c, MwType::Type1);
-    let rkey = bed
-        .qb
-        .bind_mw(1, &mut mw, &mr, 0, 4096, Access::REMOTE_READ)
-        .unwrap();
+    // SAFETY: the bound memory outlives the window, and the test reads it only after the peer's access completed.
+    let rkey = unsafe {
+        bed.qb
+            .bind_mw(1, &mut mw, &mr, 0, 4096, Access::REMOTE_READ)
+    }
+    .unwrap();
     assert_eq!(bed.b.wait().status, WcStatus::Success);
     // A responder QP in another PD of the same device must not honour the window.
     let pd2 = bed.b.nic.alloc_pd().unwrap();
     let (qa2, _qb2) = connect_into_pd(&bed.a, &bed.b, &pd2);
     let (dst, dst_mr) = bed.a.reg_buf(4096, 0, Access::LOCAL_WRITE);
-    qa2.post_read(2, &[dst_mr.sge(0, 64).unwrap()], mr.addr() as u64, rkey)
-        .unwrap();
+    // SAFETY: the read's memory stays allocated and unread until its completion is polled.
+    unsafe { qa2.post_read(2, &[dst_mr.sge(0, 64).unwrap()], mr.addr() as u64, rkey) }.unwrap();
     assert_eq!(bed.a.wait().status, WcStatus::RemAccessErr);
     assert!(dst.as_slice().iter().all(|&x| x == 0));
 }
@@ -139,9 +160,12 @@ fn bind_needs_window_region_and_qp_in_one_pd() {
     // A type 2 window and its region in pd2, bound through a QP of the bed's PD: the post is
     // accepted, the bind fails when it executes.
     let mut mw2 = pd2.alloc_mw(MwType::Type2).unwrap();
-    bed.qb
-        .post_bind_mw(1, &mut mw2, &mr2, 0, 4096, Access::REMOTE_READ)
-        .unwrap();
+    // SAFETY: the bound memory outlives the window, and the test reads it only after the peer's access completed.
+    unsafe {
+        bed.qb
+            .post_bind_mw(1, &mut mw2, &mr2, 0, 4096, Access::REMOTE_READ)
+    }
+    .unwrap();
     assert_eq!(
         bed.b.wait().status,
         WcStatus::MwBindErr,
@@ -150,8 +174,8 @@ fn bind_needs_window_region_and_qp_in_one_pd() {
     // A type 1 window of pd2 unbound through a QP of the bed's PD.
     let (_qa, qb) = connect(&bed.a, &bed.b);
     let mut mw1 = pd2.alloc_mw(MwType::Type1).unwrap();
-    qb.bind_mw(2, &mut mw1, &mr2, 0, 0, Access::empty())
-        .unwrap();
+    // SAFETY: the bound memory outlives the window, and the test reads it only after the peer's access completed.
+    unsafe { qb.bind_mw(2, &mut mw1, &mr2, 0, 0, Access::empty()) }.unwrap();
     assert_eq!(
         bed.b.wait().status,
         WcStatus::MwBindErr,
@@ -164,18 +188,21 @@ fn send_with_invalidate_needs_the_window_bound_through_the_receiving_qp() {
     // Kills: qp.rs invalidate, `qpn.is_some_and(|q| b.qpn != Some(q))` removed.
     let bed = default_bed();
     let (_mem, mr, mut mw) = bed.b.window_over(4096, 0x48, MwType::Type2);
-    let rkey = bed
-        .qb
-        .post_bind_mw(1, &mut mw, &mr, 0, 4096, Access::REMOTE_READ)
-        .unwrap();
+    // SAFETY: the bound memory outlives the window, and the test reads it only after the peer's access completed.
+    let rkey = unsafe {
+        bed.qb
+            .post_bind_mw(1, &mut mw, &mr, 0, 4096, Access::REMOTE_READ)
+    }
+    .unwrap();
     assert_eq!(bed.b.wait().status, WcStatus::Success);
     // SEND_WITH_INV arriving on another QP of the same PD.
     let (qa2, qb2) = connect(&bed.a, &bed.b);
     let (_rbuf, rmr) = bed.b.reg_buf(4096, 0, Access::LOCAL_WRITE);
-    qb2.post_recv(2, &[rmr.sge(0, 4096).unwrap()]).unwrap();
+    // SAFETY: the receive's memory stays allocated and unread until its completion is polled.
+    unsafe { qb2.post_recv(2, &[rmr.sge(0, 4096).unwrap()]) }.unwrap();
     let (_sbuf, smr) = bed.a.reg_buf(4096, 1, Access::LOCAL_WRITE);
-    qa2.post_send_with_inv(3, &[smr.sge(0, 8).unwrap()], rkey)
-        .unwrap();
+    // SAFETY: the sent memory stays allocated and unwritten until its completion is polled.
+    unsafe { qa2.post_send_with_inv(3, &[smr.sge(0, 8).unwrap()], rkey) }.unwrap();
     assert_ne!(bed.a.wait().status, WcStatus::Success);
     let wc = bed.b.wait();
     assert_eq!((wc.wr_id, wc.invalidated_rkey), (2, None));
@@ -195,10 +222,12 @@ fn window_bounds_below_the_window_start() {
     // Kills: keys.rs window branch, `addr < b.addr as u64` removed (the end check alone passes).
     let bed = default_bed();
     let (_mem, mr, mut mw) = bed.b.window_over(3 * 4096, 0x31, MwType::Type1);
-    let rkey = bed
-        .qb
-        .bind_mw(1, &mut mw, &mr, 4096, 4096, Access::REMOTE_READ)
-        .unwrap();
+    // SAFETY: the bound memory outlives the window, and the test reads it only after the peer's access completed.
+    let rkey = unsafe {
+        bed.qb
+            .bind_mw(1, &mut mw, &mr, 4096, 4096, Access::REMOTE_READ)
+    }
+    .unwrap();
     assert_eq!(bed.b.wait().status, WcStatus::Success);
     let (dst, dst_mr) = bed.a.reg_buf(4096, 0, Access::LOCAL_WRITE);
     // Inside the region, before the window.
@@ -216,10 +245,12 @@ fn a_poisoned_region_cannot_be_bound() {
     let mut mr = bed.b.reg(&mut mem, RW | Access::MW_BIND).unwrap();
     rereg_access(&mut mr, RW).unwrap_err();
     let mut mw = bed.b.pd.alloc_mw(MwType::Type1).unwrap();
-    let e = bed
-        .qb
-        .bind_mw(1, &mut mw, &mr, 0, 4096, Access::REMOTE_READ)
-        .unwrap_err();
+    // SAFETY: the bound memory outlives the window, and the test reads it only after the peer's access completed.
+    let e = unsafe {
+        bed.qb
+            .bind_mw(1, &mut mw, &mr, 0, 4096, Access::REMOTE_READ)
+    }
+    .unwrap_err();
     assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
     assert_eq!(
         bed.qb.state().unwrap(),
@@ -236,13 +267,19 @@ fn settled_windows_release_what_they_no_longer_bind() {
     let mr_a = bed.b.reg(&mut ma, RW | Access::MW_BIND).unwrap();
     let mr_b = bed.b.reg(&mut mb, RW | Access::MW_BIND).unwrap();
     let mut mw = bed.b.pd.alloc_mw(MwType::Type1).unwrap();
-    bed.qb
-        .bind_mw(1, &mut mw, &mr_a, 0, 4096, Access::REMOTE_READ)
-        .unwrap();
+    // SAFETY: the bound memory outlives the window, and the test reads it only after the peer's access completed.
+    unsafe {
+        bed.qb
+            .bind_mw(1, &mut mw, &mr_a, 0, 4096, Access::REMOTE_READ)
+    }
+    .unwrap();
     assert!(mw.settle(bed.b.wait().status));
-    bed.qb
-        .bind_mw(2, &mut mw, &mr_b, 0, 4096, Access::REMOTE_READ)
-        .unwrap();
+    // SAFETY: the bound memory outlives the window, and the test reads it only after the peer's access completed.
+    unsafe {
+        bed.qb
+            .bind_mw(2, &mut mw, &mr_b, 0, 4096, Access::REMOTE_READ)
+    }
+    .unwrap();
     assert!(mw.settle(bed.b.wait().status));
     drop(mr_a);
     assert_eq!(
@@ -254,9 +291,12 @@ fn settled_windows_release_what_they_no_longer_bind() {
     let mut mw2 = bed.b.pd.alloc_mw(MwType::Type2).unwrap();
     let (mut mc, _) = (buf(4096, 0), ());
     let mr_c = bed.b.reg(&mut mc, RW | Access::MW_BIND).unwrap();
-    bed.qb
-        .post_bind_mw(3, &mut mw2, &mr_c, 0, 64, Access::REMOTE_READ)
-        .unwrap();
+    // SAFETY: the bound memory outlives the window, and the test reads it only after the peer's access completed.
+    unsafe {
+        bed.qb
+            .post_bind_mw(3, &mut mw2, &mr_c, 0, 64, Access::REMOTE_READ)
+    }
+    .unwrap();
     assert!(mw2.settle(bed.b.wait().status));
     bed.qb.post_invalidate(4, &mut mw2).unwrap();
     assert!(mw2.settle(bed.b.wait().status));
@@ -275,10 +315,12 @@ fn windows_grant_remote_rights_their_region_does_not_have() {
         .b
         .reg_buf(2 * 4096, 0, Access::LOCAL_WRITE | Access::MW_BIND);
     let mut mw = bed.b.pd.alloc_mw(MwType::Type1).unwrap();
-    let rkey = bed
-        .qb
-        .bind_mw(1, &mut mw, &mr, 4096, 4096, Access::REMOTE_WRITE)
-        .unwrap();
+    // SAFETY: the bound memory outlives the window, and the test reads it only after the peer's access completed.
+    let rkey = unsafe {
+        bed.qb
+            .bind_mw(1, &mut mw, &mr, 4096, 4096, Access::REMOTE_WRITE)
+    }
+    .unwrap();
     assert_eq!(bed.b.wait().status, WcStatus::Success);
     let (_src, src_mr) = bed.a.reg_buf(4096, 3, Access::LOCAL_WRITE);
     assert_eq!(
@@ -287,12 +329,15 @@ fn windows_grant_remote_rights_their_region_does_not_have() {
     );
     assert!(mem.as_slice()[4096..4160].iter().all(|&x| x == 3));
     let (qa2, _qb2) = connect(&bed.a, &bed.b);
-    qa2.post_write(
-        2,
-        &[src_mr.sge(0, 64).unwrap()],
-        mr.addr() as u64,
-        mr.rkey(),
-    )
+    // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
+    unsafe {
+        qa2.post_write(
+            2,
+            &[src_mr.sge(0, 64).unwrap()],
+            mr.addr() as u64,
+            mr.rkey(),
+        )
+    }
     .unwrap();
     assert_eq!(
         bed.a.wait().status,

@@ -146,9 +146,11 @@ impl Conn {
     fn access(&mut self, write: bool, addr: u64, len: usize, rkey: Rkey) -> WcStatus {
         let sge = self.scratch.sge(0, len).unwrap();
         if write {
-            self.cqp.post_write(1, &[sge], addr, rkey).unwrap();
+            // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
+            unsafe { self.cqp.post_write(1, &[sge], addr, rkey) }.unwrap();
         } else {
-            self.cqp.post_read(2, &[sge], addr, rkey).unwrap();
+            // SAFETY: the read's memory stays allocated and unread until its completion is polled.
+            unsafe { self.cqp.post_read(2, &[sge], addr, rkey) }.unwrap();
         }
         self.ccq.wait_one(WAIT).expect("a completion").status
     }

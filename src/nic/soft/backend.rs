@@ -347,6 +347,7 @@ impl Backend for SoftNic {
             .remove(&qp)
             .ok_or_else(|| Error::from_errno(Verb::DestroyQp, libc::EINVAL))?;
         lock(&dev.qpns).remove(&q.qpn);
+        q.quiesce();
         dev.pd_ref(q.pd, -1);
         Ok(())
     }

@@ -213,6 +213,30 @@ impl QpObj {
         }
     }
 
+    /// Destruction (`ibv_destroy_qp`): once this returns no request of this QP runs and none
+    /// will — a delivery into its receives in progress is waited for (`rx`), its send engine
+    /// is waited for until released — and nothing more is completed, as on hardware. SENDs
+    /// peers parked here fail at their requesters.
+    pub(super) fn quiesce(&self) {
+        let inbound = {
+            let _rx = lock(&self.rx);
+            let mut st = lock(&self.st);
+            st.state = QpState::Error;
+            st.recvs.clear();
+            st.pending.clear();
+            st.parked.clear();
+            std::mem::take(&mut st.inbound)
+        };
+        while lock(&self.st).busy {
+            std::thread::yield_now();
+        }
+        for msg in inbound {
+            if let Some(sender) = msg.sender.upgrade() {
+                sender.parked_done(WcStatus::RetryExcErr);
+            }
+        }
+    }
+
     fn wc(&self, wr_id: u64, opcode: WcOpcode, status: WcStatus) -> Completion {
         Completion {
             wr_id,

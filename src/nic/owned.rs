@@ -1,0 +1,625 @@
+//! Owned posts: the buffer travels with the work request and comes back with its completion
+//! (tokio-uring's model), so safe code can post without promising anything.
+//!
+//! Contract:
+//! - [`Qp::post_send_owned`] and its siblings take a buffer by value ([`NicBuf`] to be read by
+//!   the NIC, [`NicBufMut`] to be written) and park it in a slot of the CQ the request completes
+//!   on, *before* the request is posted; they return a [`Posted`] handle. The work request
+//!   carries a `wr_id` of the crate's reserved range ([`is_reserved_wr_id`]); raw posts refuse
+//!   that range, so no request of the application can complete a slot.
+//! - [`Cq::poll`] (and every wait of a [`Posted`]) routes the completions of slots to them and
+//!   hands the application only its own; completions of the application read while a handle
+//!   waits are kept, in order, for the next [`Cq::poll`].
+//! - The handle gives the buffer back with its completion ([`Done`]); a receive or a read that
+//!   succeeded has told the buffer how many bytes arrived ([`NicBufMut::nic_wrote`]).
+//! - Dropping a handle whose request is still in flight *parks* its buffer: it is dropped when
+//!   the completion arrives or when the QP is destroyed, never before ([`Cq::parked`] counts
+//!   them). Destroying a QP returns the buffers of its unfinished requests to their handles
+//!   with [`WcStatus::WrFlushErr`]. A QP whose destruction fails leaks them (the device may
+//!   still write there).
+//!
+//! Invariant: a buffer is in exactly one place — its owner's hands, or one slot from before its
+//! request is posted until (a) its handle took the completion, (b) its completion arrived after
+//! its handle was dropped, or (c) its QP was destroyed. `parked == |slots abandoned, in flight|`.
+
+use super::{Completion, Cq, Error, Nic, Qp, Result, Rkey, Sge, Verb, WcOpcode, WcStatus};
+use slab::Slab;
+use std::any::Any;
+use std::collections::VecDeque;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// The top 16 bits of the `wr_id`s the crate posts for owned requests.
+const OWNED_TAG: u64 = 0x5251;
+
+/// The top 16 bits of the `wr_id`s the crate's grants post ([`crate::grant`]).
+pub(crate) const GRANT_TAG: u64 = 0x5250;
+
+/// True for a `wr_id` in the range the crate reserves for its own work requests (top 16 bits
+/// `0x5250` or `0x5251`): raw posts refuse it, so the application can never complete a
+/// request of the crate's.
+///
+/// # Examples
+/// ```
+/// use rdma_pool::nic::is_reserved_wr_id;
+/// assert!(!is_reserved_wr_id(42));
+/// assert!(is_reserved_wr_id(0x5251 << 48));
+/// ```
+pub fn is_reserved_wr_id(wr_id: u64) -> bool {
+    matches!(wr_id >> 48, GRANT_TAG | OWNED_TAG)
+}
+
+/// Memory a work request may own: the NIC reads `nic_len()` bytes from `nic_ptr()`.
+///
+/// # Safety
+/// An implementor promises that, while a value is owned by a work request (moved into it and
+/// not dropped), the `nic_len()` bytes at `nic_ptr()` stay allocated and unmoved, and nothing
+/// but the value can write them; and that [`NicBuf::sge`] describes exactly those bytes.
+/// (`Vec<u8>`, `Box<[u8]>` and the pool's own vectors qualify: their bytes are on the heap.)
+pub unsafe trait NicBuf: Send + 'static {
+    /// First byte.
+    fn nic_ptr(&self) -> *const u8;
+    /// Bytes the NIC uses.
+    fn nic_len(&self) -> usize;
+    /// The scatter/gather entry of the bytes on `nic` (`None` when empty).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the bytes are not wholly inside one registration of a
+    /// pool on `nic` (a degraded or bootstrap block, or memory of another device).
+    fn sge(&self, nic: &Nic) -> Result<Option<Sge>>;
+}
+
+/// Memory a work request may own and the NIC may write: receives and RDMA READs land in its
+/// `nic_len()` bytes.
+///
+/// # Safety
+/// As [`NicBuf`], and no other value can read the bytes while the request owns them (no
+/// shared ownership).
+pub unsafe trait NicBufMut: NicBuf {
+    /// A receive or read that succeeded wrote `n` bytes at the start (`n <= nic_len()`): a
+    /// growable buffer keeps just those.
+    fn nic_wrote(&mut self, n: usize) {
+        let _ = n;
+    }
+}
+
+/// A finished owned request: the buffer back, and its completion (with the `wr_id` the
+/// application gave).
+#[derive(Debug)]
+pub struct Done<B> {
+    /// The buffer.
+    pub buf: B,
+    /// The completion; `status` says whether the transfer happened.
+    pub completion: Completion,
+}
+
+/// A refused owned post: why, and the buffer, untouched.
+#[derive(Debug, thiserror::Error)]
+#[error("{error}")]
+pub struct PostError<B: std::fmt::Debug> {
+    /// Why the post was refused.
+    #[source]
+    pub error: Error,
+    /// The buffer, given back.
+    pub buf: B,
+}
+
+/// An owned request that did not complete in time (or whose CQ could not be polled): why,
+/// and its handle, to wait again or drop (which parks the buffer).
+#[derive(Debug, thiserror::Error)]
+#[error("{error}")]
+pub struct WaitError<B> {
+    /// [`Error::Timeout`], or the poll's failure.
+    #[source]
+    pub error: Error,
+    /// The request, still in flight.
+    pub posted: Posted<B>,
+}
+
+/// The slots of one CQ (see the module contract).
+#[derive(Default)]
+pub(super) struct Inflight {
+    slots: Mutex<Slab<Slot>>,
+    backlog: Mutex<VecDeque<Completion>>,
+    next_gen: AtomicU64,
+    parked: AtomicU64,
+}
+
+struct Slot {
+    epoch: u16,
+    qpn: u32,
+    wr_id: u64,
+    /// What the completion tells the buffer: bytes written by a successful READ.
+    read_len: Option<u32>,
+    buf: Option<Box<dyn Parked>>,
+    wc: Option<Completion>,
+    abandoned: bool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `OWNED_TAG (16) | epoch (16) | slot (32)`.
+fn owned_wr_id(epoch: u16, key: usize) -> u64 {
+    OWNED_TAG << 48 | (epoch as u64) << 32 | (key as u64 & 0xffff_ffff)
+}
+
+impl Inflight {
+    /// Park `buf` for a request of QP `qpn`; returns `(slot, epoch, wr_id)`.
+    fn insert(
+        &self,
+        qpn: u32,
+        wr_id: u64,
+        read_len: Option<u32>,
+        buf: Box<dyn Parked>,
+    ) -> (usize, u16) {
+        let epoch = self.next_gen.fetch_add(1, Relaxed) as u16;
+        let key = lock(&self.slots).insert(Slot {
+            epoch,
+            qpn,
+            wr_id,
+            read_len,
+            buf: Some(buf),
+            wc: None,
+            abandoned: false,
+        });
+        (key, epoch)
+    }
+
+    /// Take back the buffer of a request that was never posted.
+    fn unpost(&self, key: usize) -> Option<Box<dyn Parked>> {
+        lock(&self.slots).try_remove(key).and_then(|s| s.buf)
+    }
+
+    /// A completion of an owned request: kept for its handle, or its buffer dropped when the
+    /// handle is gone. Stale or unknown ones are ignored.
+    fn complete(&self, wc: Completion) {
+        let key = (wc.wr_id & 0xffff_ffff) as usize;
+        let epoch = (wc.wr_id >> 32) as u16;
+        let mut slots = lock(&self.slots);
+        let Some(s) = slots
+            .get_mut(key)
+            .filter(|s| s.epoch == epoch && s.qpn == wc.qp_num && s.wc.is_none())
+        else {
+            return;
+        };
+        if s.abandoned {
+            let dropped = slots.remove(key).buf;
+            drop(slots);
+            self.parked.fetch_sub(1, Relaxed);
+            drop(dropped);
+            return;
+        }
+        s.wc = Some(Completion {
+            wr_id: s.wr_id,
+            ..wc
+        });
+    }
+
+    /// The completion and buffer of slot `key`, if it completed.
+    fn take(&self, key: usize, epoch: u16) -> Option<(Completion, Option<u32>, Box<dyn Parked>)> {
+        let mut slots = lock(&self.slots);
+        let s = slots.get(key).filter(|s| s.epoch == epoch)?;
+        s.wc?;
+        let s = slots.remove(key);
+        Some((s.wc?, s.read_len, s.buf?))
+    }
+
+    fn is_complete(&self, key: usize, epoch: u16) -> bool {
+        lock(&self.slots)
+            .get(key)
+            .is_some_and(|s| s.epoch == epoch && s.wc.is_some())
+    }
+
+    /// The handle of slot `key` was dropped: drop the buffer now if the request finished, else
+    /// park it.
+    fn abandon(&self, key: usize, epoch: u16) {
+        let mut slots = lock(&self.slots);
+        let Some(s) = slots.get_mut(key).filter(|s| s.epoch == epoch) else {
+            return;
+        };
+        if s.wc.is_some() {
+            let dropped = slots.remove(key).buf;
+            drop(slots);
+            drop(dropped);
+        } else {
+            s.abandoned = true;
+            self.parked.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// QP `qpn` was destroyed (`destroyed`) or could not be (the device may still use its
+    /// memory): hand its unfinished requests back flushed, drop the parked ones — or leak
+    /// every buffer of it when it was not destroyed.
+    pub(super) fn qp_gone(&self, qpn: u32, destroyed: bool) {
+        let mut dropped = Vec::new();
+        {
+            let mut slots = lock(&self.slots);
+            let keys: Vec<usize> = slots
+                .iter()
+                .filter(|(_, s)| s.qpn == qpn && s.wc.is_none())
+                .map(|(k, _)| k)
+                .collect();
+            for k in keys {
+                let s = &mut slots[k];
+                if !destroyed {
+                    // The device may still write there: the buffer must never be freed.
+                    std::mem::forget(s.buf.take());
+                }
+                if s.abandoned {
+                    dropped.push(slots.remove(k).buf);
+                    self.parked.fetch_sub(1, Relaxed);
+                } else {
+                    s.wc = Some(Completion {
+                        wr_id: s.wr_id,
+                        status: WcStatus::WrFlushErr,
+                        qp_num: qpn,
+                        ..Default::default()
+                    });
+                }
+            }
+        }
+        drop(dropped);
+    }
+}
+
+impl Cq {
+    /// Poll the device once for up to `out.len()` completions: the crate's owned requests'
+    /// go to their slots, the rest stay in `out`, compacted. Returns how many the device gave
+    /// and how many stayed.
+    pub(super) fn poll_routed(&self, out: &mut [Completion]) -> Result<(usize, usize)> {
+        let got = self.inner.nic.backend.poll_cq(self.inner.handle, out)?;
+        let mut kept = 0;
+        for i in 0..got {
+            let wc = out[i];
+            if wc.wr_id >> 48 == OWNED_TAG {
+                self.inner.inflight.complete(wc);
+            } else {
+                out[kept] = wc;
+                kept += 1;
+            }
+        }
+        Ok((got, kept))
+    }
+
+    /// Completions of the application read while an owned request waited, first.
+    pub(super) fn take_backlog(&self, out: &mut [Completion]) -> usize {
+        let mut backlog = lock(&self.inner.inflight.backlog);
+        let n = backlog.len().min(out.len());
+        for (slot, wc) in out.iter_mut().zip(backlog.drain(..n)) {
+            *slot = wc;
+        }
+        n
+    }
+
+    /// Poll the device for the owned requests waiting on this CQ; keep the application's
+    /// completions for its next [`Cq::poll`].
+    fn pump(&self) -> Result<()> {
+        let mut buf = [Completion::default(); 16];
+        loop {
+            let (got, kept) = self.poll_routed(&mut buf)?;
+            if kept > 0 {
+                lock(&self.inner.inflight.backlog).extend(&buf[..kept]);
+            }
+            // A full batch may have more behind it.
+            if got < buf.len() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Buffers of owned requests whose handle was dropped while the request was in flight:
+    /// they are dropped when their completion arrives or their QP is destroyed.
+    ///
+    /// # Examples
+    /// ```
+    /// let cq = rdma_pool::nic::Nic::soft().create_cq(4).unwrap();
+    /// assert_eq!(cq.parked(), 0);
+    /// ```
+    pub fn parked(&self) -> u64 {
+        self.inner.inflight.parked.load(Relaxed)
+    }
+}
+
+/// An owned request in flight; [`Posted::wait`] or [`Posted::take`] give the buffer back with
+/// its completion. Dropping it while the request is in flight parks the buffer (see the
+/// module contract): the NIC never touches freed memory.
+#[must_use = "dropping the handle parks the buffer until the request completes"]
+pub struct Posted<B> {
+    cq: Cq,
+    key: usize,
+    epoch: u16,
+    taken: bool,
+    _buf: PhantomData<fn() -> B>,
+}
+
+impl<B> std::fmt::Debug for Posted<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Posted").field("slot", &self.key).finish()
+    }
+}
+
+impl<B: NicBuf> Posted<B> {
+    /// Whether the request completed (its completion was routed here by a poll). Does not
+    /// poll.
+    pub fn is_complete(&self) -> bool {
+        self.cq.inner.inflight.is_complete(self.key, self.epoch)
+    }
+
+    /// The buffer and completion if the request completed, else the handle back. Polls the
+    /// CQ once.
+    ///
+    /// # Errors
+    /// The handle itself while the request is in flight; a failed poll counts as in flight.
+    pub fn take(mut self) -> std::result::Result<Done<B>, Posted<B>> {
+        if !self.is_complete() && self.cq.pump().is_err() {
+            return Err(self);
+        }
+        match self.cq.inner.inflight.take(self.key, self.epoch) {
+            Some((completion, read_len, mut parked)) => {
+                self.taken = true;
+                if completion.status == WcStatus::Success {
+                    let n = match completion.opcode {
+                        WcOpcode::Recv => Some(completion.byte_len),
+                        _ => read_len,
+                    };
+                    if let Some(n) = n {
+                        parked.wrote(n as usize);
+                    }
+                }
+                let buf = *parked
+                    .into_any()
+                    .downcast::<B>()
+                    .expect("a slot holds the buffer type of its handle");
+                Ok(Done { buf, completion })
+            }
+            None => Err(self),
+        }
+    }
+
+    /// Wait (polling the CQ, then yielding) for at most `timeout` for the request to
+    /// complete. The application's completions read meanwhile wait for its next
+    /// [`Cq::poll`].
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] with the handle when it did not complete in time, or the poll's
+    /// failure with the handle ([`WaitError`]).
+    pub fn wait(self, timeout: Duration) -> std::result::Result<Done<B>, WaitError<B>> {
+        let start = Instant::now();
+        let mut me = self;
+        loop {
+            if let Err(error) = me.cq.pump() {
+                return Err(WaitError { error, posted: me });
+            }
+            me = match me.take() {
+                Ok(done) => return Ok(done),
+                Err(me) => me,
+            };
+            if start.elapsed() > timeout {
+                return Err(WaitError {
+                    error: Error::Timeout(timeout),
+                    posted: me,
+                });
+            }
+            std::thread::yield_now();
+        }
+    }
+}
+
+impl<B> Drop for Posted<B> {
+    fn drop(&mut self) {
+        if !self.taken {
+            self.cq.inner.inflight.abandon(self.key, self.epoch);
+        }
+    }
+}
+
+/// Which owned request to post.
+enum OwnedOp {
+    Send,
+    Write { remote_addr: u64, rkey: Rkey },
+    Read { remote_addr: u64, rkey: Rkey },
+    Recv,
+}
+
+impl Qp {
+    /// Post a SEND of `buf`'s bytes; the buffer comes back with the completion.
+    ///
+    /// # Errors
+    /// The buffer back with why: not registered memory of this QP's device, longer than
+    /// 4 GiB, or the post's failure.
+    ///
+    /// # Examples
+    /// ```
+    /// use rdma_pool::nic::{Nic, QpCaps, WcStatus};
+    /// use std::time::Duration;
+    /// # let nic = Nic::soft();
+    /// # let pd = nic.alloc_pd()?;
+    /// # let cq = nic.create_cq(8)?;
+    /// # let (a, b) = (pd.create_qp(&cq, &cq, QpCaps::default())?, pd.create_qp(&cq, &cq, QpCaps::default())?);
+    /// # a.connect(&b.endpoint()?)?; b.connect(&a.endpoint()?)?;
+    /// let pool: &'static _ = Box::leak(Box::new(rdma_pool::alloc::Pool::new(&pd)?));
+    /// let rx = b.post_recv_owned(1, allocator_api2::vec![in pool; 0u8; 64])?;
+    /// let tx = a.post_send_owned(2, allocator_api2::vec![in pool; 7u8; 16])?;
+    /// let sent = tx.wait(Duration::from_secs(5))?;
+    /// assert_eq!(sent.completion.status, WcStatus::Success);
+    /// let got = rx.wait(Duration::from_secs(5))?;
+    /// assert_eq!(got.buf.len(), 16);
+    /// assert!(got.buf.iter().all(|&x| x == 7));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn post_send_owned<B: NicBuf + std::fmt::Debug>(
+        &self,
+        wr_id: u64,
+        buf: B,
+    ) -> std::result::Result<Posted<B>, PostError<B>> {
+        self.post_parked(wr_id, buf, OwnedOp::Send, |b| Box::new(ReadOnly(b)))
+    }
+
+    /// Post an RDMA WRITE of `buf`'s bytes to `remote_addr` under `rkey`; the buffer comes
+    /// back with the completion.
+    ///
+    /// # Errors
+    /// As [`Qp::post_send_owned`].
+    pub fn post_write_owned<B: NicBuf + std::fmt::Debug>(
+        &self,
+        wr_id: u64,
+        buf: B,
+        remote_addr: u64,
+        rkey: Rkey,
+    ) -> std::result::Result<Posted<B>, PostError<B>> {
+        self.post_parked(wr_id, buf, OwnedOp::Write { remote_addr, rkey }, |b| {
+            Box::new(ReadOnly(b))
+        })
+    }
+
+    /// Post an RDMA READ from `remote_addr` under `rkey` into `buf` (its `nic_len()` bytes);
+    /// the buffer comes back with the completion, told the length read when it succeeded.
+    ///
+    /// # Errors
+    /// As [`Qp::post_send_owned`].
+    pub fn post_read_owned<B: NicBufMut + std::fmt::Debug>(
+        &self,
+        wr_id: u64,
+        buf: B,
+        remote_addr: u64,
+        rkey: Rkey,
+    ) -> std::result::Result<Posted<B>, PostError<B>> {
+        self.post_owned_mut(wr_id, buf, OwnedOp::Read { remote_addr, rkey })
+    }
+
+    /// Post a receive into `buf` (its `nic_len()` bytes); the buffer comes back with the
+    /// completion, told the length received when it succeeded.
+    ///
+    /// # Errors
+    /// As [`Qp::post_send_owned`].
+    pub fn post_recv_owned<B: NicBufMut + std::fmt::Debug>(
+        &self,
+        wr_id: u64,
+        buf: B,
+    ) -> std::result::Result<Posted<B>, PostError<B>> {
+        self.post_owned_mut(wr_id, buf, OwnedOp::Recv)
+    }
+
+    fn post_owned_mut<B: NicBufMut + std::fmt::Debug>(
+        &self,
+        wr_id: u64,
+        buf: B,
+        op: OwnedOp,
+    ) -> std::result::Result<Posted<B>, PostError<B>> {
+        self.post_parked(wr_id, buf, op, |b| Box::new(Writable(b)))
+    }
+
+    /// Park `buf` (as `park` wraps it), then post `op` with it.
+    fn post_parked<B: NicBuf + std::fmt::Debug>(
+        &self,
+        wr_id: u64,
+        buf: B,
+        op: OwnedOp,
+        park: fn(B) -> Box<dyn Parked>,
+    ) -> std::result::Result<Posted<B>, PostError<B>> {
+        let verb = match op {
+            OwnedOp::Recv => Verb::PostRecv,
+            _ => Verb::PostSend,
+        };
+        let sge = match checked_sge(&buf, self.pd().nic(), verb) {
+            Ok(s) => s,
+            Err(error) => return Err(PostError { error, buf }),
+        };
+        let sges: &[Sge] = sge.as_slice();
+        let cq = match op {
+            OwnedOp::Recv => &self.inner._recv_cq,
+            _ => &self.inner._send_cq,
+        };
+        let read_len = matches!(op, OwnedOp::Read { .. }).then_some(buf.nic_len() as u32);
+        let (key, epoch) = cq
+            .inner
+            .inflight
+            .insert(self.qpn(), wr_id, read_len, park(buf));
+        let id = owned_wr_id(epoch, key);
+        let posted = match op {
+            OwnedOp::Recv => self.post_recv_any(id, sges),
+            OwnedOp::Send => self.post(id, sges, super::RawSendOp::Send),
+            OwnedOp::Write { remote_addr, rkey } => {
+                self.post(id, sges, super::RawSendOp::Write { remote_addr, rkey })
+            }
+            OwnedOp::Read { remote_addr, rkey } => {
+                self.post(id, sges, super::RawSendOp::Read { remote_addr, rkey })
+            }
+        };
+        match posted {
+            Ok(()) => Ok(Posted {
+                cq: cq.clone(),
+                key,
+                epoch,
+                taken: false,
+                _buf: PhantomData,
+            }),
+            Err(error) => {
+                let back = cq
+                    .inner
+                    .inflight
+                    .unpost(key)
+                    .expect("a refused post leaves its slot");
+                let buf = *back
+                    .into_any()
+                    .downcast::<B>()
+                    .expect("the slot holds the buffer just parked");
+                Err(PostError { error, buf })
+            }
+        }
+    }
+}
+
+/// The SGE of `buf` on `nic`, checked against what the buffer says it is.
+fn checked_sge<B: NicBuf>(buf: &B, nic: &Nic, verb: Verb) -> Result<Option<Sge>> {
+    if u32::try_from(buf.nic_len()).is_err() {
+        return Err(Error::invalid(verb, "a buffer of 4 GiB or more"));
+    }
+    let sge = buf.sge(nic).map_err(|_| {
+        Error::invalid(
+            verb,
+            "buffer is not registered memory of this device (a degraded or bootstrap block?)",
+        )
+    })?;
+    match sge {
+        Some(s) if s.addr != buf.nic_ptr() as u64 || s.length as usize != buf.nic_len() => Err(
+            Error::invalid(verb, "the buffer's SGE does not describe its bytes"),
+        ),
+        None if buf.nic_len() != 0 => Err(Error::invalid(verb, "a non-empty buffer without SGE")),
+        s => Ok(s),
+    }
+}
+
+/// A buffer as a slot holds it: told what arrived, then unwrapped.
+trait Parked: Send {
+    /// A receive or read into it succeeded with `n` bytes.
+    fn wrote(&mut self, n: usize);
+    /// The buffer itself.
+    fn into_any(self: Box<Self>) -> Box<dyn Any + Send>;
+}
+
+/// A buffer the NIC only reads.
+struct ReadOnly<B>(B);
+
+impl<B: NicBuf> Parked for ReadOnly<B> {
+    fn wrote(&mut self, _: usize) {}
+    fn into_any(self: Box<Self>) -> Box<dyn Any + Send> {
+        Box::new(self.0)
+    }
+}
+
+/// A buffer the NIC may write.
+struct Writable<B>(B);
+
+impl<B: NicBufMut> Parked for Writable<B> {
+    fn wrote(&mut self, n: usize) {
+        self.0.nic_wrote(n.min(self.0.nic_len()));
+    }
+    fn into_any(self: Box<Self>) -> Box<dyn Any + Send> {
+        Box::new(self.0)
+    }
+}

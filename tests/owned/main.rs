@@ -1,0 +1,268 @@
+//! Owned posts (`Qp::post_*_owned`): the buffer travels with the work request, comes back with
+//! its completion, and is never freed while the NIC may touch it — in safe code only. Runs on
+//! the soft NIC pair and on the rxe pair of the test bed.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+use allocator_api2::vec::Vec as PoolVec;
+use common::*;
+use rdma_pool::alloc::Pool;
+use rdma_pool::nic::*;
+use std::time::{Duration, Instant};
+
+/// A pool on side `a`'s PD that lives for the test binary (owned buffers are `'static`).
+fn pool_on(pd: &Pd) -> &'static Pool {
+    Box::leak(Box::new(
+        Pool::with_config(pd, small_arena()).expect("pool"),
+    ))
+}
+
+/// Poll `cq` until an application completion arrives.
+fn app_completion(cq: &Cq) -> Completion {
+    let start = Instant::now();
+    loop {
+        let mut wc = [Completion::default()];
+        if cq.poll(&mut wc).unwrap() == 1 {
+            return wc[0];
+        }
+        assert!(start.elapsed() < WAIT, "no completion");
+        std::thread::yield_now();
+    }
+}
+
+/// Poll `cq` (routing owned completions) until `cond` holds.
+fn poll_until(cq: &Cq, cond: impl Fn() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        let mut wc = [Completion::default(); 4];
+        let n = cq.poll(&mut wc).unwrap();
+        assert_eq!(n, 0, "no application completion expected: {:?}", &wc[..n]);
+        assert!(start.elapsed() < WAIT, "condition not reached");
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn a_receive_gives_its_buffer_back_with_the_bytes_that_arrived() {
+    let _s = serial();
+    let bed = bed();
+    let (pa, pb) = (pool_on(&bed.a.pd), pool_on(&bed.b.pd));
+    let rx = bed
+        .qb
+        .post_recv_owned(7, allocator_api2::vec![in pb; 0u8; 256])
+        .unwrap();
+    let tx = bed
+        .qa
+        .post_send_owned(8, allocator_api2::vec![in pa; 0x5a; 40])
+        .unwrap();
+    let sent = tx.wait(WAIT).unwrap();
+    assert_eq!(
+        (sent.completion.wr_id, sent.completion.status),
+        (8, WcStatus::Success)
+    );
+    assert_eq!(sent.buf.len(), 40, "a send's buffer comes back as it went");
+    let got = rx.wait(WAIT).unwrap();
+    assert_eq!(
+        got.completion.wr_id, 7,
+        "the application's wr_id, not the crate's"
+    );
+    assert_eq!(got.completion.status, WcStatus::Success);
+    assert_eq!(got.buf.len(), 40, "a receive keeps the bytes that arrived");
+    assert!(got.buf.iter().all(|&b| b == 0x5a));
+}
+
+/// The pattern: post a receive, drop everything, allocate again, the peer sends.
+#[test]
+fn a_dropped_receive_parks_its_buffer_and_never_lands_in_a_new_one() {
+    let _s = serial();
+    let bed = bed();
+    let (pa, pb) = (pool_on(&bed.a.pd), pool_on(&bed.b.pd));
+    let live = pb.live_blocks();
+    let posted = bed
+        .qb
+        .post_recv_owned(1, allocator_api2::vec![in pb; 0u8; 64])
+        .unwrap();
+    drop(posted);
+    assert_eq!(bed.b.cq.parked(), 1);
+    assert_eq!(pb.live_blocks(), live + 1, "the parked buffer is not freed");
+    // A new buffer of the same size: not the parked block.
+    let fresh: PoolVec<u8, _> = allocator_api2::vec![in pb; 0u8; 64];
+    let tx = bed
+        .qa
+        .post_send_owned(2, allocator_api2::vec![in pa; 0xee; 16])
+        .unwrap();
+    assert_eq!(tx.wait(WAIT).unwrap().completion.status, WcStatus::Success);
+    poll_until(&bed.b.cq, || bed.b.cq.parked() == 0);
+    assert!(
+        fresh.iter().all(|&b| b == 0),
+        "the peer's bytes landed in a new buffer"
+    );
+    assert_eq!(
+        pb.live_blocks(),
+        live + 1,
+        "the parked buffer was freed at its completion"
+    );
+    drop(fresh);
+    assert_eq!(pb.live_blocks(), live);
+}
+
+#[test]
+fn destroying_the_qp_returns_in_flight_buffers_flushed_and_frees_parked_ones() {
+    let _s = serial();
+    let bed = bed();
+    let pb = pool_on(&bed.b.pd);
+    let live = pb.live_blocks();
+    let kept = bed
+        .qb
+        .post_recv_owned(1, allocator_api2::vec![in pb; 3u8; 128])
+        .unwrap();
+    let parked = bed
+        .qb
+        .post_recv_owned(2, allocator_api2::vec![in pb; 0u8; 128])
+        .unwrap();
+    drop(parked);
+    assert_eq!(bed.b.cq.parked(), 1);
+    assert!(!kept.is_complete());
+    let Bed { a, b, qa, qb } = bed;
+    drop(qb);
+    assert_eq!(
+        b.cq.parked(),
+        0,
+        "destroying the QP released the parked buffer"
+    );
+    let done = kept.wait(Duration::ZERO).unwrap();
+    assert_eq!(done.completion.status, WcStatus::WrFlushErr);
+    assert_eq!((done.completion.wr_id, done.buf.len()), (1, 128));
+    assert!(
+        done.buf.iter().all(|&x| x == 3),
+        "a flushed buffer is untouched"
+    );
+    drop(done);
+    assert_eq!(pb.live_blocks(), live);
+    drop((a, qa));
+}
+
+#[test]
+fn an_owned_read_hands_the_buffer_back_with_the_remote_bytes() {
+    let _s = serial();
+    let bed = bed();
+    let pa = pool_on(&bed.a.pd);
+    let mut src = buf(4096, 0x33);
+    let mr = reg_in(
+        &bed.b.pd,
+        &mut src,
+        Access::LOCAL_WRITE | Access::REMOTE_READ,
+    )
+    .unwrap();
+    let posted = bed
+        .qa
+        .post_read_owned(
+            9,
+            allocator_api2::vec![in pa; 0u8; 512],
+            mr.addr() as u64,
+            mr.rkey(),
+        )
+        .unwrap();
+    let done = posted.wait(WAIT).unwrap();
+    assert_eq!(done.completion.status, WcStatus::Success);
+    assert_eq!(done.buf.len(), 512);
+    assert!(done.buf.iter().all(|&b| b == 0x33));
+    // A read under a key that does not cover it fails; the buffer still comes back.
+    let posted = bed
+        .qa
+        .post_read_owned(10, done.buf, mr.addr() as u64, Rkey(mr.rkey().0 ^ 0x100))
+        .unwrap();
+    let failed = posted.wait(WAIT).unwrap();
+    assert_ne!(failed.completion.status, WcStatus::Success);
+    assert_eq!(
+        failed.buf.len(),
+        512,
+        "a failed read tells the buffer nothing"
+    );
+}
+
+#[test]
+fn memory_of_no_pool_is_refused_and_given_back_untouched() {
+    let _s = serial();
+    let bed = bed();
+    // This test binary's global allocator is the system's: no registration covers it.
+    let heap = vec![9u8; 100];
+    let e = bed.qa.post_send_owned(1, heap).unwrap_err();
+    assert!(
+        matches!(e.error, Error::InvalidArgument { .. }),
+        "{:?}",
+        e.error
+    );
+    assert_eq!(e.buf, vec![9u8; 100]);
+    assert_eq!(bed.a.cq.parked(), 0);
+    // A refused post (here: the receive queue is full) gives the buffer back too.
+    let pb = pool_on(&bed.b.pd);
+    let mut posted = Vec::new();
+    let refused = loop {
+        match bed
+            .qb
+            .post_recv_owned(posted.len() as u64, allocator_api2::vec![in pb; 1u8; 8])
+        {
+            Ok(p) => posted.push(p),
+            Err(e) => break e,
+        }
+        assert!(posted.len() <= 1 << 16, "the receive queue never filled");
+    };
+    assert!(posted.len() >= QpCaps::default().max_recv_wr as usize);
+    assert_eq!(&refused.buf[..], &[1u8; 8]);
+    drop(posted);
+    assert!(bed.b.cq.parked() > 0);
+}
+
+#[test]
+fn raw_posts_refuse_the_crates_wr_ids() {
+    let _s = serial();
+    let bed = bed();
+    for id in [0x5250u64 << 48, 0x5251 << 48 | 7] {
+        assert!(is_reserved_wr_id(id));
+        // SAFETY: no memory is posted (no SGE).
+        let e = unsafe { bed.qa.post_send(id, &[]) }.unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument { .. }), "{e:?}");
+        // SAFETY: as above.
+        let e = unsafe { bed.qb.post_recv(id, &[]) }.unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument { .. }), "{e:?}");
+        assert!(bed.qa.post_local_inv(id, Rkey(1)).is_err());
+    }
+}
+
+#[test]
+fn application_completions_read_while_a_handle_waits_come_back_in_order() {
+    let _s = serial();
+    let bed = bed();
+    let (pa, pb) = (pool_on(&bed.a.pd), pool_on(&bed.b.pd));
+    let rx = bed
+        .qb
+        .post_recv_owned(1, allocator_api2::vec![in pb; 0u8; 64])
+        .unwrap();
+    // Two raw sends of the application's, then an owned one, on the same CQ.
+    for id in [100, 101] {
+        // SAFETY: no memory is posted (a zero-length SEND); the receive is owned.
+        unsafe { bed.qa.post_send(id, &[]) }.unwrap();
+    }
+    let rx2 = bed
+        .qb
+        .post_recv_owned(2, allocator_api2::vec![in pb; 0u8; 64])
+        .unwrap();
+    let rx3 = bed
+        .qb
+        .post_recv_owned(3, allocator_api2::vec![in pb; 0u8; 64])
+        .unwrap();
+    let tx = bed
+        .qa
+        .post_send_owned(102, allocator_api2::vec![in pa; 1u8; 8])
+        .unwrap();
+    let done = tx.wait(WAIT).unwrap();
+    assert_eq!(done.completion.wr_id, 102);
+    assert_eq!(app_completion(&bed.a.cq).wr_id, 100);
+    assert_eq!(app_completion(&bed.a.cq).wr_id, 101);
+    for (p, n) in [(rx, 0), (rx2, 0), (rx3, 8)] {
+        let d = p.wait(WAIT).unwrap();
+        assert_eq!((d.completion.status, d.buf.len()), (WcStatus::Success, n));
+    }
+}

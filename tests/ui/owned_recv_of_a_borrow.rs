@@ -1,0 +1,12 @@
+// A borrowed slice cannot be posted: the borrow could end while the NIC writes.
+use rdma_pool::nic::{Nic, QpCaps};
+
+fn main() {
+    let nic = Nic::soft();
+    let pd = nic.alloc_pd().unwrap();
+    let cq = nic.create_cq(8).unwrap();
+    let qp = pd.create_qp(&cq, &cq, QpCaps::default()).unwrap();
+    let mut buf = vec![0u8; 64];
+    let posted = qp.post_recv_owned(1, &mut buf[..]);
+    drop(posted);
+}
