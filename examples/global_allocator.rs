@@ -1,6 +1,7 @@
 //! A small RDMA service whose global allocator is the pool: its ordinary `String`s and `Vec`s
 //! are posted as-is — as the local source of RDMA WRITEs and the local target of RDMA READs —
-//! to a peer, with no registration call anywhere in the service's code. The peer (another
+//! to a peer, with no registration call and no `unsafe` anywhere in the service's code: each
+//! buffer travels with its work request and comes back with the completion. The peer (another
 //! machine in real life: here a second device, or the same verbs device) exposes a landing
 //! zone registered the usual way.
 //!
@@ -8,23 +9,12 @@
 //! `RDMA_POOL_NIC=soft|verbs|<device>` picks one, `RUST_LOG=info` shows the choice).
 
 use rdma_pool::GlobalPool;
-use rdma_pool::nic::{Access, Buffer, Nic, NicKind, QpCaps, Sge, WcStatus};
+use rdma_pool::nic::{Access, Buffer, Nic, NicKind, QpCaps, WcStatus};
 use std::collections::HashMap;
 use std::time::Duration;
 
 #[global_allocator]
 static A: GlobalPool = GlobalPool::new();
-
-/// One SGE over `bytes`, with the lkey `rdma_pool::keys_of` finds for any heap pointer.
-fn sge(bytes: &[u8]) -> Sge {
-    let keys = rdma_pool::keys_of(bytes.as_ptr()).expect("every heap block is registered");
-    assert!(keys.contains(bytes.as_ptr() as usize, bytes.len()));
-    Sge {
-        addr: bytes.as_ptr() as u64,
-        length: bytes.len() as u32,
-        lkey: keys.lkey,
-    }
-}
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt()
@@ -67,38 +57,33 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let table: Vec<u8> = (0..(2u32 << 20)).map(|i| (i * 7 % 251) as u8).collect();
 
-    // WRITE them to the peer, as they are.
+    // WRITE them to the peer, as they are: each one travels with its request and comes back.
+    let greeting = greeting.into_bytes();
+    let big = index.remove("key-63").expect("inserted above");
     let mut off = 0u64;
-    // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
-    unsafe { qp.post_write(1, &[sge(greeting.as_bytes())], raddr, rkey) }?;
-    assert_eq!(cq.wait_one(wait)?.status, WcStatus::Success);
-    off += greeting.len() as u64;
-    let big = index.get("key-63").expect("inserted above");
-    // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
-    unsafe { qp.post_write(2, &[sge(big)], raddr + off, rkey) }?;
-    assert_eq!(cq.wait_one(wait)?.status, WcStatus::Success);
-    off += big.len() as u64;
-    // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
-    unsafe { qp.post_write(3, &[sge(&table)], raddr + off, rkey) }?;
-    assert_eq!(cq.wait_one(wait)?.status, WcStatus::Success);
-    off += table.len() as u64;
+    let mut sent = Vec::new();
+    for (id, bytes) in [(1, greeting), (2, big), (3, table)] {
+        let len = bytes.len() as u64;
+        let done = qp.post_write_owned(id, bytes, raddr + off, rkey)?.wait(wait)?;
+        assert_eq!(done.completion.status, WcStatus::Success);
+        off += len;
+        sent.push(done.buf);
+    }
     let landed = &landing.as_slice()[..off as usize];
-    assert_eq!(&landed[..greeting.len()], greeting.as_bytes());
-    assert_eq!(&landed[landed.len() - table.len()..], &table[..]);
+    assert_eq!(landed, sent.concat());
     println!(
         "WRITE: a String ({} B), a HashMap value ({} B) and a Vec ({} B) landed at the peer",
-        greeting.len(),
-        big.len(),
-        table.len()
+        sent[0].len(),
+        sent[1].len(),
+        sent[2].len()
     );
+    index.insert("key-63".into(), sent.swap_remove(1));
 
     // READ the peer's bytes back into a fresh Vec.
-    let mut back = vec![0u8; off as usize];
-    // SAFETY: the read's memory stays allocated and unread until its completion is polled.
-    unsafe { qp.post_read(4, &[sge(&back)], raddr, rkey) }?;
-    assert_eq!(cq.wait_one(wait)?.status, WcStatus::Success);
+    let back = vec![0u8; off as usize];
+    let mut back = qp.post_read_owned(4, back, raddr, rkey)?.wait(wait)?.buf;
     assert_eq!(&back[..], landed);
-    back.truncate(greeting.len());
+    back.truncate(sent[0].len());
     println!("READ into a Vec: {:?}", String::from_utf8(back)?);
 
     let stats = rdma_pool::stats().expect("the pool is the global allocator");

@@ -1,7 +1,8 @@
-//! Network buffers from a `Pool`: `allocator_api2::vec::Vec::new_in(&pool)` gives memory that
+//! Network buffers from a `Pool`: `allocator_api2::vec::Vec::new_in(pool)` gives memory that
 //! is registered already, so a `Vec` is posted as-is — as the local source of RDMA WRITEs and
-//! the local target of RDMA READs (its lkey from `pool.sge_of`) — between two peers on the soft
-//! NIC. No `reg_mr` per buffer: the soft NIC's counters show the registrations the pool made
+//! the local target of RDMA READs — between two peers on the soft NIC, with no `unsafe`: the
+//! `Vec` travels with its work request and comes back with the completion (the pool lives for
+//! the program, as a buffer of a posted request may outlive any scope). No `reg_mr` per buffer: the soft NIC's counters show the registrations the pool made
 //! for its slabs, not one per buffer.
 //!
 //! Run with `cargo run --example vec_new_in`.
@@ -26,7 +27,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // SAFETY: `landing` outlives its region.
     let landing_mr = unsafe { peer_pd.reg_mr(landing.as_mut_ptr(), landing.len(), rw) }?;
 
-    let pool = Pool::new(&pd)?;
+    let pool: &'static Pool = Box::leak(Box::new(Pool::new(&pd)?));
     let wait = Duration::from_secs(5);
     let mut offset = 0u64;
     for (i, text) in ["first message", "a second, longer message", "third"]
@@ -34,42 +35,30 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .enumerate()
     {
         // A network buffer is just a Vec in the pool.
-        let mut msg: Vec<u8, &Pool> = Vec::new_in(&pool);
+        let mut msg: Vec<u8, &Pool> = Vec::new_in(pool);
         msg.extend_from_slice(text.as_bytes());
-        let sge = pool.sge_of(&msg)?;
-        // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
-        unsafe {
-            qp.post_write(
-                i as u64,
-                &[sge],
-                landing_mr.addr() as u64 + offset,
-                landing_mr.rkey(),
-            )
-        }?;
-        assert_eq!(cq.wait_one(wait)?.status, WcStatus::Success);
+        let lkey = pool.sge_of(&msg)?.lkey;
+        let raddr = landing_mr.addr() as u64 + offset;
+        let done = qp
+            .post_write_owned(i as u64, msg, raddr, landing_mr.rkey())?
+            .wait(wait)?;
+        assert_eq!(done.completion.status, WcStatus::Success);
         println!(
-            "WRITE from Vec at {:p} (lkey {}): {text:?}",
-            msg.as_ptr(),
-            sge.lkey
+            "WRITE from Vec at {:p} (lkey {lkey}): {text:?}",
+            done.buf.as_ptr()
         );
-        offset += msg.len() as u64;
+        offset += done.buf.len() as u64;
     }
     let written = &landing.as_slice()[..offset as usize];
     println!("peer memory: {:?}", String::from_utf8_lossy(written));
 
     // And the other way: READ the peer's bytes into a Vec of the pool.
-    let mut back: Vec<u8, &Pool> = Vec::new_in(&pool);
+    let mut back: Vec<u8, &Pool> = Vec::new_in(pool);
     back.resize(offset as usize, 0);
-    // SAFETY: the read's memory stays allocated and unread until its completion is polled.
-    unsafe {
-        qp.post_read(
-            9,
-            &[pool.sge_of(&back)?],
-            landing_mr.addr() as u64,
-            landing_mr.rkey(),
-        )
-    }?;
-    assert_eq!(cq.wait_one(wait)?.status, WcStatus::Success);
+    let back = qp
+        .post_read_owned(9, back, landing_mr.addr() as u64, landing_mr.rkey())?
+        .wait(wait)?
+        .buf;
     assert_eq!(&back[..], written);
     println!(
         "READ into Vec at {:p}: {:?}",
