@@ -12,6 +12,7 @@ mod common;
 mod bootstrap;
 mod exit;
 mod grant;
+mod owned;
 mod peer;
 mod workload;
 
