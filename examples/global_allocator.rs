@@ -64,7 +64,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut sent = Vec::new();
     for (id, bytes) in [(1, greeting), (2, big), (3, table)] {
         let len = bytes.len() as u64;
-        let done = qp.post_write_owned(id, bytes, raddr + off, rkey)?.wait(wait)?;
+        let done = qp
+            .post_write_owned(id, bytes, raddr + off, rkey)?
+            .wait(wait)?;
         assert_eq!(done.completion.status, WcStatus::Success);
         off += len;
         sent.push(done.buf);

@@ -43,7 +43,7 @@ pub use memcheck::{
     FILL_MAX, FREED, GUARD_FILL, LARGE_GUARD, MemcheckStats, asan_poisoned, memcheck_stats,
 };
 pub use stats::{ClassStats, PoolStats};
-pub(crate) use tls::{keys_of_any, keys_of_any_on};
+pub(crate) use tls::{any_live_pool, keys_of_any, keys_of_any_on};
 
 use crate::arena::os::MmapBox;
 use crate::arena::{Arena, ArenaConfig, Error, Keys, SLAB};
@@ -140,10 +140,24 @@ impl Pool {
         if !tls::register(id, &*inner) {
             return Err(Error::Config("too many pools alive (256)"));
         }
+        crate::nic::set_grant_sink(crate::grant::route);
         Ok(Pool {
             id,
             table: inner.table,
             inner: ManuallyDrop::new(inner),
+        })
+    }
+
+    /// A handle to the pool whose shared state is `inner`, never dropped.
+    ///
+    /// # Safety
+    /// The pool stays alive while the alias is used (e.g. under the registry lock).
+    pub(crate) unsafe fn alias_of(inner: &PoolInner) -> ManuallyDrop<Pool> {
+        ManuallyDrop::new(Pool {
+            id: inner.id,
+            table: inner.table,
+            // SAFETY: `inner` is the value of the pool's live box (the caller's contract).
+            inner: unsafe { MmapBox::alias(inner) },
         })
     }
 

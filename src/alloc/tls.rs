@@ -239,6 +239,16 @@ pub(crate) fn forget(pool: &PoolInner) {
     });
 }
 
+/// Call `f` on each live pool under the registry lock (which keeps them alive) until it
+/// returns true.
+pub(crate) fn any_live_pool(mut f: impl FnMut(&PoolInner) -> bool) -> bool {
+    let r = registry();
+    r.live.iter().filter(|e| e.0 != 0).any(|&(_, inner)| {
+        // SAFETY: a registered pool is alive while the registry lock is held.
+        f(unsafe { &*(inner as *const PoolInner) })
+    })
+}
+
 /// The SGE of `buf` on `nic` in whichever live pool holds it: `None` unless `buf` lies wholly
 /// inside one registration of that pool on `nic` (under the registry lock, as
 /// [`keys_of_any`]).

@@ -439,6 +439,18 @@ impl<T> MmapBox<T> {
         Ok(MmapBox { ptr })
     }
 
+    /// A second handle to the value at `ptr`, never dropped.
+    ///
+    /// # Safety
+    /// `ptr` is the value of a live `MmapBox<T>`, and the alias is not used after that box is
+    /// dropped.
+    pub(crate) unsafe fn alias(ptr: *const T) -> std::mem::ManuallyDrop<MmapBox<T>> {
+        std::mem::ManuallyDrop::new(MmapBox {
+            // SAFETY: the value of a live box is not null (the caller's contract).
+            ptr: unsafe { NonNull::new_unchecked(ptr as *mut T) },
+        })
+    }
+
     /// Leave the value mapped for the rest of the process (memory still in use elsewhere).
     pub(crate) fn leak(self) {
         std::mem::forget(self);

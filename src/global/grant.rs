@@ -51,9 +51,14 @@ impl GlobalPool {
     }
 
     /// [`Pool::on_completion`](crate::alloc::Pool::on_completion) of the global pool (false
-    /// before it is ready).
-    pub fn on_completion(&self, wc: &Completion) -> bool {
-        self.ready().is_some_and(|p| p.on_completion(wc))
+    /// before it is ready): for completions polled outside the crate only.
+    ///
+    /// # Safety
+    /// As [`Pool::on_completion`](crate::alloc::Pool::on_completion): `wc` is a completion
+    /// the device reported, handed over once.
+    pub unsafe fn on_completion(&self, wc: &Completion) -> bool {
+        // SAFETY: forwarded from the caller.
+        self.ready().is_some_and(|p| unsafe { p.on_completion(wc) })
     }
 
     /// [`Pool::grant_stats`](crate::alloc::Pool::grant_stats) of the global pool, once ready.

@@ -61,7 +61,7 @@ pub enum GrantError {
     #[error("the grant was already revoked")]
     Revoked,
     /// No completion ended the wait in time; the grant stays revoking (its memory quarantined)
-    /// until [`Pool::on_completion`](crate::alloc::Pool::on_completion) sees it.
+    /// until a poll of its QP's send CQ delivers it.
     #[error("no completion for the grant within {0:?}")]
     Timeout(std::time::Duration),
     /// A verb failed.

@@ -102,7 +102,7 @@ impl<'a> Grant<'a> {
     }
 
     /// Wait until the bind completed, polling `cq` (the send CQ of the grant's QP): the pool's
-    /// completions go to [`Pool::on_completion`], every other one to `other`. A region grant
+    /// completions reach it inside the poll, every other one goes to `other`. A region grant
     /// is bound at once. A SEND of the key posted after the bind on the same QP is ordered
     /// behind it, so waiting is needed only to hand the key out another way.
     ///
@@ -130,8 +130,8 @@ impl<'a> Grant<'a> {
     ///
     /// # Errors
     /// [`GrantError::Revoked`] when already revoked; [`GrantError::Timeout`] after [`WAIT`]
-    /// (the revocation goes on: the memory stays quarantined until
-    /// [`Pool::on_completion`] sees it); a polling error.
+    /// (the revocation goes on: the memory stays quarantined until a poll of the CQ delivers
+    /// its completion); a polling error.
     pub fn revoke(&mut self, cq: &Cq, other: impl FnMut(Completion)) -> Result<(), GrantError> {
         self.start_revoke()?;
         self.wait_revoked(cq, other)
@@ -159,8 +159,8 @@ impl<'a> Grant<'a> {
         })
     }
 
-    /// Start the revocation without waiting: the key dies when the application's poll loop
-    /// hands the invalidation's completion to [`Pool::on_completion`] (see
+    /// Start the revocation without waiting: the key dies when a poll of the QP's send CQ
+    /// (the application's [`Cq::poll`]) delivers the invalidation's completion (see
     /// [`Grant::is_revoked`]); region grants die at once.
     ///
     /// # Errors
@@ -187,12 +187,9 @@ impl<'a> Grant<'a> {
             if let Some(r) = done(self.pool) {
                 return r;
             }
+            // The pool's completions reach it inside the poll; only the application's come out.
             match cq.poll_one()? {
-                Some(wc) => {
-                    if !self.pool.on_completion(&wc) {
-                        other(wc);
-                    }
-                }
+                Some(wc) => other(wc),
                 None if Instant::now() > deadline => return Err(GrantError::Timeout(WAIT)),
                 None => std::thread::yield_now(),
             }

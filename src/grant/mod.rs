@@ -21,12 +21,14 @@
 //!   `Region` grant. Dedicated regions pin the pages again and are charged against memlock
 //!   again: they are counted ([`GrantStats`]) and bounded ([`GrantLimits`]).
 //! - **Completions.** Binds and invalidations are work requests on the caller's QP; their
-//!   completions come on its send CQ with `wr_id`s the pool tags ([`is_pool_wr_id`]). The
-//!   caller's poll loop passes every completion to
-//!   [`Pool::on_completion`](crate::alloc::Pool::on_completion), which returns `false` for
-//!   those that are not the pool's; [`Grant::revoke`] polls the CQ itself and hands such
-//!   completions to the caller's closure. A grant uses one send-queue slot for its bind and
-//!   one for its invalidation while they are in flight: size `max_send_wr` for them.
+//!   completions come on its send CQ with `wr_id`s the pool tags ([`is_pool_wr_id`]), a range
+//!   raw posts refuse. [`Cq::poll`](crate::nic::Cq::poll) hands them to their pool and never
+//!   to the application, so no completion of a grant can be forged in safe code; only a CQ the
+//!   application polls with `ibv_poll_cq` itself needs the `unsafe`
+//!   [`Pool::on_completion`](crate::alloc::Pool::on_completion). [`Grant::revoke`] polls the
+//!   CQ and hands the application's completions to the caller's closure. A grant uses one
+//!   send-queue slot for its bind and one for its invalidation while they are in flight: size
+//!   `max_send_wr` for them.
 //! - **Revocation.** Type 2: LOCAL_INV on the QP; type 1: a zero-length bind (always with a
 //!   region: rxe's provider crashes on NULL); region: deregistration. A QP that cannot post
 //!   (error state, full queue) or whose invalidation fails has its window *deallocated*, which
@@ -55,6 +57,7 @@ mod handle;
 mod issue;
 mod ledger;
 mod revoke;
+pub(crate) use revoke::route;
 mod windows;
 mod wire;
 
@@ -142,9 +145,8 @@ pub struct GrantStats {
     /// Retired windows deallocated, oldest first, to stay within the bound (see the module
     /// contract).
     pub windows_recycled: u64,
-    /// The pool's binds and invalidations posted and not yet seen by
-    /// [`Pool::on_completion`](crate::alloc::Pool::on_completion): send-queue slots (and CQ
-    /// entries) the grants occupy.
+    /// The pool's binds and invalidations posted whose completions no poll delivered yet:
+    /// send-queue slots (and CQ entries) the grants occupy.
     pub wrs_in_flight: u64,
     /// Freed blocks held in quarantine until their grant's revocation completes.
     pub quarantined_blocks: u64,

@@ -16,21 +16,46 @@ use std::sync::atomic::Ordering::Relaxed;
 /// A block leaving quarantine: `(first byte, bytes)`.
 type Freed = Option<(usize, usize)>;
 
+/// The completion sink of every pool's grants ([`crate::nic`] calls it from `Cq::poll`): a
+/// bind's or invalidation's completion goes to the live pool whose tag it carries (none: its
+/// pool is gone, and so is the grant); a receive reporting a peer's SEND_WITH_INV is noted by
+/// every pool.
+pub(crate) fn route(wc: &Completion) {
+    crate::alloc::any_live_pool(|inner| {
+        // SAFETY: the registry lock keeps the pool alive while the alias is used.
+        let pool = unsafe { Pool::alias_of(inner) };
+        pool.take_completion(wc) && super::is_pool_wr_id(wc.wr_id)
+    });
+}
+
 impl Pool {
-    /// Hand the pool a completion from a send CQ its grants post on (the CQ of a QP passed to
-    /// [`Pool::grant`]): returns `true` when it was the completion of a bind or invalidation
-    /// the pool posted (consumed), `false` when it belongs to the application. A receive
-    /// completion that reports a peer's SEND_WITH_INV of a grant's key is noted (the window is
-    /// then known dead) and still returns `false`.
+    /// Hand the pool a completion the application polled itself from a CQ its grants post
+    /// on, with `ibv_poll_cq` on the raw handle (completions read through
+    /// [`Cq::poll`](crate::nic::Cq::poll) reach the pool on their own and never come out of
+    /// it): returns `true` when it was the completion of a bind or invalidation the pool
+    /// posted (consumed), `false` when it belongs to the application. A receive completion
+    /// that reports a peer's SEND_WITH_INV of a grant's key is noted (the window is then known
+    /// dead) and still returns `false`.
+    ///
+    /// # Safety
+    /// `wc` is a completion the device reported, as `ibv_poll_cq` returned it, handed over
+    /// once: a made-up or repeated completion could make the pool recycle a window, or free a
+    /// quarantined block, whose key still works.
     ///
     /// # Examples
     /// ```
     /// use rdma_pool::nic::Completion;
     /// # let pool = rdma_pool::alloc::Pool::new(&rdma_pool::nic::Nic::soft().alloc_pd()?)?;
-    /// assert!(!pool.on_completion(&Completion { wr_id: 7, ..Default::default() }));
+    /// // SAFETY: not one of the pool's (no tagged wr_id): nothing is done with it.
+    /// assert!(!unsafe { pool.on_completion(&Completion { wr_id: 7, ..Default::default() }) });
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn on_completion(&self, wc: &Completion) -> bool {
+    pub unsafe fn on_completion(&self, wc: &Completion) -> bool {
+        self.take_completion(wc)
+    }
+
+    /// [`Pool::on_completion`] of a completion the crate polled (or the caller vouches for).
+    pub(crate) fn take_completion(&self, wc: &Completion) -> bool {
         let g = &self.inner().grants;
         let Some((op, tag, key, seq)) = parse(wc.wr_id) else {
             if let Some(rkey) = wc.invalidated_rkey {

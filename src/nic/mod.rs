@@ -59,8 +59,8 @@ mod verbs;
 
 pub use buffer::{Buffer, huge_page_size};
 pub use error::{Error, ReregError, ReregErrorKind, Result, Verb};
-pub(crate) use owned::GRANT_TAG;
 pub use owned::{Done, NicBuf, NicBufMut, PostError, Posted, WaitError, is_reserved_wr_id};
+pub(crate) use owned::{GRANT_TAG, set_grant_sink};
 pub use types::*;
 #[cfg(feature = "verbs")]
 pub use verbs::VerbsNic;

@@ -37,6 +37,16 @@ const OWNED_TAG: u64 = 0x5251;
 /// The top 16 bits of the `wr_id`s the crate's grants post ([`crate::grant`]).
 pub(crate) const GRANT_TAG: u64 = 0x5250;
 
+/// Where completions of the crate's grants go ([`set_grant_sink`]).
+static GRANT_SINK: std::sync::OnceLock<fn(&Completion)> = std::sync::OnceLock::new();
+
+/// Install the handler of the grants' completions (and of receives that report a peer's
+/// SEND_WITH_INV): [`Cq::poll`] calls it, so no completion of the crate's is ever the
+/// application's to hand over — nor to forge.
+pub(crate) fn set_grant_sink(sink: fn(&Completion)) {
+    let _ = GRANT_SINK.set(sink);
+}
+
 /// True for a `wr_id` in the range the crate reserves for its own work requests (top 16 bits
 /// `0x5250` or `0x5251`): raw posts refuse it, so the application can never complete a
 /// request of the crate's.
@@ -277,7 +287,19 @@ impl Cq {
             let wc = out[i];
             if wc.wr_id >> 48 == OWNED_TAG {
                 self.inner.inflight.complete(wc);
+            } else if wc.wr_id >> 48 == GRANT_TAG {
+                // A grant's bind or invalidation: never the application's (raw posts refuse
+                // the tag), whether or not its pool still lives.
+                if let Some(sink) = GRANT_SINK.get() {
+                    sink(&wc);
+                }
             } else {
+                if wc.invalidated_rkey.is_some()
+                    && let Some(sink) = GRANT_SINK.get()
+                {
+                    // The peer may have killed a grant's key: its pool notes it.
+                    sink(&wc);
+                }
                 out[kept] = wc;
                 kept += 1;
             }

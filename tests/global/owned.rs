@@ -12,23 +12,21 @@ fn heap_buffers_are_written_read_and_received_owned() {
     let mut p = Peer::new(1 << 20);
     let text = format!("owned write from pid {}", std::process::id()).into_bytes();
     let (raddr, rkey) = (p.landing_mr.addr() as u64, p.landing_mr.rkey());
-    let done = p
-        .qp
-        .post_write_owned(1, text, raddr, rkey)
-        .unwrap()
-        .wait(WAIT)
-        .unwrap();
+    let done =
+        p.qp.post_write_owned(1, text, raddr, rkey)
+            .unwrap()
+            .wait(WAIT)
+            .unwrap();
     assert_eq!(done.completion.status, WcStatus::Success);
     assert_eq!(&p.landing.as_slice()[..done.buf.len()], &done.buf[..]);
 
     let boxed: Box<[u8]> = vec![0u8; 4096].into_boxed_slice();
     p.landing.as_mut_slice()[..4096].fill(0x42);
-    let back = p
-        .qp
-        .post_read_owned(2, boxed, raddr, rkey)
-        .unwrap()
-        .wait(WAIT)
-        .unwrap();
+    let back =
+        p.qp.post_read_owned(2, boxed, raddr, rkey)
+            .unwrap()
+            .wait(WAIT)
+            .unwrap();
     assert_eq!(back.completion.status, WcStatus::Success);
     assert!(back.buf.iter().all(|&b| b == 0x42));
 }
@@ -53,5 +51,8 @@ fn a_dropped_heap_receive_is_parked_and_never_lands_in_a_new_vec() {
         assert_eq!(p.cq.poll(&mut wc).unwrap(), 0, "no application completion");
         assert!(start.elapsed() < WAIT, "the parked buffer never completed");
     }
-    assert!(fresh.iter().all(|&b| b == 0), "the peer's bytes landed in a new Vec");
+    assert!(
+        fresh.iter().all(|&b| b == 0),
+        "the peer's bytes landed in a new Vec"
+    );
 }
