@@ -9,7 +9,7 @@
 use allocator_api2::vec;
 use rdma_pool::alloc::Pool;
 use rdma_pool::arena::{ArenaConfig, Hugepages};
-use rdma_pool::grant::{Grant, GrantWire};
+use rdma_pool::grant::GrantWire;
 use rdma_pool::nic::{Access, Buffer, Cq, Mr, Nic, NicKind, Pd, Qp, QpCaps, WcStatus};
 use std::time::Duration;
 
@@ -100,9 +100,11 @@ fn main() -> Res<()> {
         connect(&spd, &scq, &clients)?,
         connect(&spd, &scq, &clients)?,
     );
+    // Grants with a write right own their buffers (the program gets them back once the keys
+    // are dead), so the peer never writes memory the program reads.
     let rw = Access::REMOTE_READ | Access::REMOTE_WRITE;
-    let mut ga: Grant<'_> = pool.grant(&buf_a, &a.server, rw)?;
-    let mut gb = pool.grant(&buf_b, &b.server, rw)?;
+    let mut ga = pool.grant_owned(buf_a, &a.server, rw).map_err(|(_, e)| e)?;
+    let mut gb = pool.grant_owned(buf_b, &b.server, rw).map_err(|(_, e)| e)?;
     ga.wait(&scq, ignore)?;
     gb.wait(&scq, ignore)?;
     let (wa, wb) = (ga.wire(), gb.wire());
@@ -155,11 +157,17 @@ fn main() -> Res<()> {
         access(&clients, &b.client, false, wa.addr, 64, &wa)?,
         false,
     );
-    ga.revoke(&scq, ignore)?;
-    gb.revoke(&scq, ignore)?;
+    let buf_a = ga.revoke(&scq, ignore).map_err(|(_, e)| e)?;
+    let buf_b = gb.revoke(&scq, ignore).map_err(|(_, e)| e)?;
+    println!(
+        "B's buffer back after revocation: {:?}...",
+        String::from_utf8_lossy(&buf_b[..8])
+    );
     // A fresh connection for A, a fresh grant, revoked: the old key is dead.
     let a2 = connect(&spd, &scq, &clients)?;
-    let mut g = pool.grant(&buf_a, &a2.server, Access::REMOTE_WRITE)?;
+    let mut g = pool
+        .grant_owned(buf_a, &a2.server, Access::REMOTE_WRITE)
+        .map_err(|(_, e)| e)?;
     g.wait(&scq, ignore)?;
     let w = g.wire();
     check(
@@ -167,13 +175,12 @@ fn main() -> Res<()> {
         access(&clients, &a2.client, true, w.addr, 64, &w)?,
         true,
     );
-    g.revoke(&scq, ignore)?;
+    let _buf_a = g.revoke(&scq, ignore).map_err(|(_, e)| e)?;
     check(
         "A writes with the revoked key",
         access(&clients, &a2.client, true, w.addr, 64, &w)?,
         false,
     );
-    drop((ga, gb, g));
     let s = pool.grant_stats();
     println!(
         "grants issued {}, revoked {}, open {}, dedicated regions {}, windows {} ({} retired)",

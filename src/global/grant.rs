@@ -3,12 +3,12 @@
 //! until the grant's revocation completed (see [`crate::grant`]).
 
 use super::GlobalPool;
-use crate::grant::{Grant, GrantError, GrantKind};
+use crate::grant::{Grant, GrantBuf, GrantError, GrantKind, OwnedGrant};
 use crate::nic::{Access, Completion, Qp};
 
 impl GlobalPool {
-    /// Grant the peer at the other end of `qp` `access` to exactly `buf`, a heap buffer the
-    /// global pool handed out (see [`Pool::grant`](crate::alloc::Pool::grant)).
+    /// Grant the peer at the other end of `qp` the right to READ exactly `buf`, a heap buffer
+    /// the global pool handed out (see [`Pool::grant`](crate::alloc::Pool::grant)).
     ///
     /// # Errors
     /// [`GrantError::Unavailable`] when the pool could not initialise; as
@@ -18,28 +18,29 @@ impl GlobalPool {
     /// # Examples
     /// ```
     /// use rdma_pool::grant::GrantError;
-    /// use rdma_pool::nic::{Access, QpCaps};
+    /// use rdma_pool::nic::QpCaps;
     /// static POOL: rdma_pool::GlobalPool = rdma_pool::GlobalPool::new();
     /// let pool = POOL.init().unwrap();
     /// let cq = pool.nic().create_cq(8).unwrap();
     /// let qp = pool.pd().create_qp(&cq, &cq, QpCaps::default()).unwrap();
-    /// let r = POOL.grant(&[0u8; 8], &qp, Access::REMOTE_READ); // not the pool's memory
+    /// let r = POOL.grant(&[0u8; 8], &qp); // not the pool's memory
     /// assert!(matches!(r, Err(GrantError::OutsidePool)));
     /// ```
-    pub fn grant<'a>(
-        &'a self,
-        buf: &'a [u8],
-        qp: &Qp,
-        access: Access,
-    ) -> Result<Grant<'a>, GrantError> {
-        self.grant_with(buf, qp, access, GrantKind::Auto)
+    pub fn grant<'a>(&'a self, buf: &'a [u8], qp: &Qp) -> Result<Grant<'a>, GrantError> {
+        let pool = self.init().map_err(|_| GrantError::Unavailable)?;
+        pool.grant(buf, qp)
     }
 
-    /// [`GlobalPool::grant`] of a given kind.
+    /// [`Pool::grant_with`](crate::alloc::Pool::grant_with) on the global pool: any rights on
+    /// a shared borrow, of a given kind.
+    ///
+    /// # Safety
+    /// As [`Pool::grant_with`](crate::alloc::Pool::grant_with): with a write or atomic right,
+    /// the program does not touch `buf` but atomically until the revocation completed.
     ///
     /// # Errors
     /// As [`GlobalPool::grant`].
-    pub fn grant_with<'a>(
+    pub unsafe fn grant_with<'a>(
         &'a self,
         buf: &'a [u8],
         qp: &Qp,
@@ -47,7 +48,25 @@ impl GlobalPool {
         kind: GrantKind,
     ) -> Result<Grant<'a>, GrantError> {
         let pool = self.init().map_err(|_| GrantError::Unavailable)?;
-        pool.grant_with(buf, qp, access, kind)
+        // SAFETY: forwarded from the caller.
+        unsafe { pool.grant_with(buf, qp, access, kind) }
+    }
+
+    /// [`Pool::grant_owned`](crate::alloc::Pool::grant_owned) on the global pool: any rights
+    /// to a whole heap buffer the grant owns until the key is dead.
+    ///
+    /// # Errors
+    /// As [`GlobalPool::grant`], with the buffer given back.
+    pub fn grant_owned<B: GrantBuf>(
+        &self,
+        buf: B,
+        qp: &Qp,
+        access: Access,
+    ) -> Result<OwnedGrant<'_, B>, (B, GrantError)> {
+        match self.init() {
+            Ok(pool) => pool.grant_owned(buf, qp, access),
+            Err(_) => Err((buf, GrantError::Unavailable)),
+        }
     }
 
     /// [`Pool::on_completion`](crate::alloc::Pool::on_completion) of the global pool (false

@@ -1,11 +1,21 @@
 //! The grant handles: [`Grant`] borrows its buffer, [`OwnedGrant`] owns it and gives it back
 //! after revocation. Both revoke on drop without blocking.
+//!
+//! Contract (Rust's borrow rules, kept by the NIC too): a grant on a shared borrow
+//! ([`Pool::grant`]) is read-only — the peer reads what the program may read too; a grant with
+//! a write or atomic right owns its buffer ([`Pool::grant_owned`]), and the program reads what
+//! the peer wrote while it is live only through [`OwnedGrant::read_at`] (a copy by atomic
+//! loads: no data race with the NIC, whatever the peer does) or gets the buffer back once the
+//! key is dead. [`Pool::grant_with`], any rights on a shared borrow, is `unsafe`. Forgetting a
+//! handle leaves the key live and the buffer borrowed or owned for good: nothing the program
+//! can reach again.
 
 use super::issue::Issued;
 use super::{GrantError, GrantKind, GrantWire};
 use crate::alloc::Pool;
 use crate::nic::{Access, Completion, Cq, Qp, Rkey, WcStatus};
 use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 /// How long [`Grant::revoke`] and [`Grant::wait`] wait for their completion.
@@ -31,7 +41,7 @@ pub const WAIT: Duration = Duration::from_secs(10);
 /// client.connect(&server.endpoint()?)?;
 ///
 /// let buf = vec![in &pool; 0u8; 4096];
-/// let mut grant = pool.grant(&buf, &server, Access::REMOTE_READ)?;
+/// let mut grant = pool.grant(&buf, &server)?; // read-only: `buf` stays readable here too
 /// grant.wait(&cq, |_| {})?; // the bind completed: the key works, through `server` only
 /// let wire = grant.wire();  // what the client needs
 /// assert_eq!((wire.addr, wire.len), (buf.as_ptr() as u64, 4096));
@@ -268,15 +278,70 @@ impl<B: GrantBuf> std::fmt::Debug for OwnedGrant<'_, B> {
     }
 }
 
+impl<'p, B: GrantBuf> std::ops::Deref for OwnedGrant<'p, B> {
+    type Target = Grant<'p>;
+    /// The grant, to read its key and range (never `&mut`: a grant swapped out of its owner
+    /// would revoke one key and give back another buffer).
+    fn deref(&self) -> &Grant<'p> {
+        &self.grant
+    }
+}
+
 impl<'p, B: GrantBuf> OwnedGrant<'p, B> {
     /// The grant.
     pub fn grant(&self) -> &Grant<'p> {
         &self.grant
     }
 
-    /// The grant, to wait for its bind or start its revocation.
-    pub fn grant_mut(&mut self) -> &mut Grant<'p> {
-        &mut self.grant
+    /// Wait until the bind completed (see [`Grant::wait`]).
+    ///
+    /// # Errors
+    /// As [`Grant::wait`].
+    pub fn wait(&mut self, cq: &Cq, other: impl FnMut(Completion)) -> Result<(), GrantError> {
+        self.grant.wait(cq, other)
+    }
+
+    /// Start the revocation without waiting (see [`Grant::start_revoke`]); [`OwnedGrant::revoke`]
+    /// then gives the buffer back once the key is dead.
+    ///
+    /// # Errors
+    /// As [`Grant::start_revoke`].
+    pub fn start_revoke(&mut self) -> Result<(), GrantError> {
+        self.grant.start_revoke()
+    }
+
+    /// Copy the granted bytes from `offset` into `out` (as many as fit; returns how many)
+    /// while the peer may be writing them: each byte is read with an atomic load, so the copy
+    /// races with the NIC without undefined behaviour. What it sees of a write in progress is
+    /// the application's protocol to settle (read after the completion or message that says a
+    /// range is done, e.g. a WRITE_WITH_IMM).
+    ///
+    /// # Examples
+    /// ```
+    /// use rdma_pool::nic::{Access, Nic, QpCaps};
+    /// let nic = Nic::soft();
+    /// let pd = nic.alloc_pd()?;
+    /// let pool = rdma_pool::alloc::Pool::new(&pd)?;
+    /// let cq = nic.create_cq(8)?;
+    /// let (a, b) = (pd.create_qp(&cq, &cq, QpCaps::default())?, pd.create_qp(&cq, &cq, QpCaps::default())?);
+    /// a.connect(&b.endpoint()?)?;
+    /// b.connect(&a.endpoint()?)?;
+    /// let g = pool.grant_owned(allocator_api2::vec![in &pool; 5u8; 64], &a, Access::REMOTE_WRITE).map_err(|(_, e)| e)?;
+    /// let mut out = [0u8; 16];
+    /// assert_eq!(g.read_at(56, &mut out), 8);
+    /// assert_eq!(out[..8], [5u8; 8]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn read_at(&self, offset: usize, out: &mut [u8]) -> usize {
+        let len = self.grant.g.len;
+        let n = len.saturating_sub(offset).min(out.len());
+        let base = self.grant.g.addr + offset.min(len);
+        for (i, o) in out[..n].iter_mut().enumerate() {
+            // SAFETY: `base + i` lies in the granted range of the buffer this grant owns (alive
+            // and never moved while owned); bytes are read as atomics, as the NIC may write them.
+            *o = unsafe { AtomicU8::from_ptr((base + i) as *mut u8) }.load(Relaxed);
+        }
+        n
     }
 
     /// Revoke, wait as [`Grant::wait_revoked`] does, and give the buffer back once the key is
@@ -304,22 +369,41 @@ impl<'p, B: GrantBuf> OwnedGrant<'p, B> {
 }
 
 impl Pool {
-    /// Grant the peer at the other end of `qp` `access` (remote rights) to exactly `buf`, a
-    /// buffer (or part of one) of this pool, with the safest kind the device offers (see the
-    /// [module contract](super)).
+    /// Grant the peer at the other end of `qp` the right to READ exactly `buf`, a buffer (or
+    /// part of one) of this pool, with the safest kind the device offers (see the
+    /// [module contract](super)). Read-only, as `buf` is only borrowed: a grant with a write
+    /// or atomic right owns its buffer ([`Pool::grant_owned`]).
     ///
     /// # Errors
     /// See [`Pool::grant_with`].
-    pub fn grant<'a>(
-        &'a self,
-        buf: &'a [u8],
-        qp: &Qp,
-        access: Access,
-    ) -> Result<Grant<'a>, GrantError> {
-        self.grant_with(buf, qp, access, GrantKind::Auto)
+    pub fn grant<'a>(&'a self, buf: &'a [u8], qp: &Qp) -> Result<Grant<'a>, GrantError> {
+        self.grant_read_with(buf, qp, GrantKind::Auto)
     }
 
     /// [`Pool::grant`] of a given kind.
+    ///
+    /// # Errors
+    /// See [`Pool::grant_with`].
+    pub fn grant_read_with<'a>(
+        &'a self,
+        buf: &'a [u8],
+        qp: &Qp,
+        kind: GrantKind,
+    ) -> Result<Grant<'a>, GrantError> {
+        // SAFETY: a read right only: the peer reads what the borrow lets the program read.
+        unsafe { self.grant_with(buf, qp, Access::REMOTE_READ, kind) }
+    }
+
+    /// A grant of any `access` on a shared borrow, of a given kind: the raw form of
+    /// [`Pool::grant`] and [`Pool::grant_owned`].
+    ///
+    /// # Safety
+    /// With a write or atomic right, the peer may write `buf` whenever the key works: the
+    /// program must not access `buf` while a peer access may be in flight — only once its
+    /// protocol says the peer's accesses completed, or after the revocation completed
+    /// ([`Grant::is_revoked`]) — except by atomic or volatile accesses. (Freeing it is fine:
+    /// the quarantine keeps it from reuse until the key is dead.) With only a read right there
+    /// is nothing to promise.
     ///
     /// # Errors
     /// [`GrantError::Empty`], [`GrantError::OutsidePool`], [`GrantError::NotAllocated`],
@@ -338,12 +422,12 @@ impl Pool {
     /// let cq = nic.create_cq(8)?;
     /// let qp = pd.create_qp(&cq, &cq, QpCaps::default())?; // not connected
     /// let buf = allocator_api2::vec![in &pool; 0u8; 64];
-    /// let r = pool.grant_with(&buf, &qp, Access::REMOTE_READ, GrantKind::Type1);
+    /// let r = pool.grant_read_with(&buf, &qp, GrantKind::Type1);
     /// assert!(matches!(r, Err(GrantError::QpNotReady(_))));
-    /// assert!(matches!(pool.grant(&[0u8; 4], &qp, Access::REMOTE_READ), Err(GrantError::OutsidePool)));
+    /// assert!(matches!(pool.grant(&[0u8; 4], &qp), Err(GrantError::OutsidePool)));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn grant_with<'a>(
+    pub unsafe fn grant_with<'a>(
         &'a self,
         buf: &'a [u8],
         qp: &Qp,
@@ -359,7 +443,10 @@ impl Pool {
         })
     }
 
-    /// [`Pool::grant`] of a whole buffer the grant then owns.
+    /// Grant the peer at the other end of `qp` `access` (any remote rights) to exactly `buf`,
+    /// a whole buffer of this pool that the grant then owns: the program gets it back once
+    /// the key is dead ([`OwnedGrant::revoke`]) and reads it meanwhile through
+    /// [`OwnedGrant::read_at`].
     ///
     /// # Errors
     /// As [`Pool::grant_with`], with the buffer given back.
@@ -369,14 +456,22 @@ impl Pool {
         qp: &Qp,
         access: Access,
     ) -> Result<OwnedGrant<'_, B>, (B, GrantError)> {
+        self.grant_owned_with(buf, qp, access, GrantKind::Auto)
+    }
+
+    /// [`Pool::grant_owned`] of a given kind.
+    ///
+    /// # Errors
+    /// As [`Pool::grant_with`], with the buffer given back.
+    pub fn grant_owned_with<B: GrantBuf>(
+        &self,
+        buf: B,
+        qp: &Qp,
+        access: Access,
+        kind: GrantKind,
+    ) -> Result<OwnedGrant<'_, B>, (B, GrantError)> {
         let bytes = buf.bytes();
-        match self.issue(
-            bytes.as_ptr() as usize,
-            bytes.len(),
-            qp,
-            access,
-            GrantKind::Auto,
-        ) {
+        match self.issue(bytes.as_ptr() as usize, bytes.len(), qp, access, kind) {
             Ok(g) => Ok(OwnedGrant {
                 grant: Grant {
                     pool: self,

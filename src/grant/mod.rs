@@ -2,10 +2,11 @@
 //! without a network use-after-free.
 //!
 //! ```text
-//! let grant = pool.grant(&buf, &qp, Access::REMOTE_WRITE)?;   // posts BIND_MW on qp
-//! send(grant.wire().to_bytes());                              // addr, len, rkey
+//! let grant = pool.grant_owned(buf, &qp, Access::REMOTE_WRITE)?; // posts BIND_MW on qp
+//! send(grant.wire().to_bytes());                                 // addr, len, rkey
 //! ...
-//! grant.revoke(&send_cq, |other| handle(other))?;             // LOCAL_INV, waited for
+//! let buf = grant.revoke(&send_cq, |other| handle(other))?;      // LOCAL_INV, waited for
+//! let read_only = pool.grant(&buf, &qp)?;                        // a borrow: read-only
 //! ```
 //!
 //! Contract:
@@ -48,6 +49,10 @@
 //!   path checks one per-granule counter with a relaxed load. [`Grant`] borrows its buffer, so
 //!   safe code cannot free granted memory; only a dropped grant still revoking, a leaked one
 //!   or a `GlobalAlloc` free meets the quarantine. `Drop` of a grant never blocks.
+//! - **Borrow rules** (`handle.rs`): a grant on a borrow is read-only; write and atomic
+//!   rights need a grant that owns its buffer ([`OwnedGrant`]), read meanwhile only by atomic
+//!   copy; [`Pool::grant_with`](crate::alloc::Pool::grant_with), any rights on a borrow, is
+//!   `unsafe`. No safe path leads to the CPU and the NIC racing on one byte.
 //!
 //! Invariant (checked by `Pool::validate`): `|active| == open ledger records + finished
 //! grants whose handle is alive`, and the window cache's invariant.

@@ -93,7 +93,7 @@ fn after_a_fatal_event_the_pool_serves_memory_unregistered_and_calls_the_device_
     assert!(after.iter().all(|&b| b == 9));
     // No grant is started on a dead device.
     assert!(matches!(
-        pool.grant(&before, &qs, Access::REMOTE_READ),
+        pool.grant(&before, &qs),
         Err(GrantError::Unavailable)
     ));
     // Purge and reuse go on without the device.

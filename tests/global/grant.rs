@@ -20,7 +20,16 @@ fn a_heap_vec_is_granted_and_its_key_dies_on_revoke() {
     let _s = serial();
     let p = Peer::new(64);
     let v = vec![0u8; 4096];
-    let mut g = A.grant(&v[100..200], &p.qp, Access::REMOTE_WRITE).unwrap();
+    // SAFETY: the test accesses the buffer only once the peer's accesses through the key completed, or after revocation.
+    let mut g = unsafe {
+        A.grant_with(
+            &v[100..200],
+            &p.qp,
+            Access::REMOTE_WRITE,
+            rdma_pool::grant::GrantKind::Auto,
+        )
+    }
+    .unwrap();
     g.wait(&p.cq, |wc| panic!("{wc:?}")).unwrap();
     let w = g.wire();
     assert_eq!(peer_writes(&p, 64, w.addr, w.rkey), WcStatus::Success);
@@ -38,7 +47,7 @@ fn a_vec_dropped_while_its_grant_revokes_is_parked_by_dealloc() {
     let p = Peer::new(64);
     let v = vec![7u8; 1000];
     let addr = v.as_ptr() as usize;
-    let g = A.grant(&v, &p.qp, Access::REMOTE_READ).unwrap();
+    let g = A.grant(&v, &p.qp).unwrap();
     // Revocation starts; the pool has not seen its completion yet.
     drop(g);
     drop(v);

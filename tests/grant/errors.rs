@@ -13,11 +13,13 @@ fn bad_ranges_qps_and_rights_are_refused() {
     let rw = Access::REMOTE_WRITE;
     let buf = allocator_api2::vec![in &pool; 0u8; 64];
     assert!(matches!(
-        pool.grant(&buf[..0], qb, rw),
+        // SAFETY: the test accesses the buffer only once the peer's accesses through the key completed, or after revocation.
+        unsafe { pool.grant_with(&buf[..0], qb, rw, rdma_pool::grant::GrantKind::Auto) },
         Err(GrantError::Empty)
     ));
     assert!(matches!(
-        pool.grant(&[1u8; 8], qb, rw),
+        // SAFETY: the test accesses the buffer only once the peer's accesses through the key completed, or after revocation.
+        unsafe { pool.grant_with(&[1u8; 8], qb, rw, rdma_pool::grant::GrantKind::Auto) },
         Err(GrantError::OutsidePool)
     ));
     // Two neighbouring blocks: a range across them.
@@ -28,7 +30,8 @@ fn bad_ranges_qps_and_rights_are_refused() {
         // SAFETY: both blocks are ours and live.
         let both = unsafe { std::slice::from_raw_parts(lo, 128) };
         assert!(matches!(
-            pool.grant(both, qb, rw),
+            // SAFETY: the test accesses the buffer only once the peer's accesses through the key completed, or after revocation.
+            unsafe { pool.grant_with(both, qb, rw, rdma_pool::grant::GrantKind::Auto) },
             Err(GrantError::AcrossBlocks { excess: 64 })
         ));
     }
@@ -42,7 +45,8 @@ fn bad_ranges_qps_and_rights_are_refused() {
     // SAFETY: the run stays mapped while the pool lives; the grant reads nothing.
     let stale = unsafe { std::slice::from_raw_parts(r, 64) };
     assert!(matches!(
-        pool.grant(stale, qb, rw),
+        // SAFETY: the test accesses the buffer only once the peer's accesses through the key completed, or after revocation.
+        unsafe { pool.grant_with(stale, qb, rw, rdma_pool::grant::GrantKind::Auto) },
         Err(GrantError::NotAllocated { .. })
     ));
     // Rights a grant cannot carry.
@@ -53,24 +57,31 @@ fn bad_ranges_qps_and_rights_are_refused() {
         rw | Access::ZERO_BASED,
     ] {
         assert!(
-            matches!(pool.grant(&buf, qb, bad), Err(GrantError::Rights(_))),
+            // SAFETY: the test accesses the buffer only once the peer's accesses through the key completed, or after revocation.
+            matches!(
+                unsafe { pool.grant_with(&buf, qb, bad, rdma_pool::grant::GrantKind::Auto) },
+                Err(GrantError::Rights(_))
+            ),
             "{bad:?}"
         );
     }
     // A QP of another device, of another PD, not connected.
     assert!(matches!(
-        pool.grant(&buf, &bed.qa, rw),
+        // SAFETY: the test accesses the buffer only once the peer's accesses through the key completed, or after revocation.
+        unsafe { pool.grant_with(&buf, &bed.qa, rw, rdma_pool::grant::GrantKind::Auto) },
         Err(GrantError::ForeignQp)
     ));
     let other_pd = bed.b.nic.alloc_pd().unwrap();
     let foreign = bed.b.qp_in(&other_pd);
     assert!(matches!(
-        pool.grant(&buf, &foreign, rw),
+        // SAFETY: the test accesses the buffer only once the peer's accesses through the key completed, or after revocation.
+        unsafe { pool.grant_with(&buf, &foreign, rw, rdma_pool::grant::GrantKind::Auto) },
         Err(GrantError::ForeignQp)
     ));
     let idle = bed.b.qp();
     assert!(matches!(
-        pool.grant(&buf, &idle, rw),
+        // SAFETY: the test accesses the buffer only once the peer's accesses through the key completed, or after revocation.
+        unsafe { pool.grant_with(&buf, &idle, rw, rdma_pool::grant::GrantKind::Auto) },
         Err(GrantError::QpNotReady(QpState::Init))
     ));
     nothing_leaked(&pool);
@@ -90,10 +101,13 @@ fn limits_are_typed_errors_and_a_refused_grant_returns_what_it_took() {
         allocator_api2::vec![in &pool; 0u8; 64],
     );
     let rw = Access::REMOTE_WRITE;
-    let mut g = pool.grant(&a, &bed.qb, rw).unwrap();
+    // SAFETY: the test accesses the buffer only once the peer's accesses through the key completed, or after revocation.
+    let mut g =
+        unsafe { pool.grant_with(&a, &bed.qb, rw, rdma_pool::grant::GrantKind::Auto) }.unwrap();
     // The device's one window is lent out.
     assert!(matches!(
-        pool.grant(&b, &bed.qb, rw),
+        // SAFETY: the test accesses the buffer only once the peer's accesses through the key completed, or after revocation.
+        unsafe { pool.grant_with(&b, &bed.qb, rw, rdma_pool::grant::GrantKind::Auto) },
         Err(GrantError::Limit {
             what: "max_mw",
             max: 1
@@ -103,9 +117,11 @@ fn limits_are_typed_errors_and_a_refused_grant_returns_what_it_took() {
         regions: 1,
         region_bytes: 100,
     });
-    let mut r = pool.grant_with(&b, &bed.qb, rw, GrantKind::Region).unwrap();
+    // SAFETY: the test accesses the buffer only once the peer's accesses through the key completed, or after revocation.
+    let mut r = unsafe { pool.grant_with(&b, &bed.qb, rw, GrantKind::Region) }.unwrap();
     assert!(matches!(
-        pool.grant_with(&a, &bed.qb, rw, GrantKind::Region),
+        // SAFETY: the test accesses the buffer only once the peer's accesses through the key completed, or after revocation.
+        unsafe { pool.grant_with(&a, &bed.qb, rw, GrantKind::Region) },
         Err(GrantError::Limit {
             what: "region grants",
             max: 1
@@ -116,7 +132,8 @@ fn limits_are_typed_errors_and_a_refused_grant_returns_what_it_took() {
         region_bytes: 100,
     });
     assert!(matches!(
-        pool.grant_with(&a, &bed.qb, rw, GrantKind::Region),
+        // SAFETY: the test accesses the buffer only once the peer's accesses through the key completed, or after revocation.
+        unsafe { pool.grant_with(&a, &bed.qb, rw, GrantKind::Region) },
         Err(GrantError::Limit {
             what: "region grant bytes",
             max: 100
@@ -130,7 +147,9 @@ fn limits_are_typed_errors_and_a_refused_grant_returns_what_it_took() {
         Err(GrantError::Revoked)
     ));
     // The window came back to the cache: the next grant reuses it.
-    let mut g2 = pool.grant(&b, &bed.qb, rw).unwrap();
+    // SAFETY: the test accesses the buffer only once the peer's accesses through the key completed, or after revocation.
+    let mut g2 =
+        unsafe { pool.grant_with(&b, &bed.qb, rw, rdma_pool::grant::GrantKind::Auto) }.unwrap();
     bound(&mut g2, &bed.b);
     assert_eq!(pool.grant_stats().windows, 1);
     revoke(&mut g2, &bed.b);
@@ -145,9 +164,7 @@ fn dropping_grants_and_the_pool_without_draining_leaks_nothing() {
     let pool = pool_on(&bed.b.pd);
     let v = allocator_api2::vec![in &pool; 0u8; 4096];
     for kind in kinds() {
-        let g = pool
-            .grant_with(&v[..100], &bed.qb, Access::REMOTE_READ, kind)
-            .unwrap();
+        let g = pool.grant_read_with(&v[..100], &bed.qb, kind).unwrap();
         drop(g);
     }
     drop(v);
@@ -171,12 +188,19 @@ fn owned_grants_give_the_buffer_back() {
     let mut og = pool
         .grant_owned(buf, &bed.qb, Access::REMOTE_WRITE)
         .unwrap();
-    bound(og.grant_mut(), &bed.b);
-    let w = og.grant().wire();
+    og.wait(&bed.b.cq, |wc| panic!("unexpected completion {wc:?}"))
+        .unwrap();
+    let w = og.wire();
     assert_eq!(
         write(&bed.a, &bed.qa, &src, 16, w.addr, w.rkey),
         WcStatus::Success
     );
+    // While the write grant lives, the program reads what the peer wrote by atomic copy.
+    let mut seen = [0u8; 20];
+    assert_eq!(og.read_at(0, &mut seen), 16);
+    assert_eq!(seen[..16], [0x5A; 16]);
+    assert_eq!(og.read_at(12, &mut seen), 4);
+    assert_eq!(og.read_at(16, &mut seen), 0);
     let buf = og.revoke(&bed.b.cq, |_| {}).map_err(|(_, e)| e).unwrap();
     assert!(buf.iter().all(|&b| b == 0x5A));
     // Dropped unrevoked: the buffer is freed into quarantine until the pool sees the
@@ -206,8 +230,8 @@ fn two_pools_on_one_qp_never_take_each_others_completions() {
         allocator_api2::vec![in &p2; 0u8; 64],
     );
     for _ in 0..3 {
-        let g1 = p1.grant(&v1, &bed.qb, Access::REMOTE_READ).unwrap();
-        let g2 = p2.grant(&v2, &bed.qb, Access::REMOTE_READ).unwrap();
+        let g1 = p1.grant(&v1, &bed.qb).unwrap();
+        let g2 = p2.grant(&v2, &bed.qb).unwrap();
         drop((g1, g2));
         // Each pool gets its own two completions out of the shared CQ's poll: a completion
         // routed to the wrong pool would leave the right one waiting (`drain` then times out
@@ -236,9 +260,9 @@ fn a_region_that_refuses_deregistration_keeps_its_grant_open() {
     let pool = pool_on(&bed.b.pd);
     let buf = allocator_api2::vec![in &pool; 0u8; 64];
     let (_src, src) = scratch(&bed.a, 8, 0x11);
-    let mut g = pool
-        .grant_with(&buf, &bed.qb, Access::REMOTE_WRITE, GrantKind::Region)
-        .unwrap();
+    // SAFETY: the test accesses the buffer only once the peer's accesses through the key completed, or after revocation.
+    let mut g =
+        unsafe { pool.grant_with(&buf, &bed.qb, Access::REMOTE_WRITE, GrantKind::Region) }.unwrap();
     let w = g.wire();
     let soft = bed.b.nic.as_soft().unwrap();
     soft.fail_next(rdma_pool::nic::Verb::DeregMr, 1, libc::EBUSY);
@@ -260,13 +284,16 @@ fn any_part_of_a_large_block_can_be_granted() {
     let pool = pool_on(&bed.b.pd);
     let big = allocator_api2::vec![in &pool; 0u8; 4 << 20];
     let (_src, src) = scratch(&bed.a, 64, 0x77);
-    let mut g = pool
-        .grant(
+    // SAFETY: the test accesses the buffer only once the peer's accesses through the key completed, or after revocation.
+    let mut g = unsafe {
+        pool.grant_with(
             &big[3 << 20..(3 << 20) + 4096],
             &bed.qb,
             Access::REMOTE_WRITE,
+            rdma_pool::grant::GrantKind::Auto,
         )
-        .unwrap();
+    }
+    .unwrap();
     bound(&mut g, &bed.b);
     let w = g.wire();
     assert_eq!(

@@ -13,8 +13,12 @@ fn each_peer_reaches_its_own_buffer_and_nothing_else() {
     let buf1 = vec![in &pool; 1u8; 4096];
     let buf2 = vec![in &pool; 2u8; 4096];
     let rw = Access::REMOTE_WRITE | Access::REMOTE_READ;
-    let mut g1 = pool.grant(&buf1, &bed.qb, rw).unwrap();
-    let mut g2 = pool.grant(&buf2, &qb2, rw).unwrap();
+    // SAFETY: the test accesses the buffer only once the peer's accesses through the key completed, or after revocation.
+    let mut g1 =
+        unsafe { pool.grant_with(&buf1, &bed.qb, rw, rdma_pool::grant::GrantKind::Auto) }.unwrap();
+    // SAFETY: the test accesses the buffer only once the peer's accesses through the key completed, or after revocation.
+    let mut g2 =
+        unsafe { pool.grant_with(&buf2, &qb2, rw, rdma_pool::grant::GrantKind::Auto) }.unwrap();
     bound(&mut g1, &bed.b);
     bound(&mut g2, &bed.b);
     // Type 2 windows, with a region of their own where window bounds are not enforced.
@@ -66,9 +70,8 @@ fn one_byte_outside_a_grant_is_refused_for_every_kind() {
             // A refused access breaks the QP pair: a fresh one per attempt.
             let (qa, qb) = connect(&bed.a, &bed.b);
             let part = &buf[1024..2048];
-            let mut g = pool
-                .grant_with(part, &qb, Access::REMOTE_WRITE, kind)
-                .unwrap();
+            // SAFETY: the test accesses the buffer only once the peer's accesses through the key completed, or after revocation.
+            let mut g = unsafe { pool.grant_with(part, &qb, Access::REMOTE_WRITE, kind) }.unwrap();
             bound(&mut g, &bed.b);
             let addr = (g.addr() as i64 + offset) as u64;
             let st = write(&bed.a, &qa, &src, len, addr, g.rkey());
@@ -97,9 +100,7 @@ fn a_read_only_grant_refuses_writes() {
     let (_src, src) = scratch(&bed.a, 256, 9);
     for kind in kinds() {
         let (qa, qb) = connect(&bed.a, &bed.b);
-        let mut g = pool
-            .grant_with(&buf, &qb, Access::REMOTE_READ, kind)
-            .unwrap();
+        let mut g = pool.grant_read_with(&buf, &qb, kind).unwrap();
         bound(&mut g, &bed.b);
         assert_eq!(
             read(&bed.a, &qa, &src, 256, g.addr() as u64, g.rkey()),
@@ -122,9 +123,8 @@ fn a_revoked_key_is_refused_for_every_kind() {
     let (_src, src) = scratch(&bed.a, 64, 0x77);
     for kind in kinds() {
         let (qa, qb) = connect(&bed.a, &bed.b);
-        let mut g = pool
-            .grant_with(&buf, &qb, Access::REMOTE_WRITE, kind)
-            .unwrap();
+        // SAFETY: the test accesses the buffer only once the peer's accesses through the key completed, or after revocation.
+        let mut g = unsafe { pool.grant_with(&buf, &qb, Access::REMOTE_WRITE, kind) }.unwrap();
         bound(&mut g, &bed.b);
         let w = g.wire();
         assert_eq!(
@@ -154,9 +154,8 @@ fn stale_keys_never_match_after_hundreds_of_rebinds() {
         let mut keys = HashSet::new();
         let (qa, qb) = connect(&bed.a, &bed.b);
         for _ in 0..n {
-            let mut g = pool
-                .grant_with(&buf, &qb, Access::REMOTE_WRITE, kind)
-                .unwrap();
+            // SAFETY: the test accesses the buffer only once the peer's accesses through the key completed, or after revocation.
+            let mut g = unsafe { pool.grant_with(&buf, &qb, Access::REMOTE_WRITE, kind) }.unwrap();
             bound(&mut g, &bed.b);
             assert!(
                 keys.insert(g.rkey()),
@@ -172,9 +171,8 @@ fn stale_keys_never_match_after_hundreds_of_rebinds() {
         );
         // Every stale key fails, whichever window generation it came from.
         let first = *keys.iter().min_by_key(|k| k.0).unwrap();
-        let mut g = pool
-            .grant_with(&buf, &qb, Access::REMOTE_WRITE, kind)
-            .unwrap();
+        // SAFETY: the test accesses the buffer only once the peer's accesses through the key completed, or after revocation.
+        let mut g = unsafe { pool.grant_with(&buf, &qb, Access::REMOTE_WRITE, kind) }.unwrap();
         bound(&mut g, &bed.b);
         assert!(!keys.contains(&g.rkey()));
         let st = write(&bed.a, &qa, &src, 8, g.addr() as u64, first);
@@ -192,9 +190,9 @@ fn a_grant_whose_qp_failed_is_revoked_by_deallocating_its_window() {
     let buf = vec![in &pool; 0u8; 128];
     let (_src, src) = scratch(&bed.a, 8, 1);
     // A type 1 key works from any QP of the PD: its revocation must hold for all of them.
-    let mut g = pool
-        .grant_with(&buf, &bed.qb, Access::REMOTE_WRITE, GrantKind::Type1)
-        .unwrap();
+    // SAFETY: the test accesses the buffer only once the peer's accesses through the key completed, or after revocation.
+    let mut g =
+        unsafe { pool.grant_with(&buf, &bed.qb, Access::REMOTE_WRITE, GrantKind::Type1) }.unwrap();
     bound(&mut g, &bed.b);
     let w = g.wire();
     // The server's QP fails: a READ with a bogus key is refused and moves it to the error state.
@@ -216,7 +214,7 @@ fn a_grant_whose_qp_failed_is_revoked_by_deallocating_its_window() {
     let st = write(&bed.a, &qa, &src, 8, w.addr, w.rkey);
     assert!(refused(st), "{st:?}");
     // A grant on a failed QP is refused outright.
-    let r = pool.grant(&buf, &bed.qb, Access::REMOTE_READ);
+    let r = pool.grant(&buf, &bed.qb);
     assert!(matches!(
         r,
         Err(rdma_pool::grant::GrantError::QpNotReady(QpState::Error))
@@ -233,7 +231,16 @@ fn a_peers_send_with_invalidate_kills_its_key_where_the_device_reports_it() {
     let buf = vec![in &pool; 0u8; 256];
     let (_r, recv) = scratch(&bed.b, 64, 0);
     let (_src, src) = scratch(&bed.a, 64, 4);
-    let mut g = pool.grant(&buf, &bed.qb, Access::REMOTE_WRITE).unwrap();
+    // SAFETY: the test accesses the buffer only once the peer's accesses through the key completed, or after revocation.
+    let mut g = unsafe {
+        pool.grant_with(
+            &buf,
+            &bed.qb,
+            Access::REMOTE_WRITE,
+            rdma_pool::grant::GrantKind::Auto,
+        )
+    }
+    .unwrap();
     bound(&mut g, &bed.b);
     // SAFETY: the receive's memory stays allocated and unread until its completion is polled.
     unsafe { bed.qb.post_recv(5, &[recv.sge(0, 64).unwrap()]) }.unwrap();
@@ -269,9 +276,16 @@ fn without_windows_a_grant_is_a_region_of_its_own() {
     let pool = pool_on(&bed.b.pd);
     let buf = vec![in &pool; 0u8; 4096];
     let (_src, src) = scratch(&bed.a, 2, 0x42);
-    let mut g = pool
-        .grant(&buf[..100], &bed.qb, Access::REMOTE_WRITE)
-        .unwrap();
+    // SAFETY: the test accesses the buffer only once the peer's accesses through the key completed, or after revocation.
+    let mut g = unsafe {
+        pool.grant_with(
+            &buf[..100],
+            &bed.qb,
+            Access::REMOTE_WRITE,
+            rdma_pool::grant::GrantKind::Auto,
+        )
+    }
+    .unwrap();
     bound(&mut g, &bed.b);
     assert_eq!((g.kind(), g.is_dedicated()), (GrantKind::Region, true));
     assert_eq!(pool.grant_stats().dedicated_regions, 1);
@@ -293,7 +307,8 @@ fn without_windows_a_grant_is_a_region_of_its_own() {
     assert!(refused(write(&bed.a, &qa, &src, 2, w.addr, w.rkey)));
     let (_qa3, qb3) = connect(&bed.a, &bed.b);
     assert!(matches!(
-        pool.grant_with(&buf, &qb3, Access::REMOTE_WRITE, GrantKind::Type2),
+        // SAFETY: the test accesses the buffer only once the peer's accesses through the key completed, or after revocation.
+        unsafe { pool.grant_with(&buf, &qb3, Access::REMOTE_WRITE, GrantKind::Type2) },
         Err(rdma_pool::grant::GrantError::Unsupported(_))
     ));
     drop(g);

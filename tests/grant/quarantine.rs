@@ -17,7 +17,16 @@ fn memory_freed_while_revoking_comes_back_only_after_the_invalidation_completed(
         let p = pool.alloc(layout);
         // SAFETY: a fresh block of `size` bytes.
         let buf = unsafe { std::slice::from_raw_parts(p, size) };
-        let mut g = pool.grant(buf, &bed.qb, Access::REMOTE_WRITE).unwrap();
+        // SAFETY: the test accesses the buffer only once the peer's accesses through the key completed, or after revocation.
+        let mut g = unsafe {
+            pool.grant_with(
+                buf,
+                &bed.qb,
+                Access::REMOTE_WRITE,
+                rdma_pool::grant::GrantKind::Auto,
+            )
+        }
+        .unwrap();
         bound(&mut g, &bed.b);
         let kind = g.kind();
         // Dropping starts the revocation; its completion is not handed to the pool yet.
@@ -58,11 +67,7 @@ fn a_granted_block_is_moved_not_resized_in_place() {
     let p = pool.alloc(layout);
     // SAFETY: a fresh block of this size.
     let g = pool
-        .grant(
-            unsafe { std::slice::from_raw_parts(p, 4096) },
-            &bed.qb,
-            Access::REMOTE_READ,
-        )
+        .grant(unsafe { std::slice::from_raw_parts(p, 4096) }, &bed.qb)
         .unwrap();
     drop(g);
     // A shrink in place would hand the granted bytes' neighbours back; the block moves.
@@ -114,7 +119,16 @@ fn threads_freeing_granted_memory_never_get_a_parked_block_back() {
                     );
                     // SAFETY: a fresh block.
                     let buf = unsafe { std::slice::from_raw_parts(p, 16) };
-                    let g = pool.grant(buf, qb, Access::REMOTE_WRITE).unwrap();
+                    // SAFETY: the test accesses the buffer only once the peer's accesses through the key completed, or after revocation.
+                    let g = unsafe {
+                        pool.grant_with(
+                            buf,
+                            qb,
+                            Access::REMOTE_WRITE,
+                            rdma_pool::grant::GrantKind::Auto,
+                        )
+                    }
+                    .unwrap();
                     parked.lock().unwrap().insert(p as usize);
                     drop(g);
                     // SAFETY: ours, freed once; parked until the pool sees the invalidation.
@@ -179,9 +193,27 @@ fn purge_never_touches_granted_or_parked_memory() {
             std::slice::from_raw_parts(parked, 4096),
         )
     };
-    let mut g = pool.grant(lbuf, &bed.qb, Access::REMOTE_WRITE).unwrap();
+    // SAFETY: the test accesses the buffer only once the peer's accesses through the key completed, or after revocation.
+    let mut g = unsafe {
+        pool.grant_with(
+            lbuf,
+            &bed.qb,
+            Access::REMOTE_WRITE,
+            rdma_pool::grant::GrantKind::Auto,
+        )
+    }
+    .unwrap();
     bound(&mut g, &bed.b);
-    let gp = pool.grant(pbuf, &bed.qb, Access::REMOTE_WRITE).unwrap();
+    // SAFETY: the test accesses the buffer only once the peer's accesses through the key completed, or after revocation.
+    let gp = unsafe {
+        pool.grant_with(
+            pbuf,
+            &bed.qb,
+            Access::REMOTE_WRITE,
+            rdma_pool::grant::GrantKind::Auto,
+        )
+    }
+    .unwrap();
     drop(gp);
     // SAFETY: blocks of this pool with `layout`, freed once.
     unsafe {

@@ -326,11 +326,13 @@ fn grants_refuse_bad_ranges_rights_and_qps_and_leak_nothing() {
     let rw = Access::REMOTE_READ | Access::REMOTE_WRITE;
     let stack = [0u8; 64];
     assert!(matches!(
-        tried(pool.grant(&v[..0], &b.qs, rw)),
+        // SAFETY: the test accesses the buffer only once the peer's accesses through the key completed, or after revocation.
+        tried(unsafe { pool.grant_with(&v[..0], &b.qs, rw, rdma_pool::grant::GrantKind::Auto) }),
         Err(GrantError::Empty)
     ));
     assert!(matches!(
-        tried(pool.grant(&stack, &b.qs, rw)),
+        // SAFETY: the test accesses the buffer only once the peer's accesses through the key completed, or after revocation.
+        tried(unsafe { pool.grant_with(&stack, &b.qs, rw, rdma_pool::grant::GrantKind::Auto) }),
         Err(GrantError::OutsidePool)
     ));
     for bad in [
@@ -341,7 +343,10 @@ fn grants_refuse_bad_ranges_rights_and_qps_and_leak_nothing() {
     ] {
         assert!(
             matches!(
-                tried(pool.grant(&v, &b.qs, bad)),
+                // SAFETY: the test accesses the buffer only once the peer's accesses through the key completed, or after revocation.
+                tried(unsafe {
+                    pool.grant_with(&v, &b.qs, bad, rdma_pool::grant::GrantKind::Auto)
+                }),
                 Err(GrantError::Rights(_))
             ),
             "{bad:?}"
@@ -358,7 +363,8 @@ fn grants_refuse_bad_ranges_rights_and_qps_and_leak_nothing() {
     // and the start of the other (and any slack between them, inside the pool's page).
     let across = unsafe { std::slice::from_raw_parts(lo.as_ptr().add(4000), gap - 4000 + 10) };
     assert!(matches!(
-        tried(pool.grant(across, &b.qs, rw)),
+        // SAFETY: the test accesses the buffer only once the peer's accesses through the key completed, or after revocation.
+        tried(unsafe { pool.grant_with(across, &b.qs, rw, rdma_pool::grant::GrantKind::Auto) }),
         Err(GrantError::AcrossBlocks { .. })
     ));
     // A freed block.
@@ -368,26 +374,30 @@ fn grants_refuse_bad_ranges_rights_and_qps_and_leak_nothing() {
     // SAFETY: test-only: the slice is never read; the grant must refuse it.
     let stale = unsafe { std::slice::from_raw_parts(gone_ptr, 4096) };
     assert!(matches!(
-        tried(pool.grant(stale, &b.qs, rw)),
+        // SAFETY: the test accesses the buffer only once the peer's accesses through the key completed, or after revocation.
+        tried(unsafe { pool.grant_with(stale, &b.qs, rw, rdma_pool::grant::GrantKind::Auto) }),
         Err(GrantError::NotAllocated { .. })
     ));
     // A QP of a device (or PD) the pool is not registered on.
     // (The client's device: a QP need not be connected to be refused as foreign.)
     let qx = b.client.qp();
     assert!(matches!(
-        tried(pool.grant(&v, &qx, rw)),
+        // SAFETY: the test accesses the buffer only once the peer's accesses through the key completed, or after revocation.
+        tried(unsafe { pool.grant_with(&v, &qx, rw, rdma_pool::grant::GrantKind::Auto) }),
         Err(GrantError::ForeignQp)
     ));
     let pd2 = b.server.nic.alloc_pd().unwrap();
     let q2 = b.server.qp_in(&pd2);
     assert!(matches!(
-        tried(pool.grant(&v, &q2, rw)),
+        // SAFETY: the test accesses the buffer only once the peer's accesses through the key completed, or after revocation.
+        tried(unsafe { pool.grant_with(&v, &q2, rw, rdma_pool::grant::GrantKind::Auto) }),
         Err(GrantError::ForeignQp)
     ));
     // A QP never connected, and one in the error state.
     let idle = b.server.qp();
     assert!(matches!(
-        tried(pool.grant_with(&v, &idle, rw, GrantKind::Type2)),
+        // SAFETY: the test accesses the buffer only once the peer's accesses through the key completed, or after revocation.
+        tried(unsafe { pool.grant_with(&v, &idle, rw, GrantKind::Type2) }),
         Err(GrantError::QpNotReady(_))
     ));
     let (qe, _qf) = connect(&b.server, &b.client);
@@ -396,11 +406,14 @@ fn grants_refuse_bad_ranges_rights_and_qps_and_leak_nothing() {
     unsafe { qe.post_write(9, &[bad_src.sge(0, 8).unwrap()], 0, Rkey(0xdead)) }.unwrap();
     assert_ne!(b.server.wait().status, WcStatus::Success);
     assert!(matches!(
-        tried(pool.grant_with(&v, &qe, rw, GrantKind::Type2)),
+        // SAFETY: the test accesses the buffer only once the peer's accesses through the key completed, or after revocation.
+        tried(unsafe { pool.grant_with(&v, &qe, rw, GrantKind::Type2) }),
         Err(GrantError::QpNotReady(_))
     ));
     // Revoking twice.
-    let mut g = pool.grant(&v, &b.qs, rw).unwrap();
+    // SAFETY: the test accesses the buffer only once the peer's accesses through the key completed, or after revocation.
+    let mut g =
+        unsafe { pool.grant_with(&v, &b.qs, rw, rdma_pool::grant::GrantKind::Auto) }.unwrap();
     g.revoke(&b.server.cq, |_| {}).unwrap();
     assert!(matches!(
         tried(g.revoke(&b.server.cq, |_| {})),

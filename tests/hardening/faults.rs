@@ -309,9 +309,7 @@ fn reg_mr_rows(rows: &mut Vec<Row>) {
         // SAFETY: a live block.
         let buf = unsafe { std::slice::from_raw_parts(p, n) };
         fx.soft().fail_next(Verb::RegMr, 1, errno);
-        let r = fx
-            .pool
-            .grant_with(buf, &fx.qs, Access::REMOTE_READ, GrantKind::Region);
+        let r = fx.pool.grant_read_with(buf, &fx.qs, GrantKind::Region);
         let outcome = nic_errno(r, errno);
         assert_eq!(fx.pool.grant_stats().dedicated_regions, 0);
         fx.after();
@@ -427,7 +425,7 @@ fn dereg_rows(rows: &mut Vec<Row>) {
         let buf = unsafe { std::slice::from_raw_parts(p, n) };
         let mut g = fx
             .pool
-            .grant_with(buf, &fx.qs, Access::REMOTE_READ, GrantKind::Region)
+            .grant_read_with(buf, &fx.qs, GrantKind::Region)
             .unwrap();
         fx.soft().fail_next(Verb::DeregMr, 1, errno);
         g.start_revoke().unwrap();
@@ -522,7 +520,8 @@ fn grant(fx: &Fx, kind: GrantKind) -> Result<rdma_pool::grant::Grant<'_>, GrantE
     let (p, n, _) = fx.keep[1];
     // SAFETY: a live block, kept while the fixture lives.
     let buf = unsafe { std::slice::from_raw_parts(p, n) };
-    fx.pool.grant_with(buf, &fx.qs, Access::REMOTE_WRITE, kind)
+    // SAFETY: the test accesses the buffer only once the peer's accesses through the key completed, or after revocation.
+    unsafe { fx.pool.grant_with(buf, &fx.qs, Access::REMOTE_WRITE, kind) }
 }
 
 /// Rows where `verb` failing with each of `errnos` makes a type-`kind` grant fail with that

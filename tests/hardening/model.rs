@@ -482,9 +482,9 @@ pub fn run(ops: &[Op], mode: Registration) -> Figures {
                 // parked) before the block is freed.
                 let slice: &'static [u8] =
                     unsafe { std::slice::from_raw_parts(b.ptr.add(off), len) };
-                let mut g = pool
-                    .grant_with(slice, &bed.qs, access, GrantKind::Auto)
-                    .unwrap();
+                // SAFETY: the test accesses the buffer only once the peer's accesses through the key completed, or after revocation.
+                let mut g =
+                    unsafe { pool.grant_with(slice, &bed.qs, access, GrantKind::Auto) }.unwrap();
                 g.wait(&bed.server.cq, ignore).unwrap();
                 polled(&mut parked);
                 f.grants += 1;

@@ -233,8 +233,18 @@ fn grants_name_their_device_through_the_peers_qp() {
     let b0 = allocator_api2::vec![in &t.pool; 0u8; 4096];
     let b1 = allocator_api2::vec![in &t.pool; 0u8; 4096];
     let rw = Access::REMOTE_WRITE | Access::REMOTE_READ;
-    let mut g0 = t.pool.grant(&b0, &t.q0, rw).unwrap();
-    let mut g1 = t.pool.grant(&b1, &t.q1, rw).unwrap();
+    // SAFETY: the test accesses the buffer only once the peer's accesses through the key completed, or after revocation.
+    let mut g0 = unsafe {
+        t.pool
+            .grant_with(&b0, &t.q0, rw, rdma_pool::grant::GrantKind::Auto)
+    }
+    .unwrap();
+    // SAFETY: the test accesses the buffer only once the peer's accesses through the key completed, or after revocation.
+    let mut g1 = unsafe {
+        t.pool
+            .grant_with(&b1, &t.q1, rw, rdma_pool::grant::GrantKind::Auto)
+    }
+    .unwrap();
     g0.wait(&t.s0.cq, |wc| panic!("unexpected {wc:?}")).unwrap();
     g1.wait(&t.s1.cq, |wc| panic!("unexpected {wc:?}")).unwrap();
     // Each peer writes through its own rail with its own key.
@@ -264,12 +274,20 @@ fn grants_name_their_device_through_the_peers_qp() {
     let other = Side::new(t.s1.nic.clone());
     let (qx, _px) = connect(&other, &t.s0);
     assert!(matches!(
-        t.pool.grant(&b1, &qx, rw),
+        // SAFETY: the test accesses the buffer only once the peer's accesses through the key completed, or after revocation.
+        unsafe {
+            t.pool
+                .grant_with(&b1, &qx, rw, rdma_pool::grant::GrantKind::Auto)
+        },
         Err(rdma_pool::grant::GrantError::ForeignQp)
     ));
     t.pool.detach(&t.s1.pd).unwrap();
     assert!(matches!(
-        t.pool.grant(&b1, &t.q1, rw),
+        // SAFETY: the test accesses the buffer only once the peer's accesses through the key completed, or after revocation.
+        unsafe {
+            t.pool
+                .grant_with(&b1, &t.q1, rw, rdma_pool::grant::GrantKind::Auto)
+        },
         Err(rdma_pool::grant::GrantError::ForeignQp)
     ));
     assert_eq!(t.pool.grant_stats().open, 0);

@@ -258,7 +258,8 @@ fn worker(
                 } else {
                     rdma_pool::grant::GrantKind::Auto
                 };
-                let mut g = pool.grant_with(s, &c.qp, rw, kind).unwrap();
+                // SAFETY: the test accesses the buffer only once the peer's accesses through the key completed, or after revocation.
+                let mut g = unsafe { pool.grant_with(s, &c.qp, rw, kind) }.unwrap();
                 g.wait(&c.cq, |_| {}).unwrap();
                 counts.grants.fetch_add(1, Relaxed);
                 let w = g.wire();

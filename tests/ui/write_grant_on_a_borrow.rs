@@ -1,0 +1,15 @@
+// A grant on a shared borrow is read-only: there is no way to pass a write right to it.
+use rdma_pool::alloc::Pool;
+use rdma_pool::nic::{Access, Nic, QpCaps};
+
+fn main() {
+    let nic = Nic::soft();
+    let pd = nic.alloc_pd().unwrap();
+    let cq = nic.create_cq(8).unwrap();
+    let qp = pd.create_qp(&cq, &cq, QpCaps::default()).unwrap();
+    let pool = Pool::new(&pd).unwrap();
+    let buf = allocator_api2::vec![in &pool; 0u8; 64];
+    let g = pool.grant(&buf, &qp, Access::REMOTE_WRITE);
+    println!("{}", buf[0]);
+    drop(g);
+}
