@@ -1228,7 +1228,12 @@ struct CqInner {
 
 impl Drop for CqInner {
     fn drop(&mut self) {
-        leak_on_error("CQ", self.handle, self.nic.backend.destroy_cq(self.handle));
+        let destroyed = self.nic.backend.destroy_cq(self.handle);
+        if destroyed.is_err() {
+            // A QP whose destruction failed may still write the buffers of its requests.
+            self.inflight.leak();
+        }
+        leak_on_error("CQ", self.handle, destroyed);
     }
 }
 
@@ -1243,7 +1248,7 @@ impl Cq {
     /// # Errors
     /// The `ibv_poll_cq` failure.
     pub fn poll(&self, out: &mut [Completion]) -> Result<usize> {
-        let mut n = self.take_backlog(out);
+        let (mut n, _order) = self.take_backlog(out);
         while n < out.len() {
             let room = out.len() - n;
             let (got, kept) = match self.poll_routed(&mut out[n..]) {
@@ -1360,10 +1365,15 @@ struct QpInner {
 impl Drop for QpInner {
     fn drop(&mut self) {
         let destroyed = self.pd.backend().destroy_qp(self.handle);
-        // Owned requests' buffers: back to their handles (flushed) or dropped once the device
-        // can no longer touch them; leaked when it still may.
-        for cq in [&self._send_cq, &self._recv_cq] {
-            cq.inner.inflight.qp_gone(self.qpn, destroyed.is_ok());
+        // Owned requests: the device can no longer touch their buffers, so they come back
+        // flushed (a completion made before the destruction replaces the flush when a poll
+        // finds it first) and the parked ones are dropped; their slots stay tombstones while
+        // such a completion may be left (`owned.rs`). If the QP could not be destroyed, its
+        // requests stay as they are: their completions may still come, the buffers with them.
+        if destroyed.is_ok() {
+            for cq in [&self._send_cq, &self._recv_cq] {
+                cq.inner.inflight.qp_gone(self.qpn);
+            }
         }
         leak_on_error("QP", self.handle, destroyed);
     }

@@ -15,12 +15,17 @@
 //! - Dropping a handle whose request is still in flight *parks* its buffer: it is dropped when
 //!   the completion arrives or when the QP is destroyed, never before ([`Cq::parked`] counts
 //!   them). Destroying a QP returns the buffers of its unfinished requests to their handles
-//!   with [`WcStatus::WrFlushErr`]. A QP whose destruction fails leaks them (the device may
-//!   still write there).
+//!   with [`WcStatus::WrFlushErr`] (or with the completion the device made before the
+//!   destruction, when a poll finds it first); their slots stay *tombstones*, keeping their
+//!   keys, until a poll that started after the destruction found the CQ empty — so a
+//!   completion left in the device can never match a later request. A QP whose destruction
+//!   fails keeps its requests (their completions may still come); a CQ whose destruction fails
+//!   leaks the buffers still in its slots.
 //!
 //! Invariant: a buffer is in exactly one place — its owner's hands, or one slot from before its
 //! request is posted until (a) its handle took the completion, (b) its completion arrived after
-//! its handle was dropped, or (c) its QP was destroyed. `parked == |slots abandoned, in flight|`.
+//! its handle was dropped, or (c) its QP was destroyed. `parked == |slots abandoned, in flight|`;
+//! a slot's key is reused only when no completion for it can be in the device.
 
 use super::{Completion, Cq, Error, Nic, Qp, Result, Rkey, Sge, Verb, WcOpcode, WcStatus};
 use slab::Slab;
@@ -135,10 +140,14 @@ pub(super) struct Inflight {
     backlog: Mutex<VecDeque<Completion>>,
     next_gen: AtomicU64,
     parked: AtomicU64,
+    /// Device polls started on the CQ (each takes the next number).
+    polls: AtomicU64,
+    /// Slots kept as tombstones (see [`Slot::tomb`]).
+    tombs: AtomicU64,
 }
 
 struct Slot {
-    epoch: u16,
+    epoch: u32,
     qpn: u32,
     wr_id: u64,
     /// What the completion tells the buffer: bytes written by a successful READ.
@@ -146,28 +155,52 @@ struct Slot {
     buf: Option<Box<dyn Parked>>,
     wc: Option<Completion>,
     abandoned: bool,
+    /// Its QP was destroyed when `polls` stood here: the device may still hold a completion
+    /// of it, made before the destruction. The slot keeps its key (no later request can take
+    /// it, so that completion can never match another request) until a poll that started
+    /// after the destruction found the CQ empty, or that completion arrived.
+    tomb: Option<u64>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// `OWNED_TAG (16) | epoch (16) | slot (32)`.
-fn owned_wr_id(epoch: u16, key: usize) -> u64 {
-    OWNED_TAG << 48 | (epoch as u64) << 32 | (key as u64 & 0xffff_ffff)
+/// Bits of a slot's key in its `wr_id`: at most this many owned requests per CQ at once.
+const SLOT_BITS: u32 = 20;
+
+/// Bits of the epoch: a slot's key comes back with another epoch.
+const EPOCH_MASK: u64 = (1 << (48 - SLOT_BITS)) - 1;
+
+/// `OWNED_TAG (16) | epoch (28) | slot (20)`.
+fn owned_wr_id(epoch: u32, key: usize) -> u64 {
+    OWNED_TAG << 48 | (epoch as u64 & EPOCH_MASK) << SLOT_BITS | key as u64
+}
+
+/// `(slot, epoch)` of an owned `wr_id`.
+fn parse_owned(wr_id: u64) -> (usize, u32) {
+    (
+        (wr_id & ((1 << SLOT_BITS) - 1)) as usize,
+        ((wr_id >> SLOT_BITS) & EPOCH_MASK) as u32,
+    )
 }
 
 impl Inflight {
-    /// Park `buf` for a request of QP `qpn`; returns `(slot, epoch, wr_id)`.
+    /// Park `buf` for a request of QP `qpn`; returns `(slot, epoch)`, or the buffer when
+    /// `2^SLOT_BITS` slots are taken.
     fn insert(
         &self,
         qpn: u32,
         wr_id: u64,
         read_len: Option<u32>,
         buf: Box<dyn Parked>,
-    ) -> (usize, u16) {
-        let epoch = self.next_gen.fetch_add(1, Relaxed) as u16;
-        let key = lock(&self.slots).insert(Slot {
+    ) -> std::result::Result<(usize, u32), Box<dyn Parked>> {
+        let epoch = (self.next_gen.fetch_add(1, Relaxed) & EPOCH_MASK) as u32;
+        let mut slots = lock(&self.slots);
+        if slots.vacant_key() >> SLOT_BITS != 0 {
+            return Err(buf);
+        }
+        let key = slots.insert(Slot {
             epoch,
             qpn,
             wr_id,
@@ -175,8 +208,9 @@ impl Inflight {
             buf: Some(buf),
             wc: None,
             abandoned: false,
+            tomb: None,
         });
-        (key, epoch)
+        Ok((key, epoch))
     }
 
     /// Take back the buffer of a request that was never posted.
@@ -185,17 +219,32 @@ impl Inflight {
     }
 
     /// A completion of an owned request: kept for its handle, or its buffer dropped when the
-    /// handle is gone. Stale or unknown ones are ignored.
+    /// handle is gone. A completion of a destroyed QP's request replaces the flush its handle
+    /// was given, if not taken yet, and ends the slot's tombstone. Unknown ones are ignored.
     fn complete(&self, wc: Completion) {
-        let key = (wc.wr_id & 0xffff_ffff) as usize;
-        let epoch = (wc.wr_id >> 32) as u16;
+        let (key, epoch) = parse_owned(wc.wr_id);
         let mut slots = lock(&self.slots);
         let Some(s) = slots
             .get_mut(key)
-            .filter(|s| s.epoch == epoch && s.qpn == wc.qp_num && s.wc.is_none())
+            .filter(|s| s.epoch == epoch && s.qpn == wc.qp_num)
         else {
             return;
         };
+        if s.tomb.take().is_some() {
+            self.tombs.fetch_sub(1, Relaxed);
+            if s.buf.is_none() {
+                slots.remove(key);
+            } else {
+                s.wc = Some(Completion {
+                    wr_id: s.wr_id,
+                    ..wc
+                });
+            }
+            return;
+        }
+        if s.wc.is_some() {
+            return;
+        }
         if s.abandoned {
             let dropped = slots.remove(key).buf;
             drop(slots);
@@ -209,30 +258,47 @@ impl Inflight {
         });
     }
 
-    /// The completion and buffer of slot `key`, if it completed.
-    fn take(&self, key: usize, epoch: u16) -> Option<(Completion, Option<u32>, Box<dyn Parked>)> {
-        let mut slots = lock(&self.slots);
-        let s = slots.get(key).filter(|s| s.epoch == epoch)?;
-        s.wc?;
-        let s = slots.remove(key);
-        Some((s.wc?, s.read_len, s.buf?))
+    /// Remove slot `key` (its buffer already taken), or leave its tombstone.
+    fn retire(&self, slots: &mut Slab<Slot>, key: usize) -> Option<Box<dyn Parked>> {
+        let s = &mut slots[key];
+        if s.tomb.is_some() {
+            return s.buf.take();
+        }
+        slots.remove(key).buf
     }
 
-    fn is_complete(&self, key: usize, epoch: u16) -> bool {
+    /// The completion and buffer of slot `key`, if it completed.
+    fn take(&self, key: usize, epoch: u32) -> Option<(Completion, Option<u32>, Box<dyn Parked>)> {
+        let mut slots = lock(&self.slots);
+        let s = slots.get(key).filter(|s| s.epoch == epoch)?;
+        let (wc, read_len) = (s.wc?, s.read_len);
+        s.buf.as_ref()?;
+        let buf = self.retire(&mut slots, key)?;
+        Some((wc, read_len, buf))
+    }
+
+    fn is_complete(&self, key: usize, epoch: u32) -> bool {
         lock(&self.slots)
             .get(key)
-            .is_some_and(|s| s.epoch == epoch && s.wc.is_some())
+            .is_some_and(|s| s.epoch == epoch && s.wc.is_some() && s.buf.is_some())
+    }
+
+    /// Whether slot `key` holds a flush its QP's destruction gave it.
+    fn flushed(&self, key: usize, epoch: u32) -> bool {
+        lock(&self.slots)
+            .get(key)
+            .is_some_and(|s| s.epoch == epoch && s.tomb.is_some())
     }
 
     /// The handle of slot `key` was dropped: drop the buffer now if the request finished, else
     /// park it.
-    fn abandon(&self, key: usize, epoch: u16) {
+    fn abandon(&self, key: usize, epoch: u32) {
         let mut slots = lock(&self.slots);
         let Some(s) = slots.get_mut(key).filter(|s| s.epoch == epoch) else {
             return;
         };
         if s.wc.is_some() {
-            let dropped = slots.remove(key).buf;
+            let dropped = self.retire(&mut slots, key);
             drop(slots);
             drop(dropped);
         } else {
@@ -241,38 +307,61 @@ impl Inflight {
         }
     }
 
-    /// QP `qpn` was destroyed (`destroyed`) or could not be (the device may still use its
-    /// memory): hand its unfinished requests back flushed, drop the parked ones — or leak
-    /// every buffer of it when it was not destroyed.
-    pub(super) fn qp_gone(&self, qpn: u32, destroyed: bool) {
+    /// QP `qpn` was destroyed: hand its unfinished requests back flushed, drop the parked
+    /// ones; every such slot stays a tombstone until no completion of it can be left.
+    pub(super) fn qp_gone(&self, qpn: u32) {
+        let stamp = self.polls.load(Relaxed);
         let mut dropped = Vec::new();
         {
             let mut slots = lock(&self.slots);
-            let keys: Vec<usize> = slots
-                .iter()
+            for (_, s) in slots
+                .iter_mut()
                 .filter(|(_, s)| s.qpn == qpn && s.wc.is_none())
-                .map(|(k, _)| k)
-                .collect();
-            for k in keys {
-                let s = &mut slots[k];
-                if !destroyed {
-                    // The device may still write there: the buffer must never be freed.
-                    std::mem::forget(s.buf.take());
-                }
+            {
+                s.tomb = Some(stamp);
+                self.tombs.fetch_add(1, Relaxed);
+                s.wc = Some(Completion {
+                    wr_id: s.wr_id,
+                    status: WcStatus::WrFlushErr,
+                    qp_num: qpn,
+                    ..Default::default()
+                });
                 if s.abandoned {
-                    dropped.push(slots.remove(k).buf);
+                    dropped.push(s.buf.take());
                     self.parked.fetch_sub(1, Relaxed);
-                } else {
-                    s.wc = Some(Completion {
-                        wr_id: s.wr_id,
-                        status: WcStatus::WrFlushErr,
-                        qp_num: qpn,
-                        ..Default::default()
-                    });
                 }
             }
         }
         drop(dropped);
+    }
+
+    /// A device poll numbered `seq` found the CQ empty: the tombstones of QPs destroyed before
+    /// it started can go (nothing of theirs is left in the device).
+    fn emptied(&self, seq: u64) {
+        if self.tombs.load(Relaxed) == 0 {
+            return;
+        }
+        let mut slots = lock(&self.slots);
+        let ended: Vec<usize> = slots
+            .iter()
+            .filter(|(_, s)| s.tomb.is_some_and(|t| t < seq))
+            .map(|(k, _)| k)
+            .collect();
+        for k in ended {
+            slots[k].tomb = None;
+            self.tombs.fetch_sub(1, Relaxed);
+            if slots[k].buf.is_none() {
+                slots.remove(k);
+            }
+        }
+    }
+
+    /// The CQ could not be destroyed, so a QP on it may not have been either: every buffer
+    /// still in a slot stays allocated for good.
+    pub(super) fn leak(&self) {
+        for (_, s) in lock(&self.slots).iter_mut() {
+            std::mem::forget(s.buf.take());
+        }
     }
 }
 
@@ -281,6 +370,8 @@ impl Cq {
     /// go to their slots, the rest stay in `out`, compacted. Returns how many the device gave
     /// and how many stayed.
     pub(super) fn poll_routed(&self, out: &mut [Completion]) -> Result<(usize, usize)> {
+        let inflight = &self.inner.inflight;
+        let seq = inflight.polls.fetch_add(1, Relaxed) + 1;
         let got = self.inner.nic.backend.poll_cq(self.inner.handle, out)?;
         let mut kept = 0;
         for i in 0..got {
@@ -304,28 +395,37 @@ impl Cq {
                 kept += 1;
             }
         }
+        // After routing what it got: those may be the completions the tombstones wait for.
+        if got < out.len() {
+            inflight.emptied(seq);
+        }
         Ok((got, kept))
     }
 
-    /// Completions of the application read while an owned request waited, first.
-    pub(super) fn take_backlog(&self, out: &mut [Completion]) -> usize {
+    /// Completions of the application read while an owned request waited, first; the
+    /// returned guard keeps other polls out until the caller has polled the device too.
+    pub(super) fn take_backlog(
+        &self,
+        out: &mut [Completion],
+    ) -> (usize, MutexGuard<'_, VecDeque<Completion>>) {
         let mut backlog = lock(&self.inner.inflight.backlog);
         let n = backlog.len().min(out.len());
         for (slot, wc) in out.iter_mut().zip(backlog.drain(..n)) {
             *slot = wc;
         }
-        n
+        (n, backlog)
     }
 
     /// Poll the device for the owned requests waiting on this CQ; keep the application's
     /// completions for its next [`Cq::poll`].
-    fn pump(&self) -> Result<()> {
+    pub(super) fn pump(&self) -> Result<()> {
         let mut buf = [Completion::default(); 16];
+        // Under the backlog's lock, so the application's completions enter it in the device's
+        // order and no concurrent poll overtakes them (`Cq::poll` takes it too).
+        let mut backlog = lock(&self.inner.inflight.backlog);
         loop {
             let (got, kept) = self.poll_routed(&mut buf)?;
-            if kept > 0 {
-                lock(&self.inner.inflight.backlog).extend(&buf[..kept]);
-            }
+            backlog.extend(&buf[..kept]);
             // A full batch may have more behind it.
             if got < buf.len() {
                 return Ok(());
@@ -353,7 +453,7 @@ impl Cq {
 pub struct Posted<B> {
     cq: Cq,
     key: usize,
-    epoch: u16,
+    epoch: u32,
     taken: bool,
     _buf: PhantomData<fn() -> B>,
 }
@@ -377,7 +477,12 @@ impl<B: NicBuf> Posted<B> {
     /// # Errors
     /// The handle itself while the request is in flight; a failed poll counts as in flight.
     pub fn take(mut self) -> std::result::Result<Done<B>, Posted<B>> {
-        if !self.is_complete() && self.cq.pump().is_err() {
+        let inflight = &self.cq.inner.inflight;
+        // Poll when the request is not done, or was flushed by its QP's destruction (a
+        // completion made before it may still be in the device, and is the truth).
+        if (!self.is_complete() || inflight.flushed(self.key, self.epoch))
+            && self.cq.pump().is_err()
+        {
             return Err(self);
         }
         match self.cq.inner.inflight.take(self.key, self.epoch) {
@@ -557,10 +662,21 @@ impl Qp {
             _ => &self.inner._send_cq,
         };
         let read_len = matches!(op, OwnedOp::Read { .. }).then_some(buf.nic_len() as u32);
-        let (key, epoch) = cq
+        let (key, epoch) = match cq
             .inner
             .inflight
-            .insert(self.qpn(), wr_id, read_len, park(buf));
+            .insert(self.qpn(), wr_id, read_len, park(buf))
+        {
+            Ok(k) => k,
+            Err(back) => {
+                let buf = *back
+                    .into_any()
+                    .downcast::<B>()
+                    .expect("the buffer just wrapped");
+                let error = Error::invalid(verb, "2^20 owned requests in flight on one CQ");
+                return Err(PostError { error, buf });
+            }
+        };
         let id = owned_wr_id(epoch, key);
         let posted = match op {
             OwnedOp::Recv => self.post_recv_any(id, sges),

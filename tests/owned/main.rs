@@ -266,3 +266,134 @@ fn application_completions_read_while_a_handle_waits_come_back_in_order() {
         assert_eq!((d.completion.status, d.buf.len()), (WcStatus::Success, n));
     }
 }
+
+/// A receive that succeeded before its QP was destroyed (and before anyone polled) reports
+/// the success and the bytes, not a flush: the completion left in the device wins.
+#[test]
+fn a_receive_completed_before_its_qp_died_still_reports_its_bytes() {
+    let _s = serial();
+    let bed = bed();
+    let (pa, pb) = (pool_on(&bed.a.pd), pool_on(&bed.b.pd));
+    let rx = bed
+        .qb
+        .post_recv_owned(4, allocator_api2::vec![in pb; 0u8; 128])
+        .unwrap();
+    let tx = bed
+        .qa
+        .post_send_owned(5, allocator_api2::vec![in pa; 0x3c; 48])
+        .unwrap();
+    assert_eq!(tx.wait(WAIT).unwrap().completion.status, WcStatus::Success);
+    let Bed { a, b, qa, qb } = bed;
+    drop(qb);
+    let got = rx.wait(WAIT).unwrap();
+    assert_eq!(
+        got.completion.status,
+        WcStatus::Success,
+        "{:?}",
+        got.completion
+    );
+    assert_eq!(got.buf.len(), 48);
+    assert!(got.buf.iter().all(|&x| x == 0x3c));
+    drop((a, b, qa));
+}
+
+/// Another thread waiting on a handle polls the same CQ: the application's completions still
+/// come out of `Cq::poll` each once, in the device's order.
+#[test]
+fn a_waiting_handle_never_reorders_the_applications_completions() {
+    let _s = serial();
+    let bed = bed();
+    let pa = pool_on(&bed.a.pd);
+    // A handle on the CQ that never completes: a receive on a QP never connected.
+    let lone = bed.a.qp();
+    let idle = lone
+        .post_recv_owned(0, allocator_api2::vec![in pa; 0u8; 8])
+        .unwrap();
+    // `qa` in the error state: every request posted completes at once, flushed, in order.
+    let (_m, local) = (bed.a.nic.clone(), buf(8, 0));
+    let mut local = local;
+    let mr = reg_in(&bed.a.pd, &mut local, Access::LOCAL_WRITE).unwrap();
+    // SAFETY: `local` outlives the request, and is not read until its completion.
+    unsafe {
+        bed.qa
+            .post_read(u64::MAX >> 1, &[mr.sge(0, 8).unwrap()], 0x1000, Rkey(0xbad))
+    }
+    .unwrap();
+    let start = Instant::now();
+    while bed.qa.state().unwrap() != QpState::Error {
+        let mut wc = [Completion::default(); 4];
+        bed.a.cq.poll(&mut wc).unwrap();
+        assert!(start.elapsed() < WAIT, "the QP never failed");
+    }
+    let mut wc = [Completion::default(); 4];
+    while bed.a.cq.poll(&mut wc).unwrap() > 0 {}
+    /// Stops the waiter however the test ends.
+    struct Stop<'a>(&'a std::sync::atomic::AtomicBool);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let _stop = Stop(&stop);
+        s.spawn(|| {
+            let mut h = idle;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                h = h.wait(Duration::ZERO).unwrap_err().posted;
+            }
+        });
+        const N: u64 = 100_000;
+        let (mut posted, mut next) = (1u64, 1u64);
+        let start = Instant::now();
+        while next <= N {
+            while posted <= N && posted - next < 16 {
+                bed.qa.post_local_inv(posted, Rkey(1)).unwrap();
+                posted += 1;
+            }
+            let mut wc = [Completion::default(); 8];
+            let n = bed.a.cq.poll(&mut wc).unwrap();
+            for c in &wc[..n] {
+                assert_eq!(c.wr_id, next, "out of order: {c:?}");
+                next += 1;
+            }
+            assert!(start.elapsed() < WAIT * 3, "completions missing at {next}");
+        }
+    });
+}
+
+/// A QP whose destruction fails keeps its requests: their handles neither complete nor
+/// panic, and later requests on the CQ are unaffected.
+#[test]
+fn a_qp_that_could_not_be_destroyed_keeps_its_requests() {
+    let _s = serial();
+    let bed = soft_bed(Default::default());
+    let (pa, pb) = (pool_on(&bed.a.pd), pool_on(&bed.b.pd));
+    let stuck = bed
+        .qb
+        .post_recv_owned(1, allocator_api2::vec![in pb; 0u8; 64])
+        .unwrap();
+    bed.b
+        .nic
+        .as_soft()
+        .unwrap()
+        .fail_next(Verb::DestroyQp, 1, libc::EBUSY);
+    let Bed { a, b, qa, qb } = bed;
+    drop(qb);
+    assert!(!stuck.is_complete());
+    let stuck = stuck.wait(Duration::from_millis(10)).unwrap_err().posted;
+    // A fresh pair on the same CQs: its requests complete as usual.
+    let (qa2, qb2) = connect(&a, &b);
+    let rx = qb2
+        .post_recv_owned(2, allocator_api2::vec![in pb; 0u8; 64])
+        .unwrap();
+    let tx = qa2
+        .post_send_owned(3, allocator_api2::vec![in pa; 9u8; 8])
+        .unwrap();
+    assert_eq!(tx.wait(WAIT).unwrap().completion.status, WcStatus::Success);
+    assert_eq!(&rx.wait(WAIT).unwrap().buf[..], &[9u8; 8]);
+    assert!(!stuck.is_complete());
+    drop(stuck);
+    assert_eq!(b.cq.parked(), 1, "the stuck receive's buffer stays parked");
+    drop((a, qa, qa2, qb2));
+}
