@@ -167,6 +167,8 @@ static ZERO: Counters = Counters::new();
 /// ```
 pub struct GlobalPool {
     config: GlobalConfig,
+    /// Built by [`GlobalPool::with_remote_writes`]: `config.remote` may hold write rights.
+    remote_writes: bool,
     state: AtomicU8,
     slot: UnsafeCell<MaybeUninit<Result<&'static Ready, Error>>>,
     /// A copy of the ready pool's handle (of `Ready::pool`, never dropped), kept here so that
@@ -234,6 +236,7 @@ impl GlobalPool {
     pub const fn with_config(config: GlobalConfig) -> GlobalPool {
         GlobalPool {
             config,
+            remote_writes: false,
             state: AtomicU8::new(UNINIT),
             slot: UnsafeCell::new(MaybeUninit::uninit()),
             hot: UnsafeCell::new(MaybeUninit::uninit()),
@@ -242,6 +245,30 @@ impl GlobalPool {
             fast_id: AtomicU64::new(NO_POOL),
             counters: AtomicPtr::new(null_mut()),
         }
+    }
+
+    /// A global pool configured by `config`, whose `remote` may hold write or atomic rights
+    /// ([`GlobalPool::with_config`] refuses them at initialisation).
+    ///
+    /// # Safety
+    /// As [`Pool::with_remote_writes`]: whoever holds the pool's rkey may write any heap
+    /// memory of the program at any time, so every peer given it must be trusted to write only
+    /// where and when the program's protocol lets it, and the program must read such memory
+    /// only once that protocol says the write completed.
+    ///
+    /// # Examples
+    /// ```
+    /// use rdma_pool::global::{GlobalConfig, GlobalPool};
+    /// use rdma_pool::nic::Access;
+    /// // SAFETY: the peers of this program are trusted and synchronised by its protocol.
+    /// static A: GlobalPool = unsafe {
+    ///     GlobalPool::with_remote_writes(GlobalConfig { remote: Access::REMOTE_WRITE, ..GlobalConfig::DEFAULT })
+    /// };
+    /// ```
+    pub const unsafe fn with_remote_writes(config: GlobalConfig) -> GlobalPool {
+        let mut pool = GlobalPool::with_config(config);
+        pool.remote_writes = true;
+        pool
     }
 
     /// The configuration given at construction (before environment overrides).
@@ -440,7 +467,12 @@ impl GlobalPool {
             None => Nic::open_default()?,
         };
         let pd = nic.alloc_pd()?;
-        let pool = Pool::with_config(&pd, arena)?;
+        let pool = if self.remote_writes {
+            // SAFETY: the caller of `with_remote_writes` took on its contract.
+            unsafe { Pool::with_remote_writes(&pd, arena) }?
+        } else {
+            Pool::with_config(&pd, arena)?
+        };
         tracing::info!(nic = %nic.caps().name, ?cfg.registration, ?cfg.hugepages,
             "rdma_pool: GlobalPool ready");
         MmapBox::new(Ready { cfg, nic, pd, pool })

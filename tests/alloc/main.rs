@@ -21,16 +21,20 @@ use rdma_pool::nic::*;
 
 /// A pool on `pd`: 16 GiB reserved, hugepages preferred, pool rights `remote`.
 pub fn pool_on(pd: &Pd, remote: Access) -> Pool {
-    Pool::with_config(
-        pd,
-        ArenaConfig {
-            reserve: 1 << 34,
-            chunk: 1 << 28,
-            hugepages: Hugepages::Prefer,
-            remote,
-            ..Default::default()
-        },
-    )
+    // SAFETY: the test's peers write only blocks the test hands them, and the test reads
+    // those only after the write completed.
+    unsafe {
+        Pool::with_remote_writes(
+            pd,
+            ArenaConfig {
+                reserve: 1 << 34,
+                chunk: 1 << 28,
+                hugepages: Hugepages::Prefer,
+                remote,
+                ..Default::default()
+            },
+        )
+    }
     .unwrap()
 }
 

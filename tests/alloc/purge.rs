@@ -8,18 +8,22 @@ use std::alloc::Layout;
 use std::time::Duration;
 
 fn purging_pool(pd: &Pd, delay: Option<Duration>, registration: Registration) -> Pool {
-    Pool::with_config(
-        pd,
-        ArenaConfig {
-            reserve: 1 << 34,
-            chunk: 1 << 26,
-            hugepages: Hugepages::Off,
-            remote: Access::REMOTE_WRITE,
-            registration,
-            purge_delay: delay,
-            ..Default::default()
-        },
-    )
+    // SAFETY: the test's peers write only blocks the test hands them, and the test reads
+    // those only after the write completed.
+    unsafe {
+        Pool::with_remote_writes(
+            pd,
+            ArenaConfig {
+                reserve: 1 << 34,
+                chunk: 1 << 26,
+                hugepages: Hugepages::Off,
+                remote: Access::REMOTE_WRITE,
+                registration,
+                purge_delay: delay,
+                ..Default::default()
+            },
+        )
+    }
     .unwrap()
 }
 

@@ -22,14 +22,18 @@ use rdma_pool::nic::Access;
 
 /// The pool of this binary: 16 GiB reserved in 256 MiB chunks, and — opt-in — remote read and
 /// write rights on its own regions, so that a peer can READ any buffer.
+// SAFETY: the tests' peers write only into buffers a test hands them, and the test reads those
+// only after the write completed.
 #[global_allocator]
-static A: GlobalPool = GlobalPool::with_config(GlobalConfig {
-    reserve: 1 << 34,
-    chunk: 1 << 28,
-    remote: Access::REMOTE_READ.union(Access::REMOTE_WRITE),
-    open: Some(common::open_pool_nic),
-    ..GlobalConfig::DEFAULT
-});
+static A: GlobalPool = unsafe {
+    GlobalPool::with_remote_writes(GlobalConfig {
+        reserve: 1 << 34,
+        chunk: 1 << 28,
+        remote: Access::REMOTE_READ.union(Access::REMOTE_WRITE),
+        open: Some(common::open_pool_nic),
+        ..GlobalConfig::DEFAULT
+    })
+};
 
 /// A pattern that differs per buffer and per offset.
 pub fn pattern(seed: u64, i: usize) -> u8 {

@@ -397,3 +397,32 @@ fn a_qp_that_could_not_be_destroyed_keeps_its_requests() {
     assert_eq!(b.cq.parked(), 1, "the stuck receive's buffer stays parked");
     drop((a, qa, qa2, qb2));
 }
+
+/// A pool whose own key would let a peer write every block is refused in safe code: the
+/// pool's rkey plus an owned WRITE could otherwise overwrite live and freed blocks.
+#[test]
+fn pools_with_remote_write_rights_need_the_unsafe_constructor() {
+    let _s = serial();
+    let bed = bed();
+    for remote in [Access::REMOTE_WRITE, Access::REMOTE_ATOMIC, Access::REMOTE] {
+        let cfg = rdma_pool::arena::ArenaConfig {
+            remote,
+            ..small_arena()
+        };
+        let e = Pool::with_config(&bed.a.pd, cfg).unwrap_err();
+        assert!(matches!(e, rdma_pool::arena::Error::Config(_)), "{e:?}");
+    }
+    let read_only = rdma_pool::arena::ArenaConfig {
+        remote: Access::REMOTE_READ,
+        ..small_arena()
+    };
+    assert!(Pool::with_config(&bed.a.pd, read_only).is_ok());
+    static G: rdma_pool::GlobalPool =
+        rdma_pool::GlobalPool::with_config(rdma_pool::global::GlobalConfig {
+            remote: Access::REMOTE_WRITE,
+            reserve: 1 << 32,
+            open: Some(open_pool_nic),
+            ..rdma_pool::global::GlobalConfig::DEFAULT
+        });
+    assert!(matches!(G.init(), Err(rdma_pool::arena::Error::Config(_))));
+}

@@ -18,19 +18,23 @@ use std::time::{Duration, Instant};
 /// An ODP pool on `pd`, prefetching or not, with the opt-in remote write right so the peer can
 /// write with the pool's key.
 fn odp_pool(pd: &Pd, prefetch: bool) -> Pool {
-    Pool::with_config(
-        pd,
-        ArenaConfig {
-            reserve: 1 << 32,
-            chunk: 1 << 26,
-            hugepages: Hugepages::Off,
-            registration: Registration::Odp,
-            remote: Access::REMOTE_WRITE,
-            purge_delay: None,
-            prefetch,
-            ..Default::default()
-        },
-    )
+    // SAFETY: the test's peers write only blocks the test hands them, and the test reads
+    // those only after the write completed.
+    unsafe {
+        Pool::with_remote_writes(
+            pd,
+            ArenaConfig {
+                reserve: 1 << 32,
+                chunk: 1 << 26,
+                hugepages: Hugepages::Off,
+                registration: Registration::Odp,
+                remote: Access::REMOTE_WRITE,
+                purge_delay: None,
+                prefetch,
+                ..Default::default()
+            },
+        )
+    }
     .unwrap()
 }
 
