@@ -52,6 +52,7 @@ mod buffer;
 mod error;
 mod owned;
 pub mod quirks;
+mod registered;
 pub mod soft;
 mod types;
 #[cfg(feature = "verbs")]
@@ -61,6 +62,7 @@ pub use buffer::{Buffer, huge_page_size};
 pub use error::{Error, ReregError, ReregErrorKind, Result, Verb};
 pub use owned::{Done, NicBuf, NicBufMut, PostError, Posted, WaitError, is_reserved_wr_id};
 pub(crate) use owned::{GRANT_TAG, set_grant_sink};
+pub use registered::Registered;
 pub use types::*;
 #[cfg(feature = "verbs")]
 pub use verbs::VerbsNic;

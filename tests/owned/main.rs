@@ -426,3 +426,48 @@ fn pools_with_remote_write_rights_need_the_unsafe_constructor() {
         });
     assert!(matches!(G.init(), Err(rdma_pool::arena::Error::Config(_))));
 }
+
+/// A buffer registered together with its region is posted owned, a range at a time; it takes
+/// no right a peer could write it with.
+#[test]
+fn registered_buffers_are_posted_owned_a_range_at_a_time() {
+    let _s = serial();
+    let bed = bed();
+    let mut msg = bed
+        .a
+        .pd
+        .register(Buffer::new(8192).unwrap(), Access::LOCAL_WRITE)
+        .unwrap();
+    msg.as_mut_slice()[100..140].fill(0x77);
+    msg.set_range(100..140).unwrap();
+    assert!(msg.set_range(8000..9000).is_err());
+    let landing = bed
+        .b
+        .pd
+        .register(Buffer::new(4096).unwrap(), Access::LOCAL_WRITE)
+        .unwrap();
+    let rx = bed.qb.post_recv_owned(1, landing).unwrap();
+    let sent = bed.qa.post_send_owned(2, msg).unwrap().wait(WAIT).unwrap();
+    assert_eq!(sent.completion.status, WcStatus::Success);
+    let got = rx.wait(WAIT).unwrap();
+    assert_eq!(
+        (got.completion.status, got.completion.byte_len),
+        (WcStatus::Success, 40)
+    );
+    assert!(got.buf.as_slice()[..40].iter().all(|&b| b == 0x77));
+    // A registration of the other device is refused at post time, the buffer given back.
+    let e = bed.qa.post_recv_owned(3, got.buf).unwrap_err();
+    assert!(
+        matches!(e.error, Error::InvalidArgument { .. }),
+        "{:?}",
+        e.error
+    );
+    assert!(e.buf.into_buffer().is_ok());
+    for bad in [Access::REMOTE_WRITE, Access::REMOTE_ATOMIC, Access::MW_BIND] {
+        let r = bed
+            .a
+            .pd
+            .register(Buffer::new(4096).unwrap(), Access::LOCAL_WRITE | bad);
+        assert!(matches!(r, Err(Error::InvalidArgument { .. })), "{bad:?}");
+    }
+}
