@@ -59,7 +59,7 @@ fn bursts(c: &mut Criterion) {
             ..Default::default()
         };
         // SAFETY: no peer gets the pool's key (the bench measures local prefetch).
-        let pool = unsafe { Pool::with_remote_writes(&pd, cfg) }.expect("a pool");
+        let pool = unsafe { Pool::with_remote_rights(&pd, cfg) }.expect("a pool");
         let blocks: Vec<*mut u8> = (0..BUFS).map(|_| pool.alloc(layout)).collect();
         let blocks = std::cell::RefCell::new(blocks);
         // Purge and hand out again: the pages the burst writes are fresh.

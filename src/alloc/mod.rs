@@ -47,7 +47,7 @@ pub(crate) use tls::{any_live_pool, keys_of_any, keys_of_any_on};
 
 use crate::arena::os::MmapBox;
 use crate::arena::{Arena, ArenaConfig, Error, Keys, SLAB};
-use crate::nic::{Access, Pd, Sge};
+use crate::nic::{Pd, Sge};
 use class::{class_for, class_of};
 use heap::Heap;
 use page::{LARGE, SMALL, UNUSED};
@@ -127,28 +127,21 @@ impl Pool {
     /// # Ok::<(), rdma_pool::arena::Error>(())
     /// ```
     pub fn with_config(pd: &Pd, cfg: ArenaConfig) -> Result<Pool, Error> {
-        if cfg
-            .remote
-            .intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC)
-        {
-            return Err(Error::Config(
-                "remote write or atomic rights on the pool's regions let a peer write any block: \
-                 Pool::with_remote_writes (unsafe)",
-            ));
-        }
-        // SAFETY: no right lets the NIC write pool memory for a peer.
-        unsafe { Pool::with_remote_writes(pd, cfg) }
+        Pool::from_arena(Arena::new(pd, cfg)?)
     }
 
-    /// [`Pool::with_config`] whose `cfg.remote` may hold write or atomic rights: the pool's
-    /// rkey (`keys_of(..).rkey`) then lets a peer write any block of the pool.
+    /// [`Pool::with_config`] with remote rights on the pool's own regions (`cfg.remote`): the
+    /// pool's rkey (`keys_of(..).rkey`) then lets a peer reach any block of the pool (see
+    /// [`Arena::with_remote_rights`]).
     ///
     /// # Safety
-    /// Whoever holds the pool's rkey may write any memory of the pool — live blocks, freed
-    /// ones, the pool's free lists inside freed blocks — at any time. Every peer given it must
-    /// be trusted to write only the blocks and at the times the program's protocol allows,
-    /// and the program must read a block a peer may write only once that protocol says the
-    /// write completed. (Per-buffer grants, [`Pool::grant_owned`], need none of this.)
+    /// As [`Arena::with_remote_rights`]: whoever holds the pool's rkey may read (and with
+    /// `REMOTE_WRITE`/`REMOTE_ATOMIC` write) any memory of the pool — live blocks, freed ones
+    /// still holding another allocation's bytes, the pool's free lists inside freed blocks — at
+    /// any time. Every peer given it must be trusted to touch only the blocks and at the times
+    /// the program's protocol allows, and the program must access a block a peer may write
+    /// only once that protocol says the write completed. (Per-buffer grants,
+    /// [`Pool::grant`]/[`Pool::grant_owned`], need none of this.)
     ///
     /// # Errors
     /// As [`Pool::with_config`].
@@ -162,16 +155,27 @@ impl Pool {
     /// let cfg = ArenaConfig { remote: Access::REMOTE_WRITE, ..Default::default() };
     /// assert!(Pool::with_config(&pd, cfg.clone()).is_err());
     /// // SAFETY: no peer gets the key in this example.
-    /// let pool = unsafe { Pool::with_remote_writes(&pd, cfg) }?;
+    /// let pool = unsafe { Pool::with_remote_rights(&pd, cfg) }?;
     /// assert!(pool.arena().access().contains(Access::REMOTE_WRITE));
     /// # Ok::<(), rdma_pool::arena::Error>(())
     /// ```
-    pub unsafe fn with_remote_writes(pd: &Pd, cfg: ArenaConfig) -> Result<Pool, Error> {
-        let arena = Arena::new(pd, cfg)?;
+    pub unsafe fn with_remote_rights(pd: &Pd, cfg: ArenaConfig) -> Result<Pool, Error> {
+        // SAFETY: forwarded from the caller.
+        Pool::from_arena(unsafe { Arena::with_remote_rights(pd, cfg) }?)
+    }
+
+    /// A pool over `arena`.
+    fn from_arena(arena: Arena) -> Result<Pool, Error> {
         let id = tls::next_id();
-        let inner = PoolInner::new(id, arena).map_err(|errno| Error::Os {
-            what: "mmap of pool metadata",
-            errno,
+        let inner = PoolInner::new(id, arena).map_err(|errno| match errno {
+            crate::grant::NO_TAG => Error::Config(
+                "every grant tag is taken (65,536 pools alive, or dropped with grant requests \
+                 in flight)",
+            ),
+            errno => Error::Os {
+                what: "mmap of pool metadata",
+                errno,
+            },
         })?;
         let inner = MmapBox::new(inner).map_err(|(_, errno)| Error::Os {
             what: "mmap of pool metadata",

@@ -110,10 +110,10 @@ pub struct ArenaConfig {
     /// memory only through a memory-window grant. Setting rights here is an explicit opt-in for
     /// deployments whose peers are all trusted: any peer that learns the pool's rkey and an
     /// address can then read (and with `REMOTE_WRITE`, overwrite) *every* buffer of the pool.
-    /// Write and atomic rights are refused by [`Pool::with_config`](crate::alloc::Pool::with_config)
-    /// and taken only by the `unsafe`
-    /// [`Pool::with_remote_writes`](crate::alloc::Pool::with_remote_writes) (the NIC may then
-    /// write blocks safe code holds or freed).
+    /// Safe constructors ([`Arena::new`](super::Arena::new), `Pool::with_config`) refuse any
+    /// right here; the `unsafe` [`Arena::with_remote_rights`](super::Arena::with_remote_rights)
+    /// and `Pool::with_remote_rights` take them (the NIC may then read freed blocks and write
+    /// blocks safe code holds; with `implicit_odp`, any byte of the process).
     pub remote: Access,
     /// Grow a chunk's tail region with `ibv_rereg_mr(CHANGE_TRANSLATION)` while its keys were
     /// never handed out (fewer regions); `false` registers every growth step as its own region.

@@ -246,6 +246,42 @@ impl Arena {
     /// # Ok::<(), rdma_pool::arena::Error>(())
     /// ```
     pub fn new(pd: &Pd, cfg: ArenaConfig) -> Result<Arena, Error> {
+        if !cfg.remote.is_empty() {
+            return Err(Error::Config(
+                "remote rights on the arena's own regions let a peer with the key reach every \
+                 byte of it (with implicit ODP, of the process): with_remote_rights (unsafe)",
+            ));
+        }
+        // SAFETY: no remote right: only the program's own work requests use the regions.
+        unsafe { Arena::with_remote_rights(pd, cfg) }
+    }
+
+    /// [`Arena::new`] with remote rights on the arena's own regions (`cfg.remote`), for
+    /// deployments whose peers are all trusted.
+    ///
+    /// # Safety
+    /// Whoever holds the arena's rkey may read (and with `REMOTE_WRITE`/`REMOTE_ATOMIC`,
+    /// write) any byte of its regions at any time — with an implicit ODP region
+    /// (`implicit_odp`), any byte of the process. Every peer given the key must be trusted to
+    /// touch only what the program's protocol gives it, when it gives it, and the program must
+    /// access memory a peer may write only once that protocol says the write completed.
+    ///
+    /// # Errors
+    /// As [`Arena::new`].
+    ///
+    /// # Examples
+    /// ```
+    /// # use rdma_pool::arena::{Arena, ArenaConfig, Hugepages};
+    /// use rdma_pool::nic::Access;
+    /// # let pd = rdma_pool::nic::Nic::soft().alloc_pd()?;
+    /// let cfg = ArenaConfig { reserve: 1 << 30, chunk: 1 << 26, hugepages: Hugepages::Off, remote: Access::REMOTE_READ, ..Default::default() };
+    /// assert!(Arena::new(&pd, cfg.clone()).is_err());
+    /// // SAFETY: the key is given to no peer.
+    /// let arena = unsafe { Arena::with_remote_rights(&pd, cfg) }?;
+    /// assert!(arena.access().contains(Access::REMOTE_READ));
+    /// # Ok::<(), rdma_pool::arena::Error>(())
+    /// ```
+    pub unsafe fn with_remote_rights(pd: &Pd, cfg: ArenaConfig) -> Result<Arena, Error> {
         let _mark = provision::Provisioning::enter();
         atfork::install();
         let caps = pd.nic().caps();

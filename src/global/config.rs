@@ -64,10 +64,10 @@ pub struct GlobalConfig {
     /// Bytes per chunk (a power of two). Default 1 GiB, clamped to the device's `max_mr_size`.
     pub chunk: usize,
     /// Remote rights of the pool's own regions: empty by default (see
-    /// [`ArenaConfig::remote`]; an opt-in for deployments whose peers are all trusted). Write
-    /// and atomic rights need the `unsafe`
-    /// [`GlobalPool::with_remote_writes`](super::GlobalPool::with_remote_writes); any other
-    /// constructor's pool refuses them when it initialises.
+    /// [`ArenaConfig::remote`]; an opt-in for deployments whose peers are all trusted). Any
+    /// right here needs the `unsafe`
+    /// [`GlobalPool::with_remote_rights`](super::GlobalPool::with_remote_rights); any other
+    /// constructor's pool refuses it when it initialises.
     pub remote: Access,
     /// Degrade to unregistered memory, or fail. Default `Degrade`.
     pub on_failure: OnFailure,

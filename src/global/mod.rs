@@ -167,8 +167,8 @@ static ZERO: Counters = Counters::new();
 /// ```
 pub struct GlobalPool {
     config: GlobalConfig,
-    /// Built by [`GlobalPool::with_remote_writes`]: `config.remote` may hold write rights.
-    remote_writes: bool,
+    /// Built by [`GlobalPool::with_remote_rights`]: `config.remote` may hold rights.
+    remote_rights: bool,
     state: AtomicU8,
     slot: UnsafeCell<MaybeUninit<Result<&'static Ready, Error>>>,
     /// A copy of the ready pool's handle (of `Ready::pool`, never dropped), kept here so that
@@ -236,7 +236,7 @@ impl GlobalPool {
     pub const fn with_config(config: GlobalConfig) -> GlobalPool {
         GlobalPool {
             config,
-            remote_writes: false,
+            remote_rights: false,
             state: AtomicU8::new(UNINIT),
             slot: UnsafeCell::new(MaybeUninit::uninit()),
             hot: UnsafeCell::new(MaybeUninit::uninit()),
@@ -247,14 +247,15 @@ impl GlobalPool {
         }
     }
 
-    /// A global pool configured by `config`, whose `remote` may hold write or atomic rights
+    /// A global pool configured by `config`, whose `remote` may hold rights
     /// ([`GlobalPool::with_config`] refuses them at initialisation).
     ///
     /// # Safety
-    /// As [`Pool::with_remote_writes`]: whoever holds the pool's rkey may write any heap
-    /// memory of the program at any time, so every peer given it must be trusted to write only
-    /// where and when the program's protocol lets it, and the program must read such memory
-    /// only once that protocol says the write completed.
+    /// As [`Pool::with_remote_rights`]: whoever holds the pool's rkey may read (and with
+    /// write rights, write) any heap memory of the program at any time, freed or live, so
+    /// every peer given it must be trusted to touch only what and when the program's protocol
+    /// lets it, and the program must read such memory only once that protocol says a write
+    /// completed.
     ///
     /// # Examples
     /// ```
@@ -262,12 +263,12 @@ impl GlobalPool {
     /// use rdma_pool::nic::Access;
     /// // SAFETY: the peers of this program are trusted and synchronised by its protocol.
     /// static A: GlobalPool = unsafe {
-    ///     GlobalPool::with_remote_writes(GlobalConfig { remote: Access::REMOTE_WRITE, ..GlobalConfig::DEFAULT })
+    ///     GlobalPool::with_remote_rights(GlobalConfig { remote: Access::REMOTE_WRITE, ..GlobalConfig::DEFAULT })
     /// };
     /// ```
-    pub const unsafe fn with_remote_writes(config: GlobalConfig) -> GlobalPool {
+    pub const unsafe fn with_remote_rights(config: GlobalConfig) -> GlobalPool {
         let mut pool = GlobalPool::with_config(config);
-        pool.remote_writes = true;
+        pool.remote_rights = true;
         pool
     }
 
@@ -467,9 +468,9 @@ impl GlobalPool {
             None => Nic::open_default()?,
         };
         let pd = nic.alloc_pd()?;
-        let pool = if self.remote_writes {
-            // SAFETY: the caller of `with_remote_writes` took on its contract.
-            unsafe { Pool::with_remote_writes(&pd, arena) }?
+        let pool = if self.remote_rights {
+            // SAFETY: the caller of `with_remote_rights` took on its contract.
+            unsafe { Pool::with_remote_rights(&pd, arena) }?
         } else {
             Pool::with_config(&pd, arena)?
         };

@@ -264,9 +264,35 @@ fn parse(wr_id: u64) -> Option<(u64, u16, usize, u16)> {
 /// The sequence bits of a `wr_id`.
 const SEQ_MASK: u64 = (1 << 14) - 1;
 
-/// The next pool's tag: process-wide, so a pool never takes another pool's completions for
-/// its own, nor a new pool the late completions of a dropped one (until 65536 more pools).
-static NEXT_TAG: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+/// The pools' tags (a bit per tag, set while taken): no two live pools share one, so a pool
+/// never takes another's completions for its own; a pool dropped while any of its work
+/// requests was in flight never gives its tag back, so no later pool takes that request's
+/// late completion for its own. Atomics, no allocation: pools are created inside the
+/// allocator too.
+static TAGS: [AtomicU64; 1 << 10] = [const { AtomicU64::new(0) }; 1 << 10];
+
+/// Take a free tag of `tags`; `None` when all are taken.
+fn take_tag(tags: &[AtomicU64]) -> Option<u16> {
+    for (w, word) in tags.iter().enumerate() {
+        let mut v = word.load(Relaxed);
+        while v != u64::MAX {
+            let bit = (!v).trailing_zeros();
+            match word.compare_exchange_weak(v, v | 1 << bit, Relaxed, Relaxed) {
+                Ok(_) => return Some((w * 64 + bit as usize) as u16),
+                Err(now) => v = now,
+            }
+        }
+    }
+    None
+}
+
+/// Give `tag` back to `tags`.
+fn give_tag(tags: &[AtomicU64], tag: u16) {
+    tags[tag as usize / 64].fetch_and(!(1 << (tag % 64)), Relaxed);
+}
+
+/// The errno [`Grants::new`] reports when every tag is taken.
+pub(crate) const NO_TAG: i32 = libc::EMFILE;
 
 /// Most grant entries at once (the key field of a `wr_id`).
 const MAX_ACTIVE: usize = 1 << 16;
@@ -275,16 +301,29 @@ fn lock<T>(m: &ForkLock<T>) -> ForkGuard<'_, T> {
     m.lock()
 }
 
+impl Drop for Grants {
+    fn drop(&mut self) {
+        // A completion of this pool's may still come: the tag stays taken for good then.
+        if self.counters.in_flight.load(Relaxed) == 0 {
+            give_tag(&TAGS, self.tag);
+        }
+    }
+}
+
 impl Grants {
+    /// The grants of a new pool; `Err(NO_TAG)` when every tag is taken, or the errno of a
+    /// failed mapping.
     pub(crate) fn new() -> Result<Grants, i32> {
+        let ledger = Ledger::new()?;
+        let tag = take_tag(&TAGS).ok_or(NO_TAG)?;
         let g = Grants {
             rails_gate: ForkRwLock::new(()),
             active: ForkLock::new(Slab::new()),
             windows: ForkLock::new(Windows::default()),
-            ledger: Ledger::new()?,
+            ledger,
             counters: Counters::default(),
             seq: AtomicU64::new(0),
-            tag: NEXT_TAG.fetch_add(1, Relaxed) as u16,
+            tag,
         };
         g.set_limits(GrantLimits::default());
         Ok(g)
@@ -352,5 +391,25 @@ impl Grants {
         let (open, _, _) = self.ledger.counts();
         let unfinished = active.iter().filter(|(_, a)| !a.done).count();
         unfinished == open as usize && self.ledger.validate() && lock(&self.windows).validate()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tags_are_unique_until_given_back() {
+        let tags: [AtomicU64; 1 << 10] = [const { AtomicU64::new(0) }; 1 << 10];
+        let mut seen = vec![false; 1 << 16];
+        for _ in 0..1 << 16 {
+            let t = take_tag(&tags).expect("a free tag") as usize;
+            assert!(!seen[t], "tag {t} handed out twice");
+            seen[t] = true;
+        }
+        assert_eq!(take_tag(&tags), None, "all 65,536 are taken");
+        give_tag(&tags, 4242);
+        assert_eq!(take_tag(&tags), Some(4242));
+        assert_eq!(take_tag(&tags), None);
     }
 }

@@ -11,7 +11,7 @@ fn purging_pool(pd: &Pd, delay: Option<Duration>, registration: Registration) ->
     // SAFETY: the test's peers write only blocks the test hands them, and the test reads
     // those only after the write completed.
     unsafe {
-        Pool::with_remote_writes(
+        Pool::with_remote_rights(
             pd,
             ArenaConfig {
                 reserve: 1 << 34,

@@ -20,16 +20,20 @@ use rdma_pool::nic::*;
 
 /// An arena on side `a` of `bed`: 16 GiB reserved, `chunk` bytes per chunk.
 pub fn arena(bed: &Bed, chunk: usize, hugepages: Hugepages, remote: Access) -> Arena {
-    Arena::new(
-        &bed.a.pd,
-        ArenaConfig {
-            reserve: 1 << 34,
-            chunk,
-            hugepages,
-            remote,
-            ..Default::default()
-        },
-    )
+    // SAFETY: the tests give the arena's key only to their own peer, which touches only the
+    // runs a test hands it, and the test reads those after the peer's access completed.
+    unsafe {
+        Arena::with_remote_rights(
+            &bed.a.pd,
+            ArenaConfig {
+                reserve: 1 << 34,
+                chunk,
+                hugepages,
+                remote,
+                ..Default::default()
+            },
+        )
+    }
     .unwrap()
 }
 

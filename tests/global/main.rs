@@ -26,7 +26,7 @@ use rdma_pool::nic::Access;
 // only after the write completed.
 #[global_allocator]
 static A: GlobalPool = unsafe {
-    GlobalPool::with_remote_writes(GlobalConfig {
+    GlobalPool::with_remote_rights(GlobalConfig {
         reserve: 1 << 34,
         chunk: 1 << 28,
         remote: Access::REMOTE_READ.union(Access::REMOTE_WRITE),

@@ -21,7 +21,7 @@ fn odp_pool(pd: &Pd, prefetch: bool) -> Pool {
     // SAFETY: the test's peers write only blocks the test hands them, and the test reads
     // those only after the write completed.
     unsafe {
-        Pool::with_remote_writes(
+        Pool::with_remote_rights(
             pd,
             ArenaConfig {
                 reserve: 1 << 32,
