@@ -116,12 +116,12 @@ impl Pool {
             k => k,
         };
         // A window is bound through the QP: it must be able to post (`ibv_query_qp`, a system
-        // call on verbs). A region grant does not use the QP.
-        if kind != GrantKind::Region {
-            match qp.state()? {
-                QpState::Ready => {}
-                s => return Err(GrantError::QpNotReady(s)),
-            }
+        // call on verbs). A region grant does not use the QP, but the QP names the peer it is
+        // for: one that is not connected, or failed, has none (and the grant would be open to
+        // whoever uses the key).
+        match qp.state()? {
+            QpState::Ready => {}
+            s => return Err(GrantError::QpNotReady(s)),
         }
         let region = self.arena().exposed_region_on(addr, rail);
         // A window over the pool's region is bounded by the window alone: where the device

@@ -305,3 +305,50 @@ fn any_part_of_a_large_block_can_be_granted() {
     drop(g);
     nothing_leaked(&pool);
 }
+
+/// A region grant names its peer through the QP too: one never connected, or failed, is
+/// refused, as for windows.
+#[test]
+fn region_grants_check_the_qp_like_window_grants() {
+    let _s = serial();
+    let bed = bed();
+    let pool = pool_on(&bed.b.pd);
+    let buf = allocator_api2::vec![in &pool; 0u8; 64];
+    let idle = bed.b.qp();
+    assert!(matches!(
+        pool.grant_read_with(&buf, &idle, GrantKind::Region),
+        Err(GrantError::QpNotReady(QpState::Init))
+    ));
+    let g = pool
+        .grant_read_with(&buf, &bed.qb, GrantKind::Region)
+        .unwrap();
+    drop(g);
+    drain(&pool, &bed.b);
+    nothing_leaked(&pool);
+}
+
+/// One pool's revocation polls a CQ another pool's grants complete on too: the other pool's
+/// completions reach that pool, never the application's closure.
+#[test]
+fn one_pools_revocation_hands_the_others_completions_to_the_other_pool() {
+    let _s = serial();
+    let bed = bed();
+    let (p1, p2) = (pool_on(&bed.b.pd), pool_on(&bed.b.pd));
+    let (v1, v2) = (
+        allocator_api2::vec![in &p1; 0u8; 64],
+        allocator_api2::vec![in &p2; 0u8; 64],
+    );
+    let mut g1 = p1.grant(&v1, &bed.qb).unwrap();
+    let g2 = p2.grant(&v2, &bed.qb).unwrap();
+    drop(g2);
+    g1.revoke(&bed.b.cq, |wc| {
+        panic!("another pool's completion reached the application: {wc:?}")
+    })
+    .unwrap();
+    drop(g1);
+    drain(&p2, &bed.b);
+    let s = p2.grant_stats();
+    assert_eq!((s.open, s.wrs_in_flight), (0, 0), "{s:?}");
+    nothing_leaked(&p1);
+    nothing_leaked(&p2);
+}
