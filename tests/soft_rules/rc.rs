@@ -191,3 +191,52 @@ fn a_destroyed_requester_never_delivers_its_waiting_sends() {
     );
     assert!(r.as_slice().iter().all(|&x| x == 0));
 }
+
+/// An RC connection is a pair: a QP connected one way to a responder that is connected to
+/// another QP gets nothing through it — not the responder's type 2 window (bound to the
+/// responder, for its own peer), not its memory — and sees its retries run out.
+#[test]
+fn a_third_qp_connected_one_way_reaches_nothing_through_the_responder() {
+    let bed = default_bed();
+    let (_mem, mr) = bed.b.reg_buf(4096, 0x5a, RW | Access::MW_BIND);
+    let mut mw = bed.b.pd.alloc_mw(MwType::Type2).unwrap();
+    // SAFETY: the window's memory outlives it; the test reads it after the accesses.
+    let rkey = unsafe {
+        bed.qb.post_bind_mw(
+            1,
+            &mut mw,
+            &mr,
+            0,
+            4096,
+            Access::REMOTE_READ | Access::REMOTE_WRITE,
+        )
+    }
+    .unwrap();
+    assert_eq!(bed.b.wait().status, WcStatus::Success);
+    // The legitimate peer reads through the window.
+    let (_d, dst) = bed.a.reg_buf(64, 0, Access::LOCAL_WRITE);
+    // SAFETY: `dst` is not read until the completion.
+    unsafe {
+        bed.qa
+            .post_read(2, &[dst.sge(0, 64).unwrap()], mr.addr() as u64, rkey)
+    }
+    .unwrap();
+    assert_eq!(bed.a.wait().status, WcStatus::Success);
+    // A third QP connects to the responder one way; the responder stays paired with `qa`.
+    let third = bed.a.qp();
+    third.connect(&bed.qb.endpoint().unwrap()).unwrap();
+    let (_t, tmr) = bed.a.reg_buf(64, 0xee, Access::LOCAL_WRITE);
+    // SAFETY: `tmr` is neither freed nor written until the completion.
+    unsafe { third.post_write(3, &[tmr.sge(0, 64).unwrap()], mr.addr() as u64, rkey) }.unwrap();
+    assert_eq!(bed.a.wait().status, WcStatus::RetryExcErr);
+    assert!(
+        mr_bytes(&mr).iter().all(|&b| b == 0x5a),
+        "the third QP wrote through the responder's window"
+    );
+}
+
+/// The bytes of a region of a test buffer.
+fn mr_bytes(mr: &Mr) -> &[u8] {
+    // SAFETY: the region covers a live test buffer of `mr.len()` bytes.
+    unsafe { std::slice::from_raw_parts(mr.addr() as *const u8, mr.len()) }
+}

@@ -325,13 +325,20 @@ impl QpObj {
         Ok(())
     }
 
-    /// The connected responder, if it is still there and ready.
+    /// The connected responder, if it is still there, ready, and connected to this QP: an RC
+    /// connection is a pair, and a responder drops the packets of any other QP (the requester
+    /// then sees its retries run out), so a third QP cannot borrow the responder's type 2
+    /// windows by connecting to it one way.
     fn peer(&self) -> Option<(Arc<dyn Port>, Arc<QpObj>)> {
         let (dev, peer) = {
             let st = lock(&self.st);
             (st.peer_dev.as_ref()?.upgrade()?, st.peer.upgrade()?)
         };
-        (peer.state() == QpState::Ready).then_some((dev, peer))
+        let paired = {
+            let pst = lock(&peer.st);
+            pst.state == QpState::Ready && std::ptr::eq(pst.peer.as_ptr(), self)
+        };
+        paired.then_some((dev, peer))
     }
 
     /// `ibv_post_send`: execute now, or queue behind the request in flight or a parked SEND.
