@@ -27,76 +27,37 @@ fn sge(ptr: *const u8, len: usize, nic: &Nic) -> Result<Option<Sge>> {
         })
 }
 
-// SAFETY: a `Vec`'s bytes are on the heap (moving the `Vec` moves no byte) and only it reaches
-// them; `nic_len` is its length, the SGE describes exactly those bytes.
-unsafe impl NicBuf for Vec<u8> {
-    fn nic_ptr(&self) -> *const u8 {
-        self.as_ptr()
-    }
-    fn nic_len(&self) -> usize {
-        self.len()
-    }
-    fn sge(&self, nic: &Nic) -> Result<Option<Sge>> {
-        sge(self.as_ptr(), self.len(), nic)
-    }
+/// `NicBuf` and `NicBufMut` for heap buffers: their bytes are `[..len]` of a heap allocation
+/// only the value reaches; `$wrote` tells a growable one what arrived.
+macro_rules! heap_buf {
+    ($([$($g:tt)*] $t:ty => $wrote:expr),* $(,)?) => {$(
+        // SAFETY: the bytes are on the heap (moving the value moves no byte) and only the
+        // value reaches them; `nic_len` is its length and the SGE covers exactly those bytes.
+        unsafe impl<$($g)*> NicBuf for $t {
+            fn nic_ptr(&self) -> *const u8 {
+                self.as_ptr()
+            }
+            fn nic_len(&self) -> usize {
+                self.len()
+            }
+            fn sge(&self, nic: &Nic) -> Result<Option<Sge>> {
+                sge(self.as_ptr(), self.len(), nic)
+            }
+        }
+
+        // SAFETY: as above: the value is the only owner of its bytes.
+        unsafe impl<$($g)*> NicBufMut for $t {
+            fn nic_wrote(&mut self, n: usize) {
+                let wrote: fn(&mut Self, usize) = $wrote;
+                wrote(self, n)
+            }
+        }
+    )*};
 }
 
-// SAFETY: as for `NicBuf`: a `Vec` is the only owner of its bytes.
-unsafe impl NicBufMut for Vec<u8> {
-    fn nic_wrote(&mut self, n: usize) {
-        self.truncate(n);
-    }
-}
-
-// SAFETY: as for `Vec<u8>`.
-unsafe impl NicBuf for Box<[u8]> {
-    fn nic_ptr(&self) -> *const u8 {
-        self.as_ptr()
-    }
-    fn nic_len(&self) -> usize {
-        self.len()
-    }
-    fn sge(&self, nic: &Nic) -> Result<Option<Sge>> {
-        sge(self.as_ptr(), self.len(), nic)
-    }
-}
-
-// SAFETY: as for `Vec<u8>`.
-unsafe impl NicBufMut for Box<[u8]> {}
-
-// SAFETY: as for `Vec<u8>`: an allocator-api2 vector owns its heap bytes whatever allocator
-// it holds.
-unsafe impl<A: Allocator + Send + 'static> NicBuf for allocator_api2::vec::Vec<u8, A> {
-    fn nic_ptr(&self) -> *const u8 {
-        self.as_ptr()
-    }
-    fn nic_len(&self) -> usize {
-        self.len()
-    }
-    fn sge(&self, nic: &Nic) -> Result<Option<Sge>> {
-        sge(self.as_ptr(), self.len(), nic)
-    }
-}
-
-// SAFETY: as above.
-unsafe impl<A: Allocator + Send + 'static> NicBufMut for allocator_api2::vec::Vec<u8, A> {
-    fn nic_wrote(&mut self, n: usize) {
-        self.truncate(n);
-    }
-}
-
-// SAFETY: as above.
-unsafe impl<A: Allocator + Send + 'static> NicBuf for allocator_api2::boxed::Box<[u8], A> {
-    fn nic_ptr(&self) -> *const u8 {
-        self.as_ptr()
-    }
-    fn nic_len(&self) -> usize {
-        self.len()
-    }
-    fn sge(&self, nic: &Nic) -> Result<Option<Sge>> {
-        sge(self.as_ptr(), self.len(), nic)
-    }
-}
-
-// SAFETY: as above.
-unsafe impl<A: Allocator + Send + 'static> NicBufMut for allocator_api2::boxed::Box<[u8], A> {}
+heap_buf!(
+    [] Vec<u8> => |v, n| v.truncate(n),
+    [] Box<[u8]> => |_, _| {},
+    [A: Allocator + Send + 'static] allocator_api2::vec::Vec<u8, A> => |v, n| v.truncate(n),
+    [A: Allocator + Send + 'static] allocator_api2::boxed::Box<[u8], A> => |_, _| {},
+);
