@@ -38,8 +38,10 @@
 //!   A window deallocated this way gives its index back to the device, which may hand it to a
 //!   later window; that window's keys step through variants an old key of the index may carry,
 //!   so a stale key of a deallocated *type 1* window can match a later grant sooner than the
-//!   retired-window bound below promises (type 2 keys stay bound to the failed QP). A region
-//!   that refuses deregistration keeps its grant open and its memory parked.
+//!   retired-window bound below promises (type 2 keys stay bound to the failed QP). A window
+//!   that cannot be deallocated, or a region that refuses deregistration, keeps its grant open
+//!   and its memory parked (fail closed; counted as stuck), and the next event on the grant
+//!   tries again.
 //! - **Key rotation.** Windows are pooled per PD (`windows.rs`); every bind advances the key's
 //!   8-bit variant, and a window is retired (kept allocated) before its variants wrap, so a
 //!   stale key does not match a later grant: the retired windows are bounded (4096, or half of

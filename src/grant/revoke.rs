@@ -7,6 +7,7 @@
 //! other case (QP cannot post, invalidation failed, peer invalidated, bind failed) it is
 //! deallocated, which kills any key it had. Nothing here blocks but [`Grants::wait`]'s caller.
 
+use super::windows::Lent;
 use super::{Active, GrantError, GrantKind, Grants, OP_BIND, OP_INV, Wr, lock, parse, wr_id};
 use crate::alloc::Pool;
 use crate::nic::{Access, Completion, QpState, WcStatus};
@@ -133,8 +134,16 @@ impl Grants {
                 let recycled = lock(&self.windows).give_back(l, a.keys, max_mw);
                 drop(recycled);
             } else {
-                // Deallocation invalidates the window whatever it was bound to.
-                drop(l);
+                // Deallocation invalidates the window whatever it was bound to. If it fails,
+                // the key may still work: the grant stays open, its memory parked (fail closed),
+                // and the next event on the grant tries again.
+                let Lent { mw, used } = l;
+                if let Err((mw, e)) = mw.dealloc() {
+                    tracing::warn!(error = %e, "rdma_pool: a revoked grant's window could not be deallocated; kept open");
+                    a.window = Some(Lent { mw, used });
+                    self.counters.stuck.fetch_add(1, Relaxed);
+                    return None;
+                }
                 lock(&self.windows).dropped();
                 self.counters.by_dealloc.fetch_add(1, Relaxed);
             }

@@ -1205,6 +1205,36 @@ impl Mw {
     pub fn bind_failed(&mut self) -> bool {
         self.settle(WcStatus::MwBindErr)
     }
+
+    /// Deallocate now (`ibv_dealloc_mw`), which kills every key of the window, and say how it
+    /// went (dropping deallocates too, logging a failure).
+    ///
+    /// # Errors
+    /// The verb's failure, with the window back unchanged: its key may still work.
+    ///
+    /// # Examples
+    /// ```
+    /// let pd = rdma_pool::nic::Nic::soft().alloc_pd().unwrap();
+    /// let mw = pd.alloc_mw(rdma_pool::nic::MwType::Type1).unwrap();
+    /// assert!(mw.dealloc().is_ok());
+    /// ```
+    #[allow(clippy::result_large_err)] // the window comes back on the rare failure
+    pub fn dealloc(self) -> std::result::Result<(), (Mw, Error)> {
+        if let Err(e) = self.pd.backend().dealloc_mw(self.handle) {
+            return Err((self, e));
+        }
+        let me = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `me` is never used or dropped again; each field is moved out once, and
+        // dropped after the window is gone (its QP and region may go now).
+        drop(unsafe {
+            (
+                std::ptr::read(&me.cur),
+                std::ptr::read(&me.before_bind),
+                std::ptr::read(&me.pd),
+            )
+        });
+        Ok(())
+    }
 }
 
 impl Drop for Mw {

@@ -841,3 +841,41 @@ fn free_hugepages() -> usize {
     let s = std::fs::read_to_string("/sys/kernel/mm/hugepages/hugepages-2048kB/free_hugepages");
     s.ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
 }
+
+/// A revocation that must deallocate its window (the QP failed, so no invalidation could be
+/// posted) and whose `ibv_dealloc_mw` fails fails closed: the grant stays open and counted as
+/// stuck, its memory parked, until a later try deallocates the window.
+#[test]
+fn a_window_that_cannot_be_deallocated_keeps_its_grant_open() {
+    for kind in [GrantKind::Type1, GrantKind::Type2] {
+        let fx = Fx::new(Registration::Pinned);
+        let mut g = grant(&fx, kind).unwrap();
+        g.wait(&fx.server.cq, |_| {}).unwrap();
+        // The server's QP fails: a READ with a bad key moves it to the error state.
+        let (_m, local) = fx.server.reg_buf(8, 0, Access::LOCAL_WRITE);
+        // SAFETY: `local` outlives the request and is read after its completion.
+        unsafe {
+            fx.qs
+                .post_read(9, &[local.sge(0, 8).unwrap()], 0x1000, Rkey(0xbad))
+        }
+        .unwrap();
+        assert_ne!(fx.server.wait().status, WcStatus::Success);
+        fx.soft().fail_next(Verb::DeallocMw, 2, libc::EBUSY);
+        g.start_revoke().unwrap();
+        let mut wc = [Completion::default(); 4];
+        while fx.server.cq.poll(&mut wc).unwrap() > 0 {}
+        assert!(
+            !g.is_revoked(),
+            "{kind:?}: reported revoked with its window alive"
+        );
+        let s = fx.pool.grant_stats();
+        assert!(s.stuck_revocations >= 1 && s.open == 1, "{kind:?}: {s:?}");
+        // Later tries deallocate it (the second fails too, the third succeeds).
+        g.wait_revoked(&fx.server.cq, |_| {}).unwrap();
+        assert!(g.is_revoked());
+        drop(g);
+        let s = fx.pool.grant_stats();
+        assert_eq!((s.open, s.quarantined_blocks), (0, 0), "{kind:?}: {s:?}");
+        fx.after();
+    }
+}
