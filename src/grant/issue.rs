@@ -99,9 +99,29 @@ impl Pool {
         let windows = caps.max_mw > 0;
         let fits = len <= MAX_WINDOW;
         let kind = match kind {
-            GrantKind::Auto if windows && fits && caps.mw_type2 => GrantKind::Type2,
-            GrantKind::Auto if windows && fits && caps.mw_type1 => GrantKind::Type1,
-            GrantKind::Auto | GrantKind::Region => GrantKind::Region,
+            // Auto isolates: only a type 2 window is bound to the peer's QP. The kinds usable
+            // from any QP of the PD (whose keys another client of the PD may guess) are opt-in.
+            GrantKind::Auto if !(windows && caps.mw_type2) => {
+                return Err(GrantError::Unsupported(
+                    "the device has no type 2 windows, the only kind bound to the peer's QP; \
+                     GrantKind::Type1 or GrantKind::Region work from any QP of the PD: ask for \
+                     one explicitly",
+                ));
+            }
+            GrantKind::Auto if !fits => {
+                return Err(GrantError::Unsupported(
+                    "a window covers at most 2 GiB (mlx5); GrantKind::Region covers more, but \
+                     works from any QP of the PD: ask for it explicitly",
+                ));
+            }
+            GrantKind::Auto => GrantKind::Type2,
+            GrantKind::Region if self.inner().grants.retired_full(caps.max_mr) => {
+                return Err(GrantError::Limit {
+                    what: "retired region grants (a quarter of max_mr)",
+                    max: super::retire::retired_max(caps.max_mr) as u64,
+                });
+            }
+            GrantKind::Region => GrantKind::Region,
             GrantKind::Type2 if !(windows && caps.mw_type2) => {
                 return Err(GrantError::Unsupported("the device has no type 2 windows"));
             }
@@ -273,7 +293,7 @@ impl Pool {
     /// ```
     /// use rdma_pool::grant::GrantLimits;
     /// # let pool = rdma_pool::alloc::Pool::new(&rdma_pool::nic::Nic::soft().alloc_pd()?)?;
-    /// pool.set_grant_limits(GrantLimits { regions: 16, region_bytes: 1 << 20 });
+    /// pool.set_grant_limits(GrantLimits { regions: 16, region_bytes: 1 << 20, ..Default::default() });
     /// assert_eq!(pool.grant_limits().regions, 16);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -324,17 +344,41 @@ impl Grants {
         } else {
             Access::empty()
         };
-        // SAFETY: the range lies in a live block of the pool, which stays mapped while the
-        // arena lives; the region is deregistered before the grant's record closes, so before
-        // the block can be reused.
-        let mr = unsafe {
-            c.pd.reg_mr(addr as *mut u8, len, Access::LOCAL_WRITE | rights | odp)
-        };
-        mr.map_err(|e| {
+        let fail = |e| {
             n.dedicated.fetch_sub(1, Relaxed);
             n.dedicated_bytes.fetch_sub(len as u64, Relaxed);
             GrantError::Nic(e)
-        })
+        };
+        // A region grant's key goes to the peer: never one on an index tainted by a key
+        // deallocated before the horizon (`windows.rs`). Such a region is retired at once,
+        // holding the index, and another registered.
+        let mut tries = 0;
+        loop {
+            // SAFETY: the range lies in a live block of the pool, which stays mapped while
+            // the arena lives; the region is deregistered or retired (moved off the range)
+            // before the grant's record closes, so before the block can be reused.
+            let mr = unsafe {
+                c.pd.reg_mr(addr as *mut u8, len, Access::LOCAL_WRITE | rights | odp)
+            }
+            .map_err(fail)?;
+            tries += 1;
+            let tainted =
+                c.kind == GrantKind::Region && lock(&self.windows).is_stale(c.pd.nic(), mr.rkey());
+            if !tainted {
+                return Ok(mr);
+            }
+            if tries == 4 {
+                // Fail closed: no grant on an index a stale key may still name.
+                drop(mr);
+                n.dedicated.fetch_sub(1, Relaxed);
+                n.dedicated_bytes.fetch_sub(len as u64, Relaxed);
+                return Err(GrantError::Unavailable);
+            }
+            if let Err(mr) = self.retire_region(mr) {
+                // The key was never handed out: dropping it only logs.
+                drop(mr);
+            }
+        }
     }
 
     /// Deregister a dedicated region (if any) of a grant of `len` bytes. A refusal gives the
@@ -346,9 +390,14 @@ impl Grants {
             tracing::warn!(error = %e.error, "rdma_pool: a grant's region refused dereg");
             return Some(e.mr);
         }
+        self.region_gone(len);
+        None
+    }
+
+    /// A dedicated region of `len` bytes no longer covers a grant's memory.
+    pub(super) fn region_gone(&self, len: usize) {
         self.counters.dedicated.fetch_sub(1, Relaxed);
         self.counters.dedicated_bytes.fetch_sub(len as u64, Relaxed);
-        None
     }
 
     /// Take a window of type `ty` and bind it to `[addr, addr + len)` of `mr` through `qp`.
@@ -363,16 +412,22 @@ impl Grants {
         access: Access,
         wr: u64,
     ) -> Result<(Lent, Rkey), GrantError> {
-        let mut lent = lock(&self.windows).take(qp.pd(), ty).map_err(|e| match e {
-            crate::nic::Error::Limit { max, .. } => GrantError::Limit {
-                what: "max_mw",
-                max,
-            },
-            e => GrantError::Nic(e),
-        })?;
+        let (now, horizon) = self.clock();
+        let mut lent = lock(&self.windows)
+            .take(qp.pd(), ty, now, horizon)
+            .map_err(|e| match e {
+                crate::nic::Error::Limit { max, .. } => GrantError::Limit {
+                    what: "max_mw",
+                    max,
+                },
+                e => GrantError::Nic(e),
+            })?;
         let off = addr - mr.addr();
         let r = match ty {
-            MwType::Type2 => qp.bind_type2(wr, &mut lent.mw, mr, off, len, access),
+            MwType::Type2 => {
+                let variant = lent.next_variant();
+                qp.bind_type2(wr, &mut lent.mw, mr, off, len, access, variant)
+            }
             MwType::Type1 => qp.bind_type1(wr, &mut lent.mw, mr, off, len, access),
         };
         match r {
@@ -382,8 +437,7 @@ impl Grants {
             }
             Err(e) => {
                 // Nothing was posted: the window is as it was.
-                let max_mw = qp.pd().nic().caps().max_mw;
-                drop(lock(&self.windows).give_back(lent, 0, max_mw));
+                drop(lock(&self.windows).give_back(lent, 0, now, horizon));
                 Err(GrantError::Nic(e))
             }
         }

@@ -10,17 +10,21 @@
 //! ```
 //!
 //! Contract:
-//! - **Kinds** ([`GrantKind`]). `Type2` (the default): a type 2 window bound by a BIND_MW work
-//!   request on the peer's QP, so its key works through that QP only. `Type1`: a type 1
-//!   window (`ibv_bind_mw`), usable from any QP of the PD. `Region`: a region of its own over
-//!   exactly the range (usable from any QP of the PD). A window grants no more than the region
-//!   under it (C10-74): the pool's regions carry `LOCAL_WRITE | MW_BIND` and no remote right.
+//! - **Kinds** ([`GrantKind`]). `Type2` (what `Auto` and [`Pool::grant`](crate::alloc::Pool::grant) make): a type 2
+//!   window bound by a BIND_MW work request on the peer's QP, so its key works through that QP
+//!   only. `Type1`: a type 1 window (`ibv_bind_mw`), usable from any QP of the PD. `Region`: a
+//!   region of its own over exactly the range (usable from any QP of the PD). The PD-wide kinds
+//!   are opt-in: another client of the PD that guesses a key (a driver-chosen index, often
+//!   sequential, and an 8-bit variant) uses it through its own connection. Isolation with them
+//!   takes a PD per peer with the arena attached to it ([`Pool::attach`](crate::alloc::Pool::attach)). `Auto` refuses
+//!   ([`GrantError::Unsupported`]) where the device has no type 2 windows or the range is longer
+//!   than a window may be (2 GiB on mlx5). A window grants no more than the region under it
+//!   (C10-74): the pool's regions carry `LOCAL_WRITE | MW_BIND` and no remote right.
 //! - **Exactly one buffer on every device.** Where a window's bounds are not enforced (kernel
 //!   rxe, `Quirk::MwBoundsNotEnforced`) the window is bound over a region of its own covering
-//!   exactly the range ("dedicated"), so its region's bounds are the grant's; where the device
-//!   has no windows, or the range is longer than a window may be (2 GiB on mlx5), `Auto` makes a
-//!   `Region` grant. Dedicated regions pin the pages again and are charged against memlock
-//!   again: they are counted ([`GrantStats`]) and bounded ([`GrantLimits`]).
+//!   exactly the range ("dedicated", with no remote right: the window's key is the grant's).
+//!   Dedicated regions pin the pages again and are charged against memlock again: they are
+//!   counted ([`GrantStats`]) and bounded ([`GrantLimits`]).
 //! - **Completions.** Binds and invalidations are work requests on the caller's QP; their
 //!   completions come on its send CQ with `wr_id`s the pool tags ([`is_pool_wr_id`]), a range
 //!   raw posts refuse. [`Cq::poll`](crate::nic::Cq::poll) hands them to their pool and never
@@ -31,21 +35,23 @@
 //!   send-queue slot for its bind and one for its invalidation while they are in flight: size
 //!   `max_send_wr` for them.
 //! - **Revocation.** Type 2: LOCAL_INV on the QP; type 1: a zero-length bind (always with a
-//!   region: rxe's provider crashes on NULL); region: deregistration. A QP that cannot post
-//!   (error state, full queue) or whose invalidation fails has its window *deallocated*, which
-//!   kills the key too: a grant is never left live. A peer's SEND_WITH_INV, where the device
-//!   reports it (`Completion::invalidated_rkey`), counts as the invalidation.
-//!   A window deallocated this way gives its index back to the device, which may hand it to a
-//!   later window; that window's keys step through variants an old key of the index may carry,
-//!   so a stale key of a deallocated *type 1* window can match a later grant sooner than the
-//!   retired-window bound below promises (type 2 keys stay bound to the failed QP). A window
-//!   that cannot be deallocated, or a region that refuses deregistration, keeps its grant open
-//!   and its memory parked (fail closed; counted as stuck), and the next event on the grant
-//!   tries again.
-//! - **Key rotation.** Windows are pooled per PD (`windows.rs`); every bind advances the key's
-//!   8-bit variant, and a window is retired (kept allocated) before its variants wrap, so a
-//!   stale key does not match a later grant: the retired windows are bounded (4096, or half of
-//!   `max_mw`), so a key can come back only after a million later grants or so, never soon.
+//!   region: rxe's provider crashes on NULL); region: retirement (`retire.rs`). A QP that
+//!   cannot post (error state, full queue) or whose invalidation fails has its window
+//!   *deallocated*, which kills the key too: a grant is never left live. A peer's
+//!   SEND_WITH_INV, where the device reports it (`Completion::invalidated_rkey`), counts as the
+//!   invalidation. A window that cannot be deallocated, or a region that can be neither
+//!   retired nor deregistered, keeps its grant open and its memory parked (fail closed;
+//!   counted as stuck), and the next event on the grant tries again.
+//! - **No key comes back** (`windows.rs`, `retire.rs`). A revoked or stale key is refused for
+//!   as long as the pool lives, or at least until [`GrantLimits::key_horizon`] later grants of
+//!   any kind (2^20 by default): every window or region whose key went to a peer stays
+//!   allocated until then, so the device cannot hand its index to a later grant. Type 2
+//!   variants follow a random order per window; type 1 variants are the driver's next. A
+//!   device too small to hold the retired keys refuses grants ([`GrantError::Limit`]) instead.
+//!   Where an index goes back early (a window deallocated on failure; a region on a device
+//!   without `rereg_mr`), the pool holds it with a placeholder window when the device hands it
+//!   out at once, and never gives a grant a key that may be stale; when and with which variant
+//!   the device reuses it otherwise is its driver's choice.
 //! - **Quarantine** (`ledger.rs`): memory freed while a grant on it is open (live or
 //!   revoking) is parked, neither reused nor purged, until the invalidation completed. The free
 //!   path checks one per-granule counter with a relaxed load. [`Grant`] borrows its buffer, so
@@ -63,6 +69,7 @@ mod error;
 mod handle;
 mod issue;
 mod ledger;
+mod retire;
 mod revoke;
 pub(crate) use revoke::route;
 mod windows;
@@ -83,26 +90,36 @@ use windows::{Lent, Windows};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub enum GrantKind {
-    /// The safest the device offers: `Type2`, else `Type1`, else `Region`.
+    /// Isolation: a type 2 window, the only kind bound to the peer's QP; refused
+    /// ([`GrantError::Unsupported`]) on a device without type 2 windows and above 2 GiB.
     #[default]
     Auto,
     /// A type 2 window, usable through the granting QP only.
     Type2,
-    /// A type 1 window, usable from any QP of the PD.
+    /// A type 1 window, usable from *any QP of the PD*: another client of the PD that guesses
+    /// the key (a driver-chosen index and the previous variant plus one) uses it through its
+    /// own connection. Isolate with a PD per peer ([`Pool::attach`](crate::alloc::Pool::attach)).
     Type1,
-    /// A region of its own over exactly the range, usable from any QP of the PD.
+    /// A region of its own over exactly the range (up to `max_mr_size`), usable from *any QP
+    /// of the PD*, with the guessing threat of `Type1`; revoked, it is retired (see the module
+    /// contract).
     Region,
 }
 
 /// Bounds on dedicated regions (region grants, and windows over a region of their own where
-/// window bounds are not enforced): each pins its pages again and is charged against
-/// `RLIMIT_MEMLOCK` again.
+/// window bounds are not enforced: each pins its pages again and is charged against
+/// `RLIMIT_MEMLOCK` again), and how long a revoked key stays refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GrantLimits {
     /// Most dedicated regions at once.
     pub regions: u64,
     /// Most bytes under dedicated regions at once.
     pub region_bytes: u64,
+    /// The key horizon: a revoked or stale key stays refused until at least this many later
+    /// grants (of any kind) were issued, and for as long as the pool lives below that: the
+    /// windows and regions whose keys were handed out stay allocated until then (see the
+    /// module contract). 2^20 by default; 0 gives every key back at once.
+    pub key_horizon: u64,
 }
 
 impl Default for GrantLimits {
@@ -110,6 +127,7 @@ impl Default for GrantLimits {
         GrantLimits {
             regions: 4096,
             region_bytes: 1 << 30,
+            key_horizon: 1 << 20,
         }
     }
 }
@@ -149,9 +167,11 @@ pub struct GrantStats {
     pub windows: u64,
     /// Windows retired after using up their key variants (kept allocated).
     pub windows_retired: u64,
-    /// Retired windows deallocated, oldest first, to stay within the bound (see the module
-    /// contract).
+    /// Retired windows deallocated once the key horizon passed (see the module contract).
     pub windows_recycled: u64,
+    /// Revoked region grants kept registered, without remote rights, until the key horizon
+    /// passes (see the module contract).
+    pub regions_retired: u64,
     /// The pool's binds and invalidations posted whose completions no poll delivered yet:
     /// send-queue slots (and CQ entries) the grants occupy.
     pub wrs_in_flight: u64,
@@ -216,6 +236,7 @@ struct Counters {
     stuck: AtomicU64,
     limit_regions: AtomicU64,
     limit_bytes: AtomicU64,
+    limit_horizon: AtomicU64,
 }
 
 /// The pool's grant state (a field of the pool's shared state).
@@ -225,6 +246,8 @@ pub(crate) struct Grants {
     rails_gate: ForkRwLock<()>,
     active: ForkLock<Slab<Active>>,
     windows: ForkLock<Windows>,
+    /// Revoked region grants' regions, kept until the horizon (`retire.rs`).
+    retired: ForkLock<retire::Retired>,
     ledger: Ledger,
     counters: Counters,
     seq: AtomicU64,
@@ -322,6 +345,7 @@ impl Grants {
             rails_gate: ForkRwLock::new(()),
             active: ForkLock::new(Slab::new()),
             windows: ForkLock::new(Windows::default()),
+            retired: ForkLock::new(retire::Retired::default()),
             ledger,
             counters: Counters::default(),
             seq: AtomicU64::new(0),
@@ -348,12 +372,22 @@ impl Grants {
     pub(crate) fn set_limits(&self, l: GrantLimits) {
         self.counters.limit_regions.store(l.regions, Relaxed);
         self.counters.limit_bytes.store(l.region_bytes, Relaxed);
+        self.counters.limit_horizon.store(l.key_horizon, Relaxed);
+    }
+
+    /// `(grants issued so far, the key horizon)`: the clock of key retirement.
+    pub(super) fn clock(&self) -> (u64, u64) {
+        (
+            self.counters.issued.load(Relaxed),
+            self.counters.limit_horizon.load(Relaxed),
+        )
     }
 
     pub(crate) fn limits(&self) -> GrantLimits {
         GrantLimits {
             regions: self.counters.limit_regions.load(Relaxed),
             region_bytes: self.counters.limit_bytes.load(Relaxed),
+            key_horizon: self.counters.limit_horizon.load(Relaxed),
         }
     }
 
@@ -382,6 +416,7 @@ impl Grants {
             windows,
             windows_retired: retired,
             windows_recycled: recycled,
+            regions_retired: lock(&self.retired).len() as u64,
             wrs_in_flight: c.in_flight.load(Relaxed),
             quarantined_blocks: parked as u64,
             quarantined_bytes: parked_bytes as u64,

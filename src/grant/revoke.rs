@@ -7,7 +7,6 @@
 //! other case (QP cannot post, invalidation failed, peer invalidated, bind failed) it is
 //! deallocated, which kills any key it had. Nothing here blocks but [`Grants::wait`]'s caller.
 
-use super::windows::Lent;
 use super::{Active, GrantError, GrantKind, Grants, OP_BIND, OP_INV, Wr, lock, parse, wr_id};
 use crate::alloc::Pool;
 use crate::nic::{Access, Completion, QpState, WcStatus};
@@ -128,28 +127,38 @@ impl Grants {
 
     /// Release what the grant holds (see the module contract) and close its record.
     fn finish(&self, pool: &Pool, a: &mut Active) -> Freed {
+        let (now, horizon) = self.clock();
         if let Some(l) = a.window.take() {
-            if a.inv == Wr::Done(WcStatus::Success) {
-                let max_mw = l.mw.pd().nic().caps().max_mw;
-                let recycled = lock(&self.windows).give_back(l, a.keys, max_mw);
-                drop(recycled);
+            // A window the peer invalidated (the device said so) is as free as one the pool
+            // invalidated.
+            if a.inv == Wr::Done(WcStatus::Success) || a.peer_invalidated {
+                let expired = lock(&self.windows).give_back(l, a.keys, now, horizon);
+                drop(expired);
             } else {
                 // Deallocation invalidates the window whatever it was bound to. If it fails,
                 // the key may still work: the grant stays open, its memory parked (fail closed),
                 // and the next event on the grant tries again.
-                let Lent { mw, used } = l;
-                if let Err((mw, e)) = mw.dealloc() {
+                let r = lock(&self.windows).dealloc_early(l, now, horizon);
+                if let Err(b) = r {
+                    let (l, e) = *b;
                     tracing::warn!(error = %e, "rdma_pool: a revoked grant's window could not be deallocated; kept open");
-                    a.window = Some(Lent { mw, used });
+                    a.window = Some(l);
                     self.counters.stuck.fetch_add(1, Relaxed);
                     return None;
                 }
-                lock(&self.windows).dropped();
                 self.counters.by_dealloc.fetch_add(1, Relaxed);
             }
         }
         let len = a.region.as_ref().map_or(0, |m| m.len());
-        if let Some(kept) = self.drop_region(a.region.take(), len) {
+        let kept = match a.region.take() {
+            // A region grant's key was the peer's: retire it, never give its index back early.
+            Some(mr) if a.kind == GrantKind::Region => self.retire_region(mr).err().or_else(|| {
+                self.region_gone(len);
+                None
+            }),
+            region => self.drop_region(region, len),
+        };
+        if let Some(kept) = kept {
             // The key may still work: the grant stays open, its memory parked; the next event
             // on the grant tries again.
             a.region = Some(kept);

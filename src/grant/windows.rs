@@ -1,44 +1,112 @@
-//! The pool's memory windows: allocated once per PD and reused, each retired before its 8-bit
-//! key variant could wrap.
+//! The pool's memory windows: allocated once per PD and reused; no key a window gave a peer
+//! comes back within the key horizon.
 //!
 //! Contract: a window is handed out with the number of keys it has used; every bind or unbind
-//! uses one (the key's variant advances: `Rkey::next_variant`). A window returns to the cache
-//! only unbound and with a key to spare for both a bind and an unbind; otherwise it is
-//! *retired*: kept allocated, so that the device cannot give its index to a new window whose
-//! keys could meet a stale key of the old one. Retired windows are kept in the order they
-//! retired, at most [`RETIRED_MAX`] (or half of `max_mw`): beyond that the oldest is
-//! deallocated. Keeping them all would exhaust `max_mw` after `max_mw · 254` grants and stop
-//! every grant; bounded, a key can come back only after at least `retired_max · 254` later
-//! grants, long after any honest peer let go of it. Windows whose invalidation failed are
-//! deallocated at once (that kills their key; see `mod.rs`).
+//! uses one. A type 2 window's keys follow its own random order of the 8-bit variants (drawn
+//! from `getrandom` when it is allocated: a peer that saw its earlier keys cannot predict the
+//! next), a type 1 window's the driver's (`ibv_inc_rkey`: the next variant). Either way no key
+//! repeats within a window's life. A window returns to the cache only unbound and with a key
+//! to spare for both a bind and an unbind; otherwise it is *retired*: kept allocated, so that
+//! the device cannot give its index to a new window or region whose key could equal a stale
+//! key of the old one, until `horizon` more grants (of any kind, [`GrantLimits::key_horizon`],
+//! 2^20 by default) were issued; only then is it deallocated. A window that had to be
+//! deallocated early (its invalidation failed: deallocation is what kills its key) *taints*
+//! its index for the horizon: the pool takes the index straight back as a placeholder window
+//! where the device hands it out again at once (the soft NIC, recycling lowest first), and a
+//! fresh window or retired region that turns up with a tainted index is held, never used.
+//! Windows the device refuses (`max_mw`) refuse the grant: a small `max_mw` bounds how many
+//! grants the horizon lets through rather than weakening it.
 //!
-//! Invariant: `allocated == |free1| + |free2| + |retired| + lent`, `|retired| <= retired_max`,
-//! and every cached window has `used + 2 <= VARIANTS - 1`.
+//! Invariant: `allocated == |free1| + |free2| + |retired| + lent`, every cached window has
+//! `used + 2 < VARIANTS`, and `retired` is ordered by the grant count it retired at.
+//!
+//! [`GrantLimits::key_horizon`]: super::GrantLimits::key_horizon
 
-use crate::nic::{Mw, MwType, Pd};
+use crate::nic::{Mw, MwType, Nic, Pd, Rkey};
 use std::collections::VecDeque;
 
 /// Distinct keys per window index: the 8-bit variant.
 pub(crate) const VARIANTS: u16 = 256;
 
-/// Most retired windows kept allocated.
-pub(crate) const RETIRED_MAX: usize = 4096;
+/// Most tainted indices remembered (failed invalidations are rare; beyond this the oldest is
+/// forgotten early).
+const TAINTED_MAX: usize = 4096;
 
 /// A window lent out, with the keys it has used since allocation.
 pub(crate) struct Lent {
     pub(crate) mw: Mw,
     pub(crate) used: u16,
+    /// A type 2 window's order of variants (`order[used]` is its next key's); `None` for
+    /// type 1, whose driver picks the next variant.
+    order: Option<Box<[u8; 256]>>,
+}
+
+impl Lent {
+    fn fresh(mw: Mw) -> Lent {
+        let order = (mw.mw_type() == MwType::Type2).then(|| random_order(mw.rkey().variant()));
+        Lent { mw, used: 0, order }
+    }
+
+    /// The variant of a type 2 window's next bind.
+    pub(crate) fn next_variant(&self) -> u8 {
+        match &self.order {
+            Some(o) => o[self.used as usize],
+            None => self.mw.rkey().next_variant().variant(),
+        }
+    }
+}
+
+/// A random order of the 256 variants with `first` (the window's key when allocated, never
+/// handed out) last: a Fisher–Yates shuffle driven by `getrandom` bytes.
+fn random_order(first: u8) -> Box<[u8; 256]> {
+    let mut o = Box::new([0u8; 256]);
+    let mut rest = (0..=255u8).filter(|&v| v != first);
+    for slot in o.iter_mut().take(255) {
+        *slot = rest.next().unwrap_or(first);
+    }
+    o[255] = first;
+    let mut seed = [0u8; 16];
+    // SAFETY: `seed` is a writable buffer of its length.
+    let got = unsafe { libc::getrandom(seed.as_mut_ptr().cast(), seed.len(), 0) };
+    if got != seed.len() as isize {
+        // No entropy source: still a permutation (never repeats), less unpredictable.
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        seed = (t ^ (o.as_ptr() as u128) << 64).to_le_bytes();
+    }
+    let mut x = u128::from_le_bytes(seed) | 1;
+    for i in (1..255usize).rev() {
+        // xorshift128 on the seed; the modulo bias over 128 bits is negligible.
+        x ^= x << 35;
+        x ^= x >> 41;
+        x ^= x << 17;
+        let j = (x % (i as u128 + 1)) as usize;
+        o.swap(i, j);
+    }
+    o
+}
+
+/// A key index whose keys went to peers and that the device got back before the horizon.
+struct Tainted {
+    nic: Nic,
+    index: u32,
+    /// The variants that may be stale, a bit each (every one for a window's index).
+    variants: [u64; 4],
+    at: u64,
 }
 
 /// See the module contract.
 #[derive(Default)]
 pub(crate) struct Windows {
     free: [Vec<Lent>; 2],
-    /// Windows whose variants are spent, oldest first, kept allocated.
-    retired: VecDeque<Mw>,
+    /// Windows kept allocated (spent, or holding a tainted index), with the grant count they
+    /// retired at, oldest first.
+    retired: VecDeque<(Mw, u64)>,
+    tainted: Vec<Tainted>,
     allocated: u64,
     lent: u64,
-    /// Retired windows deallocated to stay within the bound.
+    /// Retired windows deallocated after the horizon.
     recycled: u64,
 }
 
@@ -50,50 +118,149 @@ fn slot(ty: MwType) -> usize {
 }
 
 impl Windows {
-    /// A window of type `ty` in `pd`: a cached one, or a fresh one.
+    /// A window of type `ty` in `pd`: a cached one, or a fresh one whose index is not
+    /// tainted; `now` is the pool's grant count.
     ///
     /// # Errors
     /// `ibv_alloc_mw`'s failure (`Limit` above `max_mw`).
-    pub(crate) fn take(&mut self, pd: &Pd, ty: MwType) -> Result<Lent, crate::nic::Error> {
+    pub(crate) fn take(
+        &mut self,
+        pd: &Pd,
+        ty: MwType,
+        now: u64,
+        horizon: u64,
+    ) -> Result<Lent, crate::nic::Error> {
+        self.forget_tainted(now, horizon);
+        // Windows past the horizon go before a new one is asked of the device (`max_mw`).
+        drop(self.expired(now, horizon));
         let free = &mut self.free[slot(ty)];
         // The newest window of `pd` (the pool's own PD, or a rail's).
         let mine = free.iter().rposition(|l| l.mw.pd() == pd);
         let lent = match mine.map(|i| free.swap_remove(i)) {
             Some(l) => l,
-            None => {
+            None => loop {
                 let mw = pd.alloc_mw(ty)?;
                 self.allocated += 1;
-                Lent { mw, used: 0 }
-            }
+                if !self.is_tainted(pd.nic(), mw.rkey()) {
+                    break Lent::fresh(mw);
+                }
+                // The device handed a tainted index back: hold it, ask for another.
+                self.retired.push_back((mw, now));
+            },
         };
         self.lent += 1;
         Ok(lent)
     }
 
-    /// Return an unbound window after a grant used `keys` more of its keys; windows of `pd`'s
-    /// device (for its `max_mw`). Returns the window to deallocate, if the retired bound was
-    /// reached (the caller drops it, outside any lock of its own it cares about).
-    pub(crate) fn give_back(&mut self, mut l: Lent, keys: u16, max_mw: u32) -> Option<Mw> {
+    /// Return an unbound window after a grant used `keys` more of its keys. Returns the
+    /// retired windows past the horizon, to deallocate (the caller drops them, outside any
+    /// lock of its own it cares about).
+    pub(crate) fn give_back(&mut self, mut l: Lent, keys: u16, now: u64, horizon: u64) -> Vec<Mw> {
         self.lent -= 1;
         l.used += keys;
         // Each grant needs a key for its bind and, for type 1, one for its unbind.
         if l.used + 2 < VARIANTS {
             self.free[slot(l.mw.mw_type())].push(l);
-            return None;
+        } else {
+            self.retired.push_back((l.mw, now));
         }
-        self.retired.push_back(l.mw);
-        if self.retired.len() <= retired_max(max_mw) {
-            return None;
-        }
-        self.allocated -= 1;
-        self.recycled += 1;
-        self.retired.pop_front()
+        self.expired(now, horizon)
     }
 
-    /// Forget a window that was deallocated (its `Mw` dropped) by the caller.
-    pub(crate) fn dropped(&mut self) {
+    /// Retired windows whose horizon passed, taken out of the count.
+    fn expired(&mut self, now: u64, horizon: u64) -> Vec<Mw> {
+        let mut out = Vec::new();
+        while self
+            .retired
+            .front()
+            .is_some_and(|&(_, at)| now.saturating_sub(at) >= horizon)
+        {
+            if let Some((mw, _)) = self.retired.pop_front() {
+                out.push(mw);
+            }
+        }
+        self.allocated -= out.len() as u64;
+        self.recycled += out.len() as u64;
+        out
+    }
+
+    /// Deallocate a lent window now (its invalidation failed: this kills its key), taint its
+    /// index, and take the index straight back as a placeholder if the device hands it out
+    /// again. Gives the window back when the device refuses to deallocate it.
+    pub(crate) fn dealloc_early(
+        &mut self,
+        l: Lent,
+        now: u64,
+        horizon: u64,
+    ) -> Result<(), Box<(Lent, crate::nic::Error)>> {
+        let (pd, ty, key) = (l.mw.pd().clone(), l.mw.mw_type(), l.mw.rkey());
+        let Lent { mw, used, order } = l;
+        if let Err((mw, e)) = mw.dealloc() {
+            return Err(Box::new((Lent { mw, used, order }, e)));
+        }
         self.lent -= 1;
         self.allocated -= 1;
+        if horizon > 0 {
+            self.taint(&pd, key, true, Some(ty), now);
+        }
+        Ok(())
+    }
+
+    /// Taint `key` on `pd`'s device (its object was deallocated before the horizon): its
+    /// index's every variant when `all` (a window's keys stepped through many), else `key`
+    /// alone (a region's); and take the index straight back with a placeholder window of type
+    /// `ty` (by default the device's safest) where the device hands it out again at once.
+    pub(crate) fn taint(&mut self, pd: &Pd, key: Rkey, all: bool, ty: Option<MwType>, now: u64) {
+        if self.tainted.len() >= TAINTED_MAX {
+            self.tainted.remove(0);
+        }
+        let mut variants = [if all { u64::MAX } else { 0 }; 4];
+        let v = key.variant() as usize;
+        variants[v / 64] |= 1 << (v % 64);
+        self.tainted.push(Tainted {
+            nic: pd.nic().clone(),
+            index: key.index(),
+            variants,
+            at: now,
+        });
+        let caps = pd.nic().caps();
+        let ty = ty.or(match (caps.max_mw > 0, caps.mw_type2, caps.mw_type1) {
+            (true, true, _) => Some(MwType::Type2),
+            (true, false, true) => Some(MwType::Type1),
+            _ => None,
+        });
+        // If it lands on the tainted index it holds it; else it is a fresh window to cache.
+        if let Some(mw) = ty.and_then(|ty| pd.alloc_mw(ty).ok()) {
+            self.allocated += 1;
+            if self.is_tainted(pd.nic(), mw.rkey()) {
+                self.retired.push_back((mw, now));
+            } else {
+                self.free[slot(mw.mw_type())].push(Lent::fresh(mw));
+            }
+        }
+    }
+
+    /// Is `key`'s index on `nic` tainted (see the module contract)? A window there would step
+    /// through its variants: any taint of the index counts.
+    pub(crate) fn is_tainted(&self, nic: &Nic, key: Rkey) -> bool {
+        self.tainted
+            .iter()
+            .any(|t| t.index == key.index() && t.nic.same_device(nic))
+    }
+
+    /// Might `key` itself on `nic` be a stale key (a region's key never changes: only its
+    /// exact variant counts)?
+    pub(crate) fn is_stale(&self, nic: &Nic, key: Rkey) -> bool {
+        let v = key.variant() as usize;
+        self.tainted.iter().any(|t| {
+            t.index == key.index()
+                && t.variants[v / 64] & 1 << (v % 64) != 0
+                && t.nic.same_device(nic)
+        })
+    }
+
+    fn forget_tainted(&mut self, now: u64, horizon: u64) {
+        self.tainted.retain(|t| now.saturating_sub(t.at) < horizon);
     }
 
     /// `(allocated, retired, recycled)`.
@@ -105,14 +272,13 @@ impl Windows {
     pub(crate) fn validate(&self) -> bool {
         let cached = (self.free[0].len() + self.free[1].len()) as u64;
         self.allocated == cached + self.retired.len() as u64 + self.lent
-            && self.retired.len() <= RETIRED_MAX
             && self.free.iter().flatten().all(|l| l.used + 2 < VARIANTS)
+            && self
+                .retired
+                .iter()
+                .zip(self.retired.iter().skip(1))
+                .all(|(a, b)| a.1 <= b.1)
     }
-}
-
-/// How many retired windows are kept on a device with `max_mw` windows.
-fn retired_max(max_mw: u32) -> usize {
-    RETIRED_MAX.min(max_mw as usize / 2).max(1)
 }
 
 #[cfg(test)]
@@ -121,39 +287,63 @@ mod tests {
     use crate::nic::Nic;
 
     #[test]
-    fn spent_windows_retire_and_the_oldest_beyond_the_bound_is_deallocated() {
+    fn spent_windows_retire_and_are_deallocated_only_after_the_horizon() {
         let pd = Nic::soft().alloc_pd().unwrap();
         let mut w = Windows::default();
-        let first = w.take(&pd, MwType::Type2).unwrap();
+        let first = w.take(&pd, MwType::Type2, 0, 100).unwrap();
         let first_key = first.mw.rkey();
-        assert!(
-            w.give_back(first, 1, 8).is_none(),
-            "a fresh window is cached"
-        );
-        let again = w.take(&pd, MwType::Type2).unwrap();
-        assert_eq!(
-            (again.mw.rkey(), again.used),
-            (first_key, 1),
-            "and lent again"
-        );
-        assert!(
-            w.give_back(again, 253, 8).is_none(),
-            "254 keys used: retired"
-        );
+        assert!(w.give_back(first, 1, 0, 100).is_empty(), "cached");
+        let again = w.take(&pd, MwType::Type2, 1, 100).unwrap();
+        assert_eq!((again.mw.rkey(), again.used), (first_key, 1), "lent again");
+        assert!(w.give_back(again, 253, 1, 100).is_empty(), "retired");
         assert_eq!(w.counts(), (1, 1, 0));
-        // On a device with 8 windows, 4 are kept retired; the fifth retirement frees the first.
-        let mut out = Vec::new();
-        for _ in 0..4 {
-            let l = w.take(&pd, MwType::Type2).unwrap();
-            out.extend(w.give_back(l, 254, 8));
+        // Retirements do not push it out; grants do.
+        for now in 2..5 {
+            let l = w.take(&pd, MwType::Type2, now, 100).unwrap();
+            assert!(w.give_back(l, 254, now, 100).is_empty());
         }
-        assert_eq!(out.len(), 1);
-        assert_eq!(
-            out[0].rkey(),
-            first_key,
-            "the oldest retired window goes first"
-        );
-        assert_eq!(w.counts(), (4, 4, 1));
+        assert_eq!(w.counts(), (4, 4, 0));
+        let l = w.take(&pd, MwType::Type2, 100, 100).unwrap();
+        let out = w.give_back(l, 1, 101, 100);
+        assert_eq!(out.len(), 1, "only the window retired 100 grants ago");
+        assert_eq!(out[0].rkey().index(), first_key.index());
+        assert!(w.validate());
+    }
+
+    #[test]
+    fn a_type2_windows_variants_never_repeat_and_follow_no_fixed_step() {
+        let pd = Nic::soft().alloc_pd().unwrap();
+        let mut w = Windows::default();
+        let mut l = w.take(&pd, MwType::Type2, 0, 1 << 20).unwrap();
+        let first = l.mw.rkey().variant();
+        let mut seen = std::collections::HashSet::new();
+        let mut steps = std::collections::HashSet::new();
+        let mut prev = first;
+        while l.used + 2 < VARIANTS {
+            let v = l.next_variant();
+            assert!(seen.insert(v), "variant {v} twice");
+            assert_ne!(v, first, "the unbound key is never a grant's");
+            steps.insert(v.wrapping_sub(prev));
+            prev = v;
+            l.used += 1;
+        }
+        assert!(steps.len() > 16, "a shuffled order, not a fixed step");
+        let o1 = random_order(0);
+        let o2 = random_order(0);
+        assert_ne!(o1[..8], o2[..8], "each window draws its own order");
+    }
+
+    #[test]
+    fn an_index_deallocated_early_is_held_when_the_device_hands_it_back() {
+        let pd = Nic::soft().alloc_pd().unwrap();
+        let mut w = Windows::default();
+        let l = w.take(&pd, MwType::Type2, 0, 1 << 20).unwrap();
+        let index = l.mw.rkey().index();
+        w.dealloc_early(l, 0, 1 << 20).map_err(|b| b.1).unwrap();
+        // The soft NIC recycles lowest first: the placeholder took the index back.
+        assert_eq!(w.counts(), (1, 1, 0));
+        let next = w.take(&pd, MwType::Type2, 1, 1 << 20).unwrap();
+        assert_ne!(next.mw.rkey().index(), index);
         assert!(w.validate());
     }
 }

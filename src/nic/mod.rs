@@ -1711,10 +1711,13 @@ impl Qp {
         access: Access,
     ) -> Result<Rkey> {
         Self::app_wr_id(wr_id, Verb::PostSend)?;
-        self.bind_type2(wr_id, mw, mr, offset, len, access)
+        let variant = mw.rkey().next_variant().variant();
+        self.bind_type2(wr_id, mw, mr, offset, len, access, variant)
     }
 
-    /// [`Qp::post_bind_mw`] with any `wr_id` (the crate's grants).
+    /// [`Qp::post_bind_mw`] with any `wr_id` and the new key's 8-bit `variant` chosen by the
+    /// caller (the crate's grants: an unpredictable one).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn bind_type2(
         &self,
         wr_id: u64,
@@ -1723,9 +1726,10 @@ impl Qp {
         offset: usize,
         len: usize,
         access: Access,
+        variant: u8,
     ) -> Result<Rkey> {
         let bind = self.bind_args(wr_id, mw.of_type(MwType::Type2)?, mr, offset, len, access)?;
-        let new_rkey = mw.cur.rkey.next_variant();
+        let new_rkey = Rkey(mw.cur.rkey.0 & !0xff | variant as u32);
         self.post(
             wr_id,
             &[],

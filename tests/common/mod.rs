@@ -131,10 +131,10 @@ impl Side {
 
     /// An ODP region of `len` bytes over reserved, never-touched memory (nothing is pinned or
     /// faulted), registered with `access`. Bind it as `let (reserve, mr) = …`.
-    pub fn reg_reserved(&self, len: usize, access: Access) -> (memmap2::MmapMut, Mr) {
-        let mut reserve = memmap2::MmapOptions::new().len(len).map_anon().unwrap();
+    pub fn reg_reserved(&self, len: usize, access: Access) -> (Reserve, Mr) {
+        let reserve = Reserve::new(len);
         // SAFETY: the caller keeps `reserve` alive longer than the region.
-        let mr = unsafe { self.pd.reg_mr(reserve.as_mut_ptr(), len, access) }.unwrap();
+        let mr = unsafe { self.pd.reg_mr(reserve.0, len, access) }.unwrap();
         (reserve, mr)
     }
 
@@ -286,4 +286,47 @@ pub fn read(bed: &Bed, dst: &Mr, len: usize, raddr: u64, rkey: Rkey) -> WcStatus
     }
     .unwrap();
     bed.a.wait().status
+}
+
+/// Anonymous memory mapped `MAP_NORESERVE`, never touched: address space only, so a range
+/// larger than the machine's memory maps under the kernel's overcommit heuristic (the rxe
+/// guest has 2 GiB).
+pub struct Reserve(pub *mut u8, usize);
+
+impl Reserve {
+    pub fn new(len: usize) -> Reserve {
+        // SAFETY: a fresh private anonymous mapping; nothing else refers to it.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+        Reserve(p.cast(), len)
+    }
+}
+
+impl Drop for Reserve {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, unmapped once.
+        unsafe { libc::munmap(self.0.cast(), self.1) };
+    }
+}
+
+/// True when this process may pin memory beyond `RLIMIT_MEMLOCK` (`CAP_IPC_LOCK`, e.g. root):
+/// the kernel then enforces no memlock limit, and tests assert that instead.
+pub fn has_cap_ipc_lock() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        })
+        .is_some_and(|caps| caps & (1 << 14) != 0)
 }

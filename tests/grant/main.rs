@@ -9,6 +9,7 @@
 mod common;
 
 mod errors;
+mod keys;
 mod peers;
 mod quarantine;
 

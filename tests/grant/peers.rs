@@ -276,13 +276,20 @@ fn without_windows_a_grant_is_a_region_of_its_own() {
     let pool = pool_on(&bed.b.pd);
     let buf = vec![in &pool; 0u8; 4096];
     let (_src, src) = scratch(&bed.a, 2, 0x42);
+    // Auto isolates: without type 2 windows it refuses rather than fall back to a key any QP
+    // of the PD may use.
+    assert!(matches!(
+        // SAFETY: refused: nothing is granted.
+        unsafe { pool.grant_with(&buf[..100], &bed.qb, Access::REMOTE_WRITE, GrantKind::Auto) },
+        Err(rdma_pool::grant::GrantError::Unsupported(_))
+    ));
     // SAFETY: the test accesses the buffer only once the peer's accesses through the key completed, or after revocation.
     let mut g = unsafe {
         pool.grant_with(
             &buf[..100],
             &bed.qb,
             Access::REMOTE_WRITE,
-            rdma_pool::grant::GrantKind::Auto,
+            rdma_pool::grant::GrantKind::Region,
         )
     }
     .unwrap();

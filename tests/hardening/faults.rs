@@ -427,6 +427,8 @@ fn dereg_rows(rows: &mut Vec<Row>) {
             .pool
             .grant_read_with(buf, &fx.qs, GrantKind::Region)
             .unwrap();
+        // Retirement first moves the region off the buffer; refused, it deregisters.
+        fx.soft().fail_next(Verb::ReregMr, 1, errno);
         fx.soft().fail_next(Verb::DeregMr, 1, errno);
         g.start_revoke().unwrap();
         assert!(!g.is_revoked(), "the key may still work");
@@ -440,7 +442,7 @@ fn dereg_rows(rows: &mut Vec<Row>) {
         fx.after();
         rows.push(Row {
             verb: "dereg_mr",
-            site: "region grant revoke",
+            site: "region grant revoke (after rereg_mr refused)",
             errno,
             outcome: "grant stays open (stuck_revocations); a later revoke completes".into(),
         });

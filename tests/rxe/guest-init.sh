@@ -12,7 +12,7 @@
 #   RXE-BOOTED uptime=S             /init started (the host retries the boot once without it)
 #   RXE-READY uptime=S              modules loaded, veth pair + rxe0/rxe1 ready
 #   RXE-SETUP-FAILED: reason        setup failed (followed by RXE-RESULT: FAIL)
-#   RXE-BIN-BEGIN name uptime=S
+#   RXE-BIN-BEGIN name uptime=S     (name: the binary, then "name@root" for its run as root)
 #   RXE-BIN-END name rc=N uptime=S
 #   RXE-DONE uptime=S
 #   RXE-RESULT: PASS | FAIL
@@ -110,7 +110,10 @@ echo 8 >/proc/sys/vm/nr_hugepages 2>/dev/null || true
 echo "== huge pages reserved: $(cat /proc/sys/vm/nr_hugepages 2>/dev/null)"
 marker "RXE-READY uptime=$(uptime_s)"
 
-# --- run as the unprivileged user "rdma" (uid 1000) ------------------------------------------
+# --- run as the unprivileged user "rdma" (uid 1000), then as root ------------------------------
+# Every binary runs twice: as a user under the memlock limit above, and as root, whose
+# CAP_IPC_LOCK makes the kernel ignore that limit (the tests assert what the capabilities
+# imply, not one of the two).
 # as_user DIR PROG ARGS...: run PROG in DIR as uid/gid 1000 with the test environment.
 # busybox su (run by root) asks for no password; -p keeps the environment set up by env;
 # "--" stops su from taking the program's own options (-d, --test-threads) as its own.
@@ -120,6 +123,13 @@ as_user() {
 	env -i PATH=/usr/bin:/bb HOME=/tmp USER=rdma LOGNAME=rdma \
 		RDMA_POOL_TEST_NIC=verbs RUST_BACKTRACE=1 $RXE_GUEST_ENV \
 		su -p -s /bin/sh -c 'cd "$1" && shift && exec "$@"' -- rdma sh "$dir" "$@"
+}
+# as_root DIR PROG ARGS...: the same environment, as root.
+as_root() {
+	dir=$1
+	shift
+	(cd "$dir" && env -i PATH=/usr/bin:/bb HOME=/root USER=root LOGNAME=root \
+		RDMA_POOL_TEST_NIC=verbs RUST_BACKTRACE=1 $RXE_GUEST_ENV "$@")
 }
 
 set -f # from here on RXE_TEST_ARGS / RXE_GUEST_ENV are split on blanks but never globbed
@@ -155,6 +165,13 @@ else
 		as_user "$dir" "/tests/$name" $RXE_BIN_ARGS $RXE_TEST_ARGS
 		rc=$?
 		marker "RXE-BIN-END $name rc=$rc uptime=$(uptime_s)"
+		[ $rc -eq 0 ] || result=FAIL
+		dir=/tmp/run/$name@root
+		mkdir -p "$dir"
+		marker "RXE-BIN-BEGIN $name@root uptime=$(uptime_s)"
+		as_root "$dir" "/tests/$name" $RXE_BIN_ARGS $RXE_TEST_ARGS
+		rc=$?
+		marker "RXE-BIN-END $name@root rc=$rc uptime=$(uptime_s)"
 		[ $rc -eq 0 ] || result=FAIL
 	done
 fi

@@ -37,7 +37,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_ROOT=$(git -C "$HERE" rev-parse --show-toplevel 2>/dev/null || (cd "$HERE/../.." && pwd))
 CACHE=${RXE_CACHE:-$HOME/.cache/rdma-pool-rxe}
 WORK=${RXE_WORK:-$REPO_ROOT/target/rxe}
-TIMEOUT=${RXE_TIMEOUT:-1200}
+TIMEOUT=${RXE_TIMEOUT:-2400}
 MEM=${RXE_MEM:-2G}
 SMP=${RXE_SMP:-2}
 ACCEL=${RXE_ACCEL:-tcg}
@@ -493,7 +493,8 @@ echo "qemu wall time:                   $(elapsed "$T_BOOT" "$T_END") s (rc $qem
 fail=0
 setup_failed=$(marker_in "$SERIAL" 'RXE-SETUP-FAILED: .*')
 [ -z "$setup_failed" ] || echo "$setup_failed"
-expected=("${names[@]}")
+expected=()
+for n in "${names[@]}"; do expected+=("$n" "$n@root"); done
 [ $MODE = smoke ] && expected=(ibv_rc_pingpong)
 for n in "${expected[@]}"; do
 	end=$(marker_in "$SERIAL" "RXE-BIN-END $n rc=[0-9]+ uptime=[0-9.]+")

@@ -1,0 +1,339 @@
+//! No key comes back: a revoked or stale key of any kind never names a later grant within the
+//! key horizon, whatever the device does with the indices it gets back (rereg kept keys, new
+//! keys, no rereg, windows deallocated after a failed QP); `Auto` chooses only type 2 windows,
+//! whose variants a peer cannot predict.
+
+use super::*;
+use allocator_api2::vec;
+use rdma_pool::grant::{GrantError, GrantLimits};
+use rdma_pool::nic::soft::{ReregMode, SoftConfig};
+use std::collections::HashMap;
+
+/// Every key a grant of `pool` gave out, with the grant count it was issued at.
+#[derive(Default)]
+struct Seen(HashMap<u32, usize>);
+
+impl Seen {
+    /// Note the key of grant number `n`; no earlier grant may have had it within `horizon`.
+    fn fresh(&mut self, key: Rkey, n: usize, horizon: usize, what: &str) {
+        if let Some(&m) = self.0.get(&key.0) {
+            assert!(
+                n - m >= horizon,
+                "{what}: grant {n} got key {key} of grant {m}, within the horizon {horizon}"
+            );
+        }
+        self.0.insert(key.0, n);
+    }
+}
+
+/// Grant and revoke `n` times, round-robin over 4 buffers (so addresses repeat), with the
+/// kinds `kinds` in turn: every key is new, and every 64th grant the first grant's stale key
+/// is tried on the new grant's address from the peer: refused.
+fn churn(bed: &mut Bed, pool: &Pool, kinds: &[GrantKind], n: usize, what: &str) {
+    let bufs: Vec<_> = (0..4).map(|i| vec![in pool; i as u8; 4096]).collect();
+    let (_src, src) = scratch(&bed.a, 8, 0xee);
+    let mut seen = Seen::default();
+    let mut first = None;
+    for i in 0..n {
+        let kind = kinds[i % kinds.len()];
+        // SAFETY: the test touches the buffers only after every grant on them was revoked.
+        let mut g = unsafe { pool.grant_with(&bufs[i % 4], &bed.qb, Access::REMOTE_WRITE, kind) }
+            .unwrap_or_else(|e| panic!("{what}: grant {i} ({kind:?}): {e}"));
+        bound(&mut g, &bed.b);
+        seen.fresh(g.rkey(), i, usize::MAX, what);
+        let stale = *first.get_or_insert(g.rkey());
+        if i > 0 && i % 64 == 0 {
+            let st = write(&bed.a, &bed.qa, &src, 8, g.addr() as u64, stale);
+            assert!(
+                refused(st),
+                "{what}: the first key wrote into grant {i}: {st:?}"
+            );
+            // The refusal failed the connection (RC): revoke on the failed QP, reconnect.
+            revoke(&mut g, &bed.b);
+            drop(g);
+            (bed.qa, bed.qb) = connect(&bed.a, &bed.b);
+            continue;
+        }
+        revoke(&mut g, &bed.b);
+    }
+    for b in &bufs {
+        assert!(
+            b.iter().all(|&x| x < 4),
+            "{what}: no stale key wrote anything"
+        );
+    }
+}
+
+#[test]
+fn no_revoked_key_comes_back_for_any_kind_whatever_rereg_does() {
+    let _s = serial();
+    for mode in [
+        ReregMode::Mlx5,
+        ReregMode::KeepKeys,
+        ReregMode::ChangeKeys,
+        ReregMode::Unsupported,
+    ] {
+        let mut bed = soft_bed(SoftConfig {
+            rereg: mode,
+            ..Default::default()
+        });
+        let pool = pool_on(&bed.b.pd);
+        for kind in [GrantKind::Type2, GrantKind::Type1, GrantKind::Region] {
+            // 300 > the 128 grants after which a region key came back, > 256 variants.
+            churn(&mut bed, &pool, &[kind], 300, &format!("{mode:?} {kind:?}"));
+        }
+        let s = pool.grant_stats();
+        if matches!(mode, ReregMode::Mlx5 | ReregMode::KeepKeys) {
+            assert_eq!(s.regions_retired, 300, "{mode:?}: {s:?}");
+        }
+        nothing_leaked(&pool);
+    }
+}
+
+#[test]
+fn kinds_mixed_never_share_a_key_on_the_device_used_by_the_suite() {
+    let _s = serial();
+    let mut bed = bed();
+    let pool = pool_on(&bed.b.pd);
+    churn(
+        &mut bed,
+        &pool,
+        &[
+            GrantKind::Type2,
+            GrantKind::Region,
+            GrantKind::Type1,
+            GrantKind::Auto,
+        ],
+        400,
+        "mixed",
+    );
+    nothing_leaked(&pool);
+}
+
+#[test]
+fn a_window_deallocated_after_its_qp_failed_gives_no_later_grant_its_keys() {
+    let _s = serial();
+    for mode in [ReregMode::Mlx5, ReregMode::Unsupported] {
+        let mut bed = soft_bed(SoftConfig {
+            rereg: mode,
+            ..Default::default()
+        });
+        let pool = pool_on(&bed.b.pd);
+        let buf = vec![in &pool; 0u8; 4096];
+        let (_src, src) = scratch(&bed.a, 8, 1);
+        let mut stale = Vec::new();
+        for kind in [GrantKind::Type1, GrantKind::Type2] {
+            // A few keys of the window first, so that several variants are stale.
+            for _ in 0..3 {
+                // SAFETY: the buffer is read only after the revocation.
+                let mut g =
+                    unsafe { pool.grant_with(&buf, &bed.qb, Access::REMOTE_WRITE, kind) }.unwrap();
+                bound(&mut g, &bed.b);
+                stale.push(g.rkey());
+                revoke(&mut g, &bed.b);
+            }
+            // SAFETY: as above.
+            let mut g =
+                unsafe { pool.grant_with(&buf, &bed.qb, Access::REMOTE_WRITE, kind) }.unwrap();
+            bound(&mut g, &bed.b);
+            stale.push(g.rkey());
+            // The server's QP fails: revocation deallocates the window.
+            let (_m, local) = scratch(&bed.b, 8, 0);
+            // SAFETY: the read's memory stays allocated and unread until its completion.
+            unsafe {
+                bed.qb
+                    .post_read(9, &[local.sge(0, 8).unwrap()], 0x1000, Rkey(0x00ba_d0ff))
+            }
+            .unwrap();
+            bed.b.wait();
+            revoke(&mut g, &bed.b);
+            drop(g);
+            let (qa, qb) = connect(&bed.a, &bed.b);
+            (bed.qa, bed.qb) = (qa, qb);
+        }
+        assert_eq!(pool.grant_stats().revoked_by_dealloc, 2, "{mode:?}");
+        // Every later grant, of every kind, has a key none of the stale ones is.
+        for i in 0..300 {
+            let kind = [GrantKind::Region, GrantKind::Type1, GrantKind::Type2][i % 3];
+            // SAFETY: as above.
+            let mut g =
+                unsafe { pool.grant_with(&buf, &bed.qb, Access::REMOTE_WRITE, kind) }.unwrap();
+            bound(&mut g, &bed.b);
+            assert!(
+                !stale.contains(&g.rkey()),
+                "{mode:?}: grant {i} ({kind:?}) got the stale key {}",
+                g.rkey()
+            );
+            if i % 50 == 0 {
+                for &k in &stale {
+                    let st = write(&bed.a, &bed.qa, &src, 8, g.addr() as u64, k);
+                    assert!(refused(st), "{mode:?}: stale key {k} wrote: {st:?}");
+                    // The refusal failed the connection (RC): reconnect.
+                    (bed.qa, bed.qb) = connect(&bed.a, &bed.b);
+                }
+            }
+            revoke(&mut g, &bed.b);
+        }
+        assert!(buf.iter().all(|&b| b == 0));
+        drop(buf);
+        nothing_leaked(&pool);
+    }
+}
+
+#[test]
+fn a_small_max_mw_refuses_grants_rather_than_give_a_key_back_early() {
+    let _s = serial();
+    let bed = soft_bed(SoftConfig {
+        max_mw: 2,
+        ..Default::default()
+    });
+    let pool = pool_on(&bed.b.pd);
+    let buf = vec![in &pool; 0u8; 64];
+    let mut seen = Seen::default();
+    // Type 1: two keys per grant (bind, unbind), 127 grants per window.
+    let mut n = 0;
+    let refused_at = loop {
+        // SAFETY: the buffer is read only after the revocation.
+        match unsafe { pool.grant_with(&buf, &bed.qb, Access::REMOTE_READ, GrantKind::Type1) } {
+            Ok(mut g) => {
+                bound(&mut g, &bed.b);
+                seen.fresh(g.rkey(), n, usize::MAX, "max_mw 2");
+                revoke(&mut g, &bed.b);
+                n += 1;
+            }
+            Err(GrantError::Limit { what: "max_mw", .. }) => break n,
+            Err(e) => panic!("grant {n}: {e}"),
+        }
+        assert!(n < 1000, "never refused: windows were given back early");
+    };
+    assert_eq!(refused_at, 2 * 127, "both windows' keys used, then refused");
+    // A shorter horizon, chosen knowingly, lets windows go after it.
+    pool.set_grant_limits(GrantLimits {
+        key_horizon: 100,
+        ..Default::default()
+    });
+    for i in n..n + 600 {
+        // SAFETY: as above.
+        let mut g =
+            unsafe { pool.grant_with(&buf, &bed.qb, Access::REMOTE_READ, GrantKind::Type1) }
+                .unwrap_or_else(|e| panic!("grant {i} under a 100-grant horizon: {e}"));
+        bound(&mut g, &bed.b);
+        seen.fresh(g.rkey(), i, 100, "horizon 100");
+        revoke(&mut g, &bed.b);
+    }
+    assert!(pool.grant_stats().windows_recycled > 0);
+    nothing_leaked(&pool);
+}
+
+#[test]
+fn retired_regions_are_bounded_by_a_quarter_of_max_mr() {
+    let _s = serial();
+    let bed = soft_bed(SoftConfig {
+        max_mr: 64,
+        ..Default::default()
+    });
+    let pool = pool_on(&bed.b.pd);
+    let buf = vec![in &pool; 0u8; 64];
+    for i in 0..16 {
+        // SAFETY: the buffer is read only after the revocation.
+        let mut g =
+            unsafe { pool.grant_with(&buf, &bed.qb, Access::REMOTE_READ, GrantKind::Region) }
+                .unwrap_or_else(|e| panic!("region grant {i}: {e}"));
+        revoke(&mut g, &bed.b);
+    }
+    assert_eq!(pool.grant_stats().regions_retired, 16);
+    let r = pool.grant_read_with(&buf, &bed.qb, GrantKind::Region);
+    assert!(
+        matches!(r, Err(GrantError::Limit { max: 16, .. })),
+        "{:?}",
+        r.map(|g| g.rkey())
+    );
+    // Windows still work meanwhile, and the arena still registers its memory.
+    let big = vec![in &pool; 1u8; 32 << 20];
+    assert!(pool.keys_of(big.as_ptr()).is_some());
+    let mut g = pool.grant(&buf, &bed.qb).unwrap();
+    revoke(&mut g, &bed.b);
+    drop(g);
+    nothing_leaked(&pool);
+}
+
+#[test]
+fn auto_chooses_only_a_window_bound_to_the_peers_qp() {
+    let _s = serial();
+    let bed = bed();
+    let pool = pool_on(&bed.b.pd);
+    let buf = vec![in &pool; 0u8; 64];
+    let mut g = pool.grant(&buf, &bed.qb).unwrap();
+    assert_eq!(g.kind(), GrantKind::Type2);
+    revoke(&mut g, &bed.b);
+    drop(g);
+    // A device with type 1 windows only: Auto refuses instead of a PD-wide key.
+    let bed = soft_bed(SoftConfig {
+        mw_type2: false,
+        ..Default::default()
+    });
+    let pool = pool_on(&bed.b.pd);
+    let buf = vec![in &pool; 0u8; 64];
+    assert!(matches!(
+        pool.grant(&buf, &bed.qb),
+        Err(GrantError::Unsupported(_))
+    ));
+    let mut g = pool
+        .grant_read_with(&buf, &bed.qb, GrantKind::Type1)
+        .unwrap();
+    revoke(&mut g, &bed.b);
+}
+
+#[test]
+fn type2_keys_follow_no_step_a_peer_could_predict() {
+    let _s = serial();
+    let bed = bed();
+    let pool = pool_on(&bed.b.pd);
+    let buf = vec![in &pool; 0u8; 64];
+    let mut variants = Vec::new();
+    for _ in 0..64 {
+        let mut g = pool.grant(&buf, &bed.qb).unwrap();
+        bound(&mut g, &bed.b);
+        variants.push(g.rkey().variant());
+        revoke(&mut g, &bed.b);
+    }
+    let steps: std::collections::HashSet<u8> = variants
+        .windows(2)
+        .map(|w| w[1].wrapping_sub(w[0]))
+        .collect();
+    assert!(steps.len() > 8, "variants {variants:?}");
+    nothing_leaked(&pool);
+}
+
+#[test]
+fn a_peers_own_pd_isolates_pd_wide_kinds() {
+    let _s = serial();
+    let bed = bed();
+    let pool = pool_on(&bed.b.pd);
+    // Peer B gets a PD of its own on the server's device, with the arena attached to it.
+    let pd_b = bed.b.nic.alloc_pd().unwrap();
+    pool.attach(&pd_b).unwrap();
+    let buf = vec![in &pool; 0u8; 256];
+    let (_src, src) = scratch(&bed.a, 8, 0x5a);
+    for kind in [GrantKind::Region, GrantKind::Type1] {
+        let (qa_b, qb_b) = connect_into_pd(&bed.a, &bed.b, &pd_b);
+        let (qa, _qb) = connect(&bed.a, &bed.b);
+        // SAFETY: the buffer is read only after the revocation.
+        let mut g = unsafe { pool.grant_with(&buf, &qb_b, Access::REMOTE_WRITE, kind) }.unwrap();
+        g.wait(&bed.b.cq, |wc| panic!("{wc:?}")).unwrap();
+        let w = g.wire();
+        // Peer A, connected into the pool's own PD, holds B's key: refused.
+        let st = write(&bed.a, &qa, &src, 8, w.addr, w.rkey);
+        assert!(refused(st), "{kind:?}: another PD's key worked: {st:?}");
+        // B's own connection works.
+        assert_eq!(
+            write(&bed.a, &qa_b, &src, 8, w.addr, w.rkey),
+            WcStatus::Success
+        );
+        g.revoke(&bed.b.cq, |_| {}).unwrap();
+        drop(g);
+        assert!(buf[..8].iter().all(|&b| b == 0x5a));
+    }
+    drop(buf);
+    nothing_leaked(&pool);
+}
