@@ -96,8 +96,13 @@ impl Pool {
                 if heap == tls::heap_of(self.id) && self.owner_holds_free(page, heap, p) {
                     return Err(FreeError::NotLive);
                 }
-                // Another thread's page: its cache is read racily (its slots are atomics), so
-                // a block that thread freed into its cache is seen in all but a race.
+                // Another thread's page: its free lists and its cache are read racily (links
+                // and slots are atomics; every link is checked to be a block of the page
+                // before it is followed), so a block that thread freed, or another thread
+                // freed into the page, is seen in all but a race with the owner's own moves.
+                if heap != tls::heap_of(self.id) && lists_hold(page, p) {
+                    return Err(FreeError::NotLive);
+                }
                 // An abandoned page's blocks may sit in the cache of the heap that gave it up.
                 let class = class_of(bs as usize).min(CLASSES - 1);
                 let holder = if heap == super::heap::ABANDONED {
@@ -145,7 +150,7 @@ impl Pool {
                 }
                 // SAFETY: free blocks of the page, which only this thread (the owner) takes
                 // out of these lists; their first word is the link.
-                b = unsafe { (*b).next };
+                b = unsafe { (*b).next.load(Relaxed) };
             }
             false
         };
@@ -155,4 +160,33 @@ impl Pool {
             // SAFETY: this thread's own heap.
             || unsafe { (*heap).caches(class, p as *mut u8) }
     }
+}
+
+/// Whether `p` is on `page`'s free list or its list of frees from other threads, walked by
+/// any thread: each link is loaded atomically and followed only if it is a block of the page
+/// (a list the owner changes meanwhile may end the walk early, never lead outside the page).
+fn lists_hold(page: &super::page::Page, p: *const u8) -> bool {
+    let start = page.start.load(Relaxed);
+    let bs = page.block_size.load(Relaxed) as usize;
+    let cap = page.capacity.load(Relaxed) as usize;
+    if bs == 0 {
+        return false;
+    }
+    let end = start + cap * bs;
+    let walk = |mut b: *mut Block| {
+        for _ in 0..=cap {
+            let a = b as usize;
+            if a < start || a >= end || (a - start) % bs != 0 {
+                return false;
+            }
+            if a == p as usize {
+                return true;
+            }
+            // SAFETY: `b` is a block of this page (checked above): committed pool memory
+            // while the page is in use; its link is read atomically.
+            b = unsafe { (*b).next.load(Acquire) };
+        }
+        false
+    };
+    walk(page.free.load(Acquire)) || walk(page.thread_free.load(Acquire))
 }

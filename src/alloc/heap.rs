@@ -167,7 +167,7 @@ impl Heap {
             return null_mut();
         }
         // SAFETY: `b` is on this page's free list, which only this thread touches.
-        page.free.store(unsafe { (*b).next }, R);
+        page.free.store(unsafe { (*b).next.load(R) }, R);
         page.used.store(page.used.load(R) + 1, R);
         b.cast()
     }
@@ -323,7 +323,7 @@ impl Heap {
     fn free_to_page(&self, page: &Page, p: *mut u8) {
         let b = p.cast::<Block>();
         // SAFETY: the block belongs to `page`, owned by this heap.
-        unsafe { (*b).next = page.free.load(R) };
+        unsafe { (*b).next.store(page.free.load(R), R) };
         page.free.store(b, R);
         let used = page.used.load(R) - 1;
         page.used.store(used, R);

@@ -22,7 +22,9 @@ const R: Ordering = Ordering::Relaxed;
 /// A free block: its first word links to the next.
 #[repr(C)]
 pub(crate) struct Block {
-    pub(crate) next: *mut Block,
+    /// The link: atomic (relaxed, a plain move on x86) so that a liveness check from another
+    /// thread may walk a page's lists racily without a data race on the links themselves.
+    pub(crate) next: AtomicPtr<Block>,
 }
 
 /// Granule kinds.
@@ -145,7 +147,7 @@ impl Page {
             let b = (start + i * bs) as *mut Block;
             // SAFETY: `b` is an uncarved block of this page: committed arena memory that only
             // the owner touches.
-            unsafe { (*b).next = next };
+            unsafe { (*b).next.store(next, R) };
             next = b;
         }
         self.free.store(next, R);
@@ -163,8 +165,8 @@ impl Page {
         while !list.is_null() {
             // SAFETY: blocks on `thread_free` were pushed whole (link written before the
             // Release CAS that published them) and now belong to the owner.
-            let next = unsafe { (*list).next };
-            unsafe { (*list).next = self.free.load(R) };
+            let next = unsafe { (*list).next.load(R) };
+            unsafe { (*list).next.store(self.free.load(R), R) };
             self.free.store(list, R);
             list = next;
             n += 1;
@@ -180,7 +182,7 @@ impl Page {
         let mut head = self.thread_free.load(R);
         loop {
             // SAFETY: `b` is a block of this page the caller owns until the CAS publishes it.
-            unsafe { (*b).next = head };
+            unsafe { (*b).next.store(head, R) };
             match self.thread_free.compare_exchange_weak(
                 head,
                 b,
@@ -209,7 +211,7 @@ impl Page {
         while !b.is_null() && n < self.reserved.load(R) {
             n += 1;
             // SAFETY: read-only walk used at quiescence (teardown) or for approximate stats.
-            b = unsafe { (*b).next };
+            b = unsafe { (*b).next.load(R) };
         }
         n
     }
@@ -224,7 +226,7 @@ impl Page {
                 return false;
             }
             // SAFETY: walking the owner's list.
-            b = unsafe { (*b).next };
+            b = unsafe { (*b).next.load(R) };
         }
         let cap = self.capacity.load(R);
         self.used.load(R) + free == cap && cap <= self.reserved.load(R)

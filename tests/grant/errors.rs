@@ -357,3 +357,74 @@ fn one_pools_revocation_hands_the_others_completions_to_the_other_pool() {
     nothing_leaked(&p1);
     nothing_leaked(&p2);
 }
+
+/// Blocks freed by their owner thread (to its cache and on to the page) or by a third thread
+/// (onto the page's remote list) are not live for a grant made on yet another thread.
+#[test]
+fn frees_from_every_thread_are_seen_by_a_grant_on_another() {
+    let _s = serial();
+    let bed = bed();
+    let pool = pool_on(&bed.b.pd);
+    let l = Layout::from_size_align(64, 8).unwrap();
+    let (to_main, from_owner) = std::sync::mpsc::channel::<Vec<usize>>();
+    let (go, wait) = std::sync::mpsc::channel::<()>();
+    let (to_freer, from_main) = std::sync::mpsc::channel::<Vec<usize>>();
+    let (freed, freed_wait) = std::sync::mpsc::channel::<()>();
+    std::thread::scope(|s| {
+        let pool = &pool;
+        // The owner: allocates 300 blocks, keeps one live, frees 200 itself (its cache holds
+        // 32, the rest go back to their page), hands 99 to another thread to free, and stays
+        // alive (its pages stay its own) until the checks are done.
+        s.spawn(move || {
+            let blocks: Vec<usize> = (0..300).map(|_| pool.alloc(l) as usize).collect();
+            for &b in &blocks[1..201] {
+                // SAFETY: blocks of this pool with `l`, freed once.
+                unsafe { pool.free_sized(b as *mut u8, l) };
+            }
+            to_main.send(blocks).unwrap();
+            wait.recv().unwrap();
+        });
+        s.spawn(move || {
+            let blocks = from_main.recv().unwrap();
+            for b in blocks {
+                // SAFETY: blocks of this pool with `l`, handed over by their owner, freed once.
+                unsafe { pool.free_sized(b as *mut u8, l) };
+            }
+            freed.send(()).unwrap();
+        });
+        let blocks = from_owner.recv().unwrap();
+        to_freer.send(blocks[201..].to_vec()).unwrap();
+        freed_wait.recv().unwrap();
+        let grant = |b: usize| {
+            // SAFETY: the block stays mapped while the pool lives; a refused grant reads
+            // nothing, and a granted (live) one is revoked before the block is freed.
+            let s = unsafe { std::slice::from_raw_parts(b as *const u8, 64) };
+            pool.grant_read_with(s, &bed.qb, GrantKind::Type2)
+        };
+        let mut granted = Vec::new();
+        for (i, &b) in blocks.iter().enumerate().skip(1) {
+            match grant(b) {
+                Err(GrantError::NotAllocated { .. }) => {}
+                r => {
+                    let who = if i <= 200 {
+                        "its owner"
+                    } else {
+                        "a third thread"
+                    };
+                    granted.push(format!(
+                        "block {i}, freed by {who}: {:?}",
+                        r.map(|g| g.rkey())
+                    ));
+                }
+            }
+        }
+        drain(pool, &bed.b);
+        let live = grant(blocks[0]).map(|mut g| revoke(&mut g, &bed.b));
+        go.send(()).unwrap();
+        assert!(granted.is_empty(), "freed blocks granted: {granted:?}");
+        live.expect("the live block");
+        // SAFETY: the live block, freed once.
+        unsafe { pool.free_sized(blocks[0] as *mut u8, l) };
+    });
+    nothing_leaked(&pool);
+}
