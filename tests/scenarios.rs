@@ -1192,3 +1192,150 @@ fn advise_mr_takes_more_entries_than_max_sge() {
         .advise_mr(Advice::Prefetch, AdviseFlags::FLUSH, &too_many[1..])
         .unwrap();
 }
+
+// --- Rule: RC atomics — 8 aligned bytes, REMOTE_ATOMIC, on regions and windows ---------------
+
+/// The 8 bytes at `off` of `b` (host order).
+fn word(b: &Buffer, off: usize) -> u64 {
+    u64::from_ne_bytes(b.as_slice()[off..off + 8].try_into().unwrap())
+}
+
+/// Post an atomic from A (CAS when `swap` is `Some`, else fetch-add of `v`), wait: its status
+/// and the original value A got back.
+fn atomic(bed: &Bed, remote: u64, rkey: Rkey, v: u64, swap: Option<u64>) -> (WcStatus, u64) {
+    let (old, old_mr) = bed.a.reg_buf(8, 0xff, Access::LOCAL_WRITE);
+    let sge = old_mr.sge(0, 8).unwrap();
+    // SAFETY: `old` outlives the request and is read only after its completion.
+    match swap {
+        Some(s) => unsafe { bed.qa.post_compare_swap(7, sge, remote, rkey, v, s) },
+        None => unsafe { bed.qa.post_fetch_add(7, sge, remote, rkey, v) },
+    }
+    .unwrap();
+    let wc = bed.a.wait();
+    assert_eq!(
+        wc.opcode,
+        if swap.is_some() {
+            WcOpcode::CompareSwap
+        } else {
+            WcOpcode::FetchAdd
+        }
+    );
+    (wc.status, word(&old, 0))
+}
+
+#[test]
+fn atomics_on_a_region_swap_and_add_whole_words() {
+    let _g = serial();
+    let bed = bed();
+    let (t, t_mr) = bed
+        .b
+        .reg_buf(4096, 0, Access::LOCAL_WRITE | Access::REMOTE_ATOMIC);
+    let at = t_mr.addr() as u64 + 64;
+    assert_eq!(
+        atomic(&bed, at, t_mr.rkey(), 40, None),
+        (WcStatus::Success, 0)
+    );
+    assert_eq!(
+        atomic(&bed, at, t_mr.rkey(), 2, None),
+        (WcStatus::Success, 40)
+    );
+    assert_eq!(word(&t, 64), 42);
+    // CAS that misses leaves the word; one that matches swaps it.
+    assert_eq!(
+        atomic(&bed, at, t_mr.rkey(), 7, Some(9)),
+        (WcStatus::Success, 42)
+    );
+    assert_eq!(word(&t, 64), 42);
+    assert_eq!(
+        atomic(&bed, at, t_mr.rkey(), 42, Some(u64::MAX)),
+        (WcStatus::Success, 42)
+    );
+    assert_eq!(word(&t, 64), u64::MAX);
+    // Fetch-add wraps.
+    assert_eq!(
+        atomic(&bed, at, t_mr.rkey(), 1, None),
+        (WcStatus::Success, u64::MAX)
+    );
+    assert_eq!(word(&t, 64), 0);
+    assert!(
+        t.as_slice()[..64]
+            .iter()
+            .chain(&t.as_slice()[72..])
+            .all(|&x| x == 0)
+    );
+    // A local buffer of another size is refused at the call.
+    let (_o, o_mr) = bed.a.reg_buf(16, 0, Access::LOCAL_WRITE);
+    // SAFETY: refused before the device sees it.
+    let e = unsafe {
+        bed.qa
+            .post_fetch_add(8, o_mr.sge(0, 16).unwrap(), at, t_mr.rkey(), 1)
+    };
+    assert!(e.is_err());
+}
+
+#[test]
+fn an_atomic_needs_remote_atomic_on_the_key() {
+    let _g = serial();
+    let bed = bed();
+    let (t, t_mr) = bed.b.reg_buf(4096, 3, RW);
+    let st = atomic(&bed, t_mr.addr() as u64, t_mr.rkey(), 1, None).0;
+    assert_eq!(st, WcStatus::RemAccessErr);
+    assert!(t.as_slice().iter().all(|&x| x == 3), "nothing changed");
+}
+
+#[test]
+fn a_misaligned_atomic_is_an_invalid_request() {
+    let _g = serial();
+    let bed = bed();
+    let (t, t_mr) = bed
+        .b
+        .reg_buf(4096, 0, Access::LOCAL_WRITE | Access::REMOTE_ATOMIC);
+    let st = atomic(&bed, t_mr.addr() as u64 + 4, t_mr.rkey(), 1, None).0;
+    assert_eq!(st, WcStatus::RemInvReqErr);
+    assert!(t.as_slice().iter().all(|&x| x == 0), "nothing changed");
+    assert_eq!(bed.qa.state().unwrap(), QpState::Error);
+}
+
+#[test]
+fn atomics_through_windows_need_the_windows_right() {
+    let _g = serial();
+    for (ty, atomic_right) in [
+        (MwType::Type2, true),
+        (MwType::Type2, false),
+        (MwType::Type1, true),
+    ] {
+        let bed = bed();
+        let (t, mr) = bed.b.reg_buf(
+            4096,
+            0,
+            Access::LOCAL_WRITE | Access::REMOTE_ATOMIC | Access::MW_BIND,
+        );
+        let mut mw = bed.b.pd.alloc_mw(ty).unwrap();
+        let rights = if atomic_right {
+            Access::REMOTE_ATOMIC
+        } else {
+            Access::REMOTE_WRITE
+        };
+        // SAFETY: the bound memory outlives the window; the test reads it after the atomic.
+        let rkey = unsafe {
+            match ty {
+                MwType::Type2 => bed.qb.post_bind_mw(1, &mut mw, &mr, 512, 64, rights),
+                MwType::Type1 => bed.qb.bind_mw(1, &mut mw, &mr, 512, 64, rights),
+            }
+        }
+        .unwrap();
+        assert_eq!(bed.b.wait().status, WcStatus::Success);
+        let at = mr.addr() as u64 + 512 + 8;
+        let (st, old) = atomic(&bed, at, rkey, 5, None);
+        if atomic_right {
+            assert_eq!(
+                (st, old, word(&t, 520)),
+                (WcStatus::Success, 0, 5),
+                "{ty:?}"
+            );
+        } else {
+            assert_eq!(st, WcStatus::RemAccessErr, "{ty:?}");
+            assert_eq!(word(&t, 520), 0);
+        }
+    }
+}

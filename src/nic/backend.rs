@@ -50,6 +50,21 @@ pub(crate) enum RawSendOp {
         bind: RawBind,
     },
     LocalInv(Rkey),
+    /// ATOMIC_CMP_AND_SWP: the 8 bytes at `remote_addr` become `swap` if they equal `compare`;
+    /// the original value lands in the local SGE.
+    CompareSwap {
+        remote_addr: u64,
+        rkey: Rkey,
+        compare: u64,
+        swap: u64,
+    },
+    /// ATOMIC_FETCH_AND_ADD: `add` is added to the 8 bytes at `remote_addr`; the original
+    /// value lands in the local SGE.
+    FetchAdd {
+        remote_addr: u64,
+        rkey: Rkey,
+        add: u64,
+    },
 }
 
 /// A send-queue work request.

@@ -1563,6 +1563,104 @@ impl Qp {
         self.post(wr_id, sges, RawSendOp::Read { remote_addr, rkey })
     }
 
+    /// Post an RC atomic compare-and-swap (`IBV_WR_ATOMIC_CMP_AND_SWP`): the 8 bytes at
+    /// `remote_addr` under `rkey` become `swap` if they equal `compare`; their original value
+    /// is written to `local` (8 bytes, `LOCAL_WRITE`). The remote address must be 8-byte
+    /// aligned (else the completion is `RemInvReqErr`) and the key must carry
+    /// `REMOTE_ATOMIC` (else `RemAccessErr`). The value's byte order is the device's: host order
+    /// on the soft NIC and rxe (a quirk of mlx5 hardware is big-endian memory).
+    ///
+    /// # Errors
+    /// `Unsupported` where the device has no atomics (`Caps::atomics`); `InvalidArgument` when
+    /// `local` is not 8 bytes or `wr_id` is reserved; the `ibv_post_send` failure.
+    ///
+    /// # Safety
+    /// As [`Qp::post_read`] for `local`: the NIC writes it until the completion is polled.
+    ///
+    /// # Examples
+    /// ```
+    /// use rdma_pool::nic::*;
+    /// # let (a, b) = (Nic::soft(), Nic::soft());
+    /// # let (pa, pb) = (a.alloc_pd()?, b.alloc_pd()?);
+    /// # let (ca, cb) = (a.create_cq(16)?, b.create_cq(16)?);
+    /// # let qa = pa.create_qp(&ca, &ca, QpCaps::default())?;
+    /// # let qb = pb.create_qp(&cb, &cb, QpCaps::default())?;
+    /// # qa.connect(&qb.endpoint()?)?;
+    /// # qb.connect(&qa.endpoint()?)?;
+    /// let mut counter = Box::new(5u64); // the peer's, registered with REMOTE_ATOMIC
+    /// let mut old = Box::new(0u64);
+    /// let rights = Access::LOCAL_WRITE | Access::REMOTE_ATOMIC;
+    /// // SAFETY: both boxes outlive their regions and are read only after the completion.
+    /// let theirs = unsafe { pb.reg_mr((&mut *counter as *mut u64).cast(), 8, rights) }?;
+    /// let mine = unsafe { pa.reg_mr((&mut *old as *mut u64).cast(), 8, Access::LOCAL_WRITE) }?;
+    /// unsafe { qa.post_compare_swap(1, mine.sge(0, 8)?, theirs.addr() as u64, theirs.rkey(), 5, 9) }?;
+    /// assert_eq!(ca.wait_one(std::time::Duration::from_secs(5))?.status, WcStatus::Success);
+    /// assert_eq!((*old, *counter), (5, 9));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub unsafe fn post_compare_swap(
+        &self,
+        wr_id: u64,
+        local: Sge,
+        remote_addr: u64,
+        rkey: Rkey,
+        compare: u64,
+        swap: u64,
+    ) -> Result<()> {
+        self.atomic_args(wr_id, &local)?;
+        let op = RawSendOp::CompareSwap {
+            remote_addr,
+            rkey,
+            compare,
+            swap,
+        };
+        self.post(wr_id, &[local], op)
+    }
+
+    /// Post an RC atomic fetch-and-add (`IBV_WR_ATOMIC_FETCH_AND_ADD`): `add` is added
+    /// (wrapping) to the 8 bytes at `remote_addr` under `rkey`; their original value is written
+    /// to `local`. Alignment, rights and byte order as [`Qp::post_compare_swap`].
+    ///
+    /// # Errors
+    /// As [`Qp::post_compare_swap`].
+    ///
+    /// # Safety
+    /// As [`Qp::post_compare_swap`].
+    pub unsafe fn post_fetch_add(
+        &self,
+        wr_id: u64,
+        local: Sge,
+        remote_addr: u64,
+        rkey: Rkey,
+        add: u64,
+    ) -> Result<()> {
+        self.atomic_args(wr_id, &local)?;
+        let op = RawSendOp::FetchAdd {
+            remote_addr,
+            rkey,
+            add,
+        };
+        self.post(wr_id, &[local], op)
+    }
+
+    /// The checks every atomic post makes before the device sees it.
+    fn atomic_args(&self, wr_id: u64, local: &Sge) -> Result<()> {
+        Self::app_wr_id(wr_id, Verb::PostSend)?;
+        if !self.pd().nic().caps().atomics {
+            return Err(Error::unsupported(
+                Verb::PostSend,
+                "the device has no RC atomics (atomic_cap IBV_ATOMIC_NONE)",
+            ));
+        }
+        if local.length != 8 {
+            return Err(Error::invalid(
+                Verb::PostSend,
+                "an atomic's local buffer is exactly 8 bytes",
+            ));
+        }
+        Ok(())
+    }
+
     /// Post a LOCAL_INV of `rkey` (a type 2 window bound on this QP). Touches no memory.
     ///
     /// # Errors

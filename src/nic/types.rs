@@ -351,6 +351,9 @@ pub struct Caps {
     pub mw_type2: bool,
     /// `ibv_advise_mr` is implemented.
     pub advise_mr: bool,
+    /// RC atomics (compare-and-swap, fetch-and-add) are supported (`atomic_cap` is not
+    /// `IBV_ATOMIC_NONE`).
+    pub atomics: bool,
     /// mlx5 DEVX (UMEM registration) is available.
     pub devx: bool,
     /// Active path MTU of port 1 in bytes.
@@ -442,6 +445,10 @@ pub enum WcOpcode {
     BindMw,
     /// LOCAL_INV.
     LocalInv,
+    /// ATOMIC_CMP_AND_SWP.
+    CompareSwap,
+    /// ATOMIC_FETCH_AND_ADD.
+    FetchAdd,
     /// A receive.
     Recv,
     /// Anything else.

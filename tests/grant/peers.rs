@@ -321,3 +321,55 @@ fn without_windows_a_grant_is_a_region_of_its_own() {
     drop(g);
     nothing_leaked(&pool);
 }
+
+/// A grant with `REMOTE_ATOMIC`, of each kind: the peer's fetch-and-add and compare-and-swap
+/// land in the granted word (read meanwhile by atomic copy); another word's offset outside the
+/// grant, or a misaligned one, is refused.
+#[test]
+fn an_atomic_grant_takes_the_peers_atomics() {
+    let _s = serial();
+    for kind in [GrantKind::Type2, GrantKind::Type1, GrantKind::Region] {
+        let mut bed = bed();
+        let pool = pool_on(&bed.b.pd);
+        let buf = vec![in &pool; 0u8; 64];
+        let mut g = pool
+            .grant_owned_with(buf, &bed.qb, Access::REMOTE_ATOMIC, kind)
+            .map_err(|(_, e)| e)
+            .unwrap();
+        g.wait(&bed.b.cq, |wc| panic!("{wc:?}")).unwrap();
+        let w = g.wire();
+        let (old, old_mr) = scratch(&bed.a, 8, 0);
+        let word = |b: &Buffer| u64::from_ne_bytes(b.as_slice()[..8].try_into().unwrap());
+        // SAFETY: `old` outlives the request and is read after its completion.
+        unsafe {
+            bed.qa
+                .post_fetch_add(1, old_mr.sge(0, 8).unwrap(), w.addr + 8, w.rkey, 41)
+        }
+        .unwrap();
+        assert_eq!(bed.a.wait().status, WcStatus::Success, "{kind:?}");
+        // SAFETY: as above.
+        unsafe {
+            bed.qa
+                .post_compare_swap(2, old_mr.sge(0, 8).unwrap(), w.addr + 8, w.rkey, 41, 42)
+        }
+        .unwrap();
+        assert_eq!(bed.a.wait().status, WcStatus::Success, "{kind:?}");
+        assert_eq!(word(&old), 41);
+        let mut got = [0u8; 8];
+        assert_eq!(g.read_at(8, &mut got), 8);
+        assert_eq!(u64::from_ne_bytes(got), 42, "{kind:?}");
+        // Past the grant's end: refused.
+        // SAFETY: as above.
+        unsafe {
+            bed.qa
+                .post_fetch_add(3, old_mr.sge(0, 8).unwrap(), w.addr + 64, w.rkey, 1)
+        }
+        .unwrap();
+        assert!(refused(bed.a.wait().status), "{kind:?}");
+        (bed.qa, bed.qb) = connect(&bed.a, &bed.b);
+        let buf = g.revoke(&bed.b.cq, |_| {}).map_err(|(_, e)| e).unwrap();
+        assert_eq!(buf[8], 42);
+        drop(buf);
+        nothing_leaked(&pool);
+    }
+}

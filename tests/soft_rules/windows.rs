@@ -345,3 +345,69 @@ fn windows_grant_remote_rights_their_region_does_not_have() {
         "the region's own rkey grants nothing"
     );
 }
+
+/// LOCAL_INV and BIND_MW are work requests: they take effect when the send queue reaches them,
+/// not when posted. Behind a SEND waiting at the responder for a receive, a type 2 window's
+/// key keeps working; once the receive lets the queue run, the invalidation kills the old key
+/// and the bind behind it makes the new one, completing in post order.
+#[test]
+fn local_inv_and_binds_take_effect_in_send_queue_order() {
+    let bed = default_bed();
+    let (_mem, mr, mut mw) = bed.b.window_over(4096, 5, MwType::Type2);
+    // SAFETY: the bound memory outlives the window; the test reads it only after the accesses.
+    let key = unsafe {
+        bed.qb
+            .post_bind_mw(1, &mut mw, &mr, 0, 4096, Access::REMOTE_READ)
+    }
+    .unwrap();
+    assert_eq!(bed.b.wait().status, WcStatus::Success);
+    let (_mem2, mr2, mut mw2) = bed.b.window_over(4096, 6, MwType::Type2);
+    // The server's SEND waits at the client for a receive; an invalidation and a bind queue
+    // behind it.
+    let (_s, smr) = bed.b.reg_buf(64, 1, Access::LOCAL_WRITE);
+    // SAFETY: the sent memory stays allocated and unwritten until its completion is polled.
+    unsafe { bed.qb.post_send(2, &[smr.sge(0, 8).unwrap()]) }.unwrap();
+    bed.qb.post_local_inv(3, key).unwrap();
+    // SAFETY: as above.
+    let key2 = unsafe {
+        bed.qb
+            .post_bind_mw(4, &mut mw2, &mr2, 0, 4096, Access::REMOTE_READ)
+    }
+    .unwrap();
+    let (_d, dmr) = bed.a.reg_buf(4096, 0, RW);
+    let read = |id, rkey: Rkey, addr: usize| {
+        // SAFETY: the read's memory stays allocated and unread until its completion is polled.
+        unsafe {
+            bed.qa
+                .post_read(id, &[dmr.sge(0, 8).unwrap()], addr as u64, rkey)
+        }
+        .unwrap();
+        bed.a.wait().status
+    };
+    assert_eq!(
+        read(10, key, mr.addr()),
+        WcStatus::Success,
+        "not yet invalidated"
+    );
+    assert!(bed.b.cq.poll_one().unwrap().is_none(), "all three wait");
+    // The receive lets the queue run: SEND, LOCAL_INV, BIND complete in order.
+    let (_r, rmr) = bed.a.reg_buf(64, 0, Access::LOCAL_WRITE);
+    // SAFETY: the receive's memory stays allocated and unread until its completion is polled.
+    unsafe { bed.qa.post_recv(11, &[rmr.sge(0, 64).unwrap()]) }.unwrap();
+    assert_eq!(bed.a.wait().wr_id, 11);
+    let ids = bed.b.wait_n(3);
+    assert_eq!(
+        ids,
+        vec![
+            (2, WcStatus::Success),
+            (3, WcStatus::Success),
+            (4, WcStatus::Success)
+        ]
+    );
+    assert_eq!(read(12, key2, mr2.addr()), WcStatus::Success, "the new key");
+    assert_eq!(
+        read(13, key, mr.addr()),
+        WcStatus::RemAccessErr,
+        "the invalidated key"
+    );
+}

@@ -58,6 +58,9 @@ pub struct SoftConfig {
     pub mw_type1: bool,
     /// Type 2 windows.
     pub mw_type2: bool,
+    /// RC atomics (compare-and-swap, fetch-and-add on 8 aligned bytes, host byte order as
+    /// rxe): `Caps::atomics`.
+    pub atomics: bool,
     /// DEVX UMEM support.
     pub devx: bool,
     /// `max_mr`.
@@ -95,6 +98,7 @@ impl Default for SoftConfig {
             advise_mr: true,
             mw_type1: true,
             mw_type2: true,
+            atomics: true,
             devx: true,
             max_mr: 1 << 14,
             max_mw: 1 << 14,

@@ -89,6 +89,7 @@ fn caps_of(id: u32, config: &SoftConfig) -> Caps {
         mw_type1: config.mw_type1,
         mw_type2: config.mw_type2,
         advise_mr: config.advise_mr,
+        atomics: config.atomics,
         devx: config.devx,
         path_mtu: 4096,
         numa_node: config.numa_node,

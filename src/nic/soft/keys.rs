@@ -459,6 +459,8 @@ pub(super) struct KeyUse {
     pub(super) addr: u64,
     pub(super) len: u64,
     pub(super) write: bool,
+    /// An RC atomic (a remote write that needs `REMOTE_ATOMIC`).
+    pub(super) atomic: bool,
 }
 
 /// Check `req` against the key table, then run `dma` while the slot is read-locked. ODP pages
@@ -488,6 +490,7 @@ fn check_and_access_inner(
         addr,
         len,
         write,
+        atomic,
     } = req;
     let slot = table.read(key >> 8);
     let obj = slot.obj.as_ref().ok_or(KeyFault::NoObject)?;
@@ -498,6 +501,7 @@ fn check_and_access_inner(
         (false, false) => Access::empty(),
         (false, true) => Access::LOCAL_WRITE,
         (true, false) => Access::REMOTE_READ,
+        (true, true) if atomic => Access::REMOTE_ATOMIC,
         (true, true) => Access::REMOTE_WRITE,
     };
     match obj {

@@ -122,6 +122,8 @@ fn opcode(op: &Op) -> WcOpcode {
         Op::Wr(RawSendOp::Read { .. }) => WcOpcode::RdmaRead,
         Op::Wr(RawSendOp::BindMw { .. }) | Op::BindType1(_) => WcOpcode::BindMw,
         Op::Wr(RawSendOp::LocalInv(_)) => WcOpcode::LocalInv,
+        Op::Wr(RawSendOp::CompareSwap { .. }) => WcOpcode::CompareSwap,
+        Op::Wr(RawSendOp::FetchAdd { .. }) => WcOpcode::FetchAdd,
     }
 }
 
@@ -283,6 +285,7 @@ impl QpObj {
                     addr: s.addr,
                     len: len as u64,
                     write: false,
+                    atomic: false,
                 },
                 &mut |a| {
                     let start = buf.len();
@@ -317,6 +320,7 @@ impl QpObj {
                     addr: s.addr,
                     len: len as u64,
                     write: true,
+                    atomic: false,
                 },
                 &mut |a| mem::dma_copy(a, src, len),
             )?;
@@ -483,6 +487,7 @@ impl QpObj {
                         addr: remote_addr,
                         len: data.len() as u64,
                         write: true,
+                        atomic: false,
                     },
                     &mut |a| mem::dma_copy(a, src, data.len()),
                 );
@@ -515,6 +520,7 @@ impl QpObj {
                         addr: remote_addr,
                         len: total,
                         write: false,
+                        atomic: false,
                     },
                     &mut |a| {
                         data.resize(total as usize, 0);
@@ -532,6 +538,19 @@ impl QpObj {
                     Err(f) => local_status(f),
                 }
             }
+            RawSendOp::CompareSwap {
+                remote_addr,
+                rkey,
+                compare,
+                swap,
+            } => self.atomic(dev, sges, remote_addr, rkey, |v| {
+                if v == compare { swap } else { v }
+            }),
+            RawSendOp::FetchAdd {
+                remote_addr,
+                rkey,
+                add,
+            } => self.atomic(dev, sges, remote_addr, rkey, |v| v.wrapping_add(add)),
             RawSendOp::Send | RawSendOp::SendWithInv(_) => {
                 let payload = match self.gather(dev, sges) {
                     Ok(d) => d,
@@ -590,6 +609,66 @@ impl QpObj {
     fn remote_access_error(&self) -> WcStatus {
         self.set_error();
         WcStatus::RemAccessErr
+    }
+
+    /// An RC atomic: 8 bytes at `remote_addr` (8-aligned, else the responder NAKs an invalid
+    /// request), through a key with `REMOTE_ATOMIC`, replaced by `f` of their value in one
+    /// atomic step (other atomics and the CPU see it whole); the original value is scattered
+    /// into the 8 local bytes `sges` names.
+    fn atomic(
+        &self,
+        dev: &dyn Port,
+        sges: &[Sge],
+        remote_addr: u64,
+        rkey: Rkey,
+        f: impl Fn(u64) -> u64,
+    ) -> WcStatus {
+        let total: u64 = sges.iter().map(|s| s.length as u64).sum();
+        if total != 8 {
+            return WcStatus::LocLenErr;
+        }
+        let Some((pdev, peer)) = self.peer() else {
+            return WcStatus::RetryExcErr;
+        };
+        if remote_addr % 8 != 0 {
+            peer.set_error();
+            return WcStatus::RemInvReqErr;
+        }
+        let mut old = 0u64;
+        let r = check_and_access(
+            pdev.keys(),
+            pdev.sink(),
+            KeyUse {
+                key: rkey.0,
+                who: peer.who(true),
+                addr: remote_addr,
+                len: 8,
+                write: true,
+                atomic: true,
+            },
+            &mut |a| {
+                // A copy first: it faults safely where the page is gone, the atomic would not.
+                mem::dma_copy(&mut old as *mut u64 as usize, a, 8)?;
+                // SAFETY: `a` is 8-aligned (checked) and names 8 bytes of the registered,
+                // mapped and writable range the key check proved; every access the NIC makes
+                // there is atomic, and the program's own are its business (as with hardware).
+                let cell = unsafe { std::sync::atomic::AtomicU64::from_ptr(a as *mut u64) };
+                old = match cell.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| Some(f(v))) {
+                    Ok(v) | Err(v) => v,
+                };
+                Ok(())
+            },
+        );
+        if r.is_err() {
+            return peer.remote_access_error();
+        }
+        match self.scatter(dev, sges, &old.to_ne_bytes()) {
+            Ok(()) => {
+                bump(&dev.counters().bytes_moved, 8);
+                WcStatus::Success
+            }
+            Err(f) => local_status(f),
+        }
     }
 
     /// Responder side of a SEND: into the next receive, or parked until one is posted.

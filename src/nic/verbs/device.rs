@@ -343,6 +343,7 @@ pub(super) unsafe fn query_caps(
         // the verb (mlx5; rxe since rdma-core 61, together with kernel rxe ODP). Without ODP
         // there is nothing to advise, and the verb answers EOPNOTSUPP.
         advise_mr: odp.explicit,
+        atomics: orig.atomic_cap != ffi::ibv_atomic_cap::IBV_ATOMIC_NONE,
         devx: devx == DevxState::Enabled,
         path_mtu: mtu_bytes(port.active_mtu),
     })

@@ -249,6 +249,33 @@ pub(super) fn build_send_wr(
             s.opcode = op::IBV_WR_LOCAL_INV;
             s.imm_data_invalidated_rkey_union.invalidated_rkey = rkey.0;
         }
+        RawSendOp::CompareSwap {
+            remote_addr,
+            rkey,
+            compare,
+            swap,
+        } => {
+            s.opcode = op::IBV_WR_ATOMIC_CMP_AND_SWP;
+            s.wr.atomic = ffi::atomic_t {
+                remote_addr,
+                compare_add: compare,
+                swap,
+                rkey: rkey.0,
+            };
+        }
+        RawSendOp::FetchAdd {
+            remote_addr,
+            rkey,
+            add,
+        } => {
+            s.opcode = op::IBV_WR_ATOMIC_FETCH_AND_ADD;
+            s.wr.atomic = ffi::atomic_t {
+                remote_addr,
+                compare_add: add,
+                swap: 0,
+                rkey: rkey.0,
+            };
+        }
     }
     s
 }
@@ -394,6 +421,8 @@ pub(super) fn completion(wc: &ffi::ibv_wc) -> Completion {
         op::IBV_WC_RDMA_READ => WcOpcode::RdmaRead,
         op::IBV_WC_BIND_MW => WcOpcode::BindMw,
         op::IBV_WC_LOCAL_INV => WcOpcode::LocalInv,
+        op::IBV_WC_COMP_SWAP => WcOpcode::CompareSwap,
+        op::IBV_WC_FETCH_ADD => WcOpcode::FetchAdd,
         op::IBV_WC_RECV => WcOpcode::Recv,
         other => WcOpcode::Other(other),
     };

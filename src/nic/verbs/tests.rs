@@ -230,7 +230,9 @@ fn work_completions() {
         (ffi::ibv_wc_opcode::IBV_WC_RDMA_WRITE, WcOpcode::RdmaWrite),
         (ffi::ibv_wc_opcode::IBV_WC_BIND_MW, WcOpcode::BindMw),
         (ffi::ibv_wc_opcode::IBV_WC_LOCAL_INV, WcOpcode::LocalInv),
-        (ffi::ibv_wc_opcode::IBV_WC_COMP_SWAP, WcOpcode::Other(3)),
+        (ffi::ibv_wc_opcode::IBV_WC_COMP_SWAP, WcOpcode::CompareSwap),
+        (ffi::ibv_wc_opcode::IBV_WC_FETCH_ADD, WcOpcode::FetchAdd),
+        (ffi::ibv_wc_opcode::IBV_WC_TSO, WcOpcode::Other(7)),
     ] {
         wc.opcode = raw;
         assert_eq!(completion(&wc).opcode, want);
