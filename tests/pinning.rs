@@ -289,3 +289,49 @@ fn untouched_pinned_memory_moves_data_normally() {
     );
     assert_eq!(stale_count(&bed.b), 0);
 }
+
+/// A pinned region released after the process dropped pages under it is counted even when no
+/// access met them (`stale_pinned_releases`): a purge that runs before the deregistration,
+/// instead of after, fails the purge tests' "nothing stale" checks this way. A region released
+/// over intact pages is not counted.
+#[test]
+fn releasing_a_pinned_region_over_dropped_pages_is_counted() {
+    let _g = serial();
+    let bed = soft_bed(Default::default());
+    let releases = |s: &Side| s.nic.as_soft().unwrap().counters().stale_pinned_releases;
+    let intact = Raw::new(2, 1);
+    intact.reg(&bed.b, RW).dereg().unwrap();
+    assert_eq!(releases(&bed.b), 0);
+    let mem = Raw::new(2, 1);
+    let mr = mem.reg(&bed.b, RW);
+    // SAFETY: our own mapping.
+    assert_eq!(
+        unsafe { libc::madvise(mem.page(1), page(), libc::MADV_DONTNEED) },
+        0
+    );
+    mr.dereg().unwrap();
+    assert_eq!(releases(&bed.b), 1, "dropped, then deregistered");
+    // Moving a pinned region's translation away from dropped pages is a release too.
+    let mem2 = Raw::new(2, 1);
+    let other = Raw::new(1, 1);
+    let mut mr = mem2.reg(&bed.b, RW);
+    // SAFETY: our own mapping.
+    assert_eq!(
+        unsafe { libc::madvise(mem2.page(0), page(), libc::MADV_DONTNEED) },
+        0
+    );
+    // SAFETY: `other` outlives the region.
+    unsafe {
+        mr.rereg(
+            ReregFlags::CHANGE_TRANSLATION,
+            None,
+            other.ptr,
+            other.len,
+            Access::empty(),
+        )
+    }
+    .unwrap();
+    assert_eq!(releases(&bed.b), 2);
+    drop(mr);
+    assert_eq!(stale_count(&bed.b), 0, "no access met the pages");
+}

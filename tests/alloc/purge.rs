@@ -28,10 +28,12 @@ fn purging_pool(pd: &Pd, delay: Option<Duration>, registration: Registration) ->
 }
 
 fn stale(bed: &Bed) -> u64 {
-    bed.a
-        .nic
-        .as_soft()
-        .map_or(0, |s| s.counters().stale_pinned_accesses)
+    bed.a.nic.as_soft().map_or(0, |s| {
+        let c = s.counters();
+        // Accesses that met dropped pages, and pinned regions released over them (a purge
+        // before the deregistration would show here even without an access).
+        c.stale_pinned_accesses + c.stale_pinned_releases
+    })
 }
 
 /// Allocate `n` blocks of `layout` filled with their index, on a thread that exits (so its

@@ -127,6 +127,9 @@ impl Backend for SoftNic {
         });
         match removed {
             Ok(KeyObj::Mr(m)) => {
+                if m.pins.as_ref().is_some_and(|p| !p.held(m.addr, m.len)) {
+                    bump(&dev.counters.stale_pinned_releases, 1);
+                }
                 dev.memlock.release(m.pinned);
                 dev.pd_ref(m.pd, -1);
                 dev.mr_count.fetch_sub(1, Ordering::AcqRel);

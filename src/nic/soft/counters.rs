@@ -34,6 +34,11 @@ pub struct Counters {
     /// sees (dropped, unmapped, remapped or reprotected after registration; hardware would
     /// move the old pages).
     pub stale_pinned_accesses: u64,
+    /// Pinned regions deregistered (or re-registered onto another translation) after the
+    /// process had dropped or replaced pages they held: for as long as they were registered,
+    /// hardware would have moved pages the process no longer saw (a purge before the
+    /// deregistration, say). Counted even when no access met them.
+    pub stale_pinned_releases: u64,
 }
 
 #[derive(Default)]
@@ -49,6 +54,7 @@ pub(super) struct AtomicCounters {
     pub(super) bytes_moved: AtomicU64,
     pub(super) injected_faults: AtomicU64,
     pub(super) stale_pinned_accesses: AtomicU64,
+    pub(super) stale_pinned_releases: AtomicU64,
 }
 
 pub(super) fn bump(c: &AtomicU64, n: u64) {
@@ -71,6 +77,7 @@ impl AtomicCounters {
             bytes_moved: l(&self.bytes_moved),
             injected_faults: l(&self.injected_faults),
             stale_pinned_accesses: l(&self.stale_pinned_accesses),
+            stale_pinned_releases: l(&self.stale_pinned_releases),
         }
     }
 }

@@ -150,6 +150,14 @@ pub(super) fn rereg(
     let Some(KeyObj::Mr(old)) = slot.obj.as_mut() else {
         return Err(cmd(libc::EINVAL));
     };
+    if flags.contains(ReregFlags::CHANGE_TRANSLATION)
+        && old
+            .pins
+            .as_ref()
+            .is_some_and(|p| !p.held(old.addr, old.len))
+    {
+        bump(&dev.counters.stale_pinned_releases, 1);
+    }
     // Release the old pin before charging the new one (the kernel re-pins in place).
     dev.memlock.release(old.pinned);
     old.pinned = 0;
