@@ -13,6 +13,9 @@ cd "$(dirname "$0")/.."
 echo "== memcheck feature (stable): fill, write-after-free count, guard pages"
 cargo clippy --features memcheck --lib --tests -- -D warnings
 cargo test --features memcheck --test memcheck
+# The doctests with every feature on (`cargo test --all-features` must pass; the lib and test
+# binaries run below, under ASan).
+cargo test --all-features --doc -p rdma-pool
 
 echo "== memcheck under AddressSanitizer (RUSTC_BOOTSTRAP=1 -Zsanitizer=address): every test binary"
 target=$(rustc -vV | sed -n 's/^host: //p')

@@ -719,8 +719,9 @@ impl Pool {
     /// let p = pool.alloc(layout);
     /// // SAFETY: `p` came from this pool with this layout.
     /// unsafe { pool.free_sized(p, layout) };
-    /// assert_eq!(pool.purge(), 8 << 20);
-    /// assert_eq!(pool.stats().arena.purged_bytes, 8 << 20);
+    /// let purged = pool.purge(); // the run (and, under `memcheck`, its guard slab)
+    /// assert!(purged >= 8 << 20);
+    /// assert_eq!(pool.stats().arena.purged_bytes, purged as u64);
     /// let q = pool.alloc(layout); // the same run, committed and registered again
     /// assert_eq!(q, p);
     /// assert!(pool.keys_of(q).is_some());
