@@ -115,12 +115,6 @@ impl Pool {
                 ));
             }
             GrantKind::Auto => GrantKind::Type2,
-            GrantKind::Region if self.inner().grants.retired_full(caps.max_mr) => {
-                return Err(GrantError::Limit {
-                    what: "retired region grants (a quarter of max_mr)",
-                    max: super::retire::retired_max(caps.max_mr) as u64,
-                });
-            }
             GrantKind::Region => GrantKind::Region,
             GrantKind::Type2 if !(windows && caps.mw_type2) => {
                 return Err(GrantError::Unsupported("the device has no type 2 windows"));

@@ -47,7 +47,10 @@
 //!   any kind (2^20 by default): every window or region whose key went to a peer stays
 //!   allocated until then, so the device cannot hand its index to a later grant. Type 2
 //!   variants follow a random order per window; type 1 variants are the driver's next. A
-//!   device too small to hold the retired keys refuses grants ([`GrantError::Limit`]) instead.
+//!   device with too few windows to hold the retired keys refuses window grants
+//!   ([`GrantError::Limit`]) instead. Regions are scarcer: at most a quarter of `max_mr` stay
+//!   retired, the oldest beyond that deregistered early with its key remembered (no later grant
+//!   of this pool gets it; another pool's region may: the weaker bound of region grants).
 //!   Where an index goes back early (a window deallocated on failure; a region on a device
 //!   without `rereg_mr`), the pool holds it with a placeholder window when the device hands it
 //!   out at once, and never gives a grant a key that may be stale; when and with which variant

@@ -18,12 +18,14 @@
 //!   to the caller, which keeps the grant open (fail closed).
 //!
 //! Retired regions count against `max_mr` with the arena's own: at most a quarter of
-//! `max_mr` are kept; region grants beyond that are refused ([`GrantError::Limit`]) until the
-//! horizon lets the oldest go.
+//! `max_mr` (and [`RETIRED_MAX`]) are kept. Beyond that the oldest is deregistered before its
+//! horizon and its exact key tainted: this pool never gives a later grant that key within the
+//! horizon, but the device may hand the index to another pool's or the application's region
+//! (with the variant its driver picks): the weaker bound of region grants, documented in the
+//! module contract.
 //!
-//! Invariant: `list` is ordered by the grant count each region retired at.
-//!
-//! [`GrantError::Limit`]: super::GrantError::Limit
+//! Invariant: `list` is ordered by the grant count each region retired at, and
+//! `|list| <= retired_max(max_mr)`.
 
 use super::Grants;
 use crate::nic::quirks::{self, Quirk};
@@ -53,9 +55,12 @@ impl Retired {
     }
 }
 
+/// Most retired regions kept on any device.
+pub(super) const RETIRED_MAX: usize = 1 << 16;
+
 /// Most retired regions kept on a device with `max_mr` regions.
 pub(super) fn retired_max(max_mr: u32) -> usize {
-    (max_mr as usize / 4).max(1)
+    (max_mr as usize / 4).clamp(1, RETIRED_MAX)
 }
 
 impl Grants {
@@ -63,8 +68,8 @@ impl Grants {
     /// module contract). `Err` gives the region back when its key may still work.
     pub(super) fn retire_region(&self, mut mr: Mr) -> Result<(), Mr> {
         let (now, horizon) = self.clock();
-        let caps = mr.pd().nic().caps();
         let (pd, old) = (mr.pd().clone(), mr.rkey());
+        let caps = pd.nic().caps();
         let moved = !quirks::applies(caps, Quirk::ReregUnsupported) && horizon > 0 && {
             let odp = mr.is_odp();
             let (flags, access) = if odp {
@@ -85,8 +90,15 @@ impl Grants {
         if moved && mr.rkey().index() == old.index() {
             let mut r = super::lock(&self.retired);
             r.list.push_back((mr, now));
-            let expired = expire(&mut r, now, horizon);
+            let mut expired = expire(&mut r, now, horizon);
+            // Beyond the bound the oldest goes early: its key is tainted, not forgotten.
+            let early = r.list.len().saturating_sub(retired_max(caps.max_mr));
+            let early: Vec<Mr> = r.list.drain(..early).map(|(mr, _)| mr).collect();
             drop(r);
+            for mr in &early {
+                super::lock(&self.windows).taint(mr.pd(), mr.rkey(), false, None, now);
+            }
+            expired.extend(early);
             self.dereg_expired(expired);
             return Ok(());
         }
@@ -99,17 +111,6 @@ impl Grants {
             super::lock(&self.windows).taint(&pd, old, false, None, now);
         }
         Ok(())
-    }
-
-    /// Are as many regions retired as the device can spare (see the module contract)?
-    pub(super) fn retired_full(&self, max_mr: u32) -> bool {
-        let (now, horizon) = self.clock();
-        let mut r = super::lock(&self.retired);
-        let expired = expire(&mut r, now, horizon);
-        let full = r.list.len() >= retired_max(max_mr);
-        drop(r);
-        self.dereg_expired(expired);
-        full
     }
 
     fn dereg_expired(&self, expired: Vec<Mr>) {

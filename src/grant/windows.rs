@@ -23,14 +23,13 @@
 //! [`GrantLimits::key_horizon`]: super::GrantLimits::key_horizon
 
 use crate::nic::{Mw, MwType, Nic, Pd, Rkey};
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 
 /// Distinct keys per window index: the 8-bit variant.
 pub(crate) const VARIANTS: u16 = 256;
 
-/// Most tainted indices remembered (failed invalidations are rare; beyond this the oldest is
-/// forgotten early).
-const TAINTED_MAX: usize = 4096;
+/// Most tainted keys remembered (beyond this the oldest is forgotten before its horizon).
+const TAINTED_MAX: usize = 1 << 16;
 
 /// A window lent out, with the keys it has used since allocation.
 pub(crate) struct Lent {
@@ -90,10 +89,58 @@ fn random_order(first: u8) -> Box<[u8; 256]> {
 /// A key index whose keys went to peers and that the device got back before the horizon.
 struct Tainted {
     nic: Nic,
-    index: u32,
     /// The variants that may be stale, a bit each (every one for a window's index).
     variants: [u64; 4],
     at: u64,
+}
+
+/// The tainted keys, by index, and the order they were tainted in (oldest first).
+#[derive(Default)]
+struct Taints {
+    by_index: HashMap<u32, Vec<Tainted>>,
+    order: VecDeque<(u32, u64)>,
+}
+
+impl Taints {
+    fn add(&mut self, index: u32, t: Tainted) {
+        if self.order.len() >= TAINTED_MAX {
+            self.drop_oldest();
+        }
+        self.order.push_back((index, t.at));
+        self.by_index.entry(index).or_default().push(t);
+    }
+
+    fn drop_oldest(&mut self) {
+        if let Some((index, at)) = self.order.pop_front()
+            && let Some(v) = self.by_index.get_mut(&index)
+        {
+            if let Some(i) = v.iter().position(|t| t.at == at) {
+                v.swap_remove(i);
+            }
+            if v.is_empty() {
+                self.by_index.remove(&index);
+            }
+        }
+    }
+
+    /// Forget the taints the horizon has passed.
+    fn forget(&mut self, now: u64, horizon: u64) {
+        while self
+            .order
+            .front()
+            .is_some_and(|&(_, at)| now.saturating_sub(at) >= horizon)
+        {
+            self.drop_oldest();
+        }
+    }
+
+    fn find(&self, nic: &Nic, key: Rkey) -> impl Iterator<Item = &Tainted> {
+        self.by_index
+            .get(&key.index())
+            .into_iter()
+            .flatten()
+            .filter(move |t| t.nic.same_device(nic))
+    }
 }
 
 /// See the module contract.
@@ -103,7 +150,7 @@ pub(crate) struct Windows {
     /// Windows kept allocated (spent, or holding a tainted index), with the grant count they
     /// retired at, oldest first.
     retired: VecDeque<(Mw, u64)>,
-    tainted: Vec<Tainted>,
+    tainted: Taints,
     allocated: u64,
     lent: u64,
     /// Retired windows deallocated after the horizon.
@@ -211,18 +258,17 @@ impl Windows {
     /// alone (a region's); and take the index straight back with a placeholder window of type
     /// `ty` (by default the device's safest) where the device hands it out again at once.
     pub(crate) fn taint(&mut self, pd: &Pd, key: Rkey, all: bool, ty: Option<MwType>, now: u64) {
-        if self.tainted.len() >= TAINTED_MAX {
-            self.tainted.remove(0);
-        }
         let mut variants = [if all { u64::MAX } else { 0 }; 4];
         let v = key.variant() as usize;
         variants[v / 64] |= 1 << (v % 64);
-        self.tainted.push(Tainted {
-            nic: pd.nic().clone(),
-            index: key.index(),
-            variants,
-            at: now,
-        });
+        self.tainted.add(
+            key.index(),
+            Tainted {
+                nic: pd.nic().clone(),
+                variants,
+                at: now,
+            },
+        );
         let caps = pd.nic().caps();
         let ty = ty.or(match (caps.max_mw > 0, caps.mw_type2, caps.mw_type1) {
             (true, true, _) => Some(MwType::Type2),
@@ -243,24 +289,20 @@ impl Windows {
     /// Is `key`'s index on `nic` tainted (see the module contract)? A window there would step
     /// through its variants: any taint of the index counts.
     pub(crate) fn is_tainted(&self, nic: &Nic, key: Rkey) -> bool {
-        self.tainted
-            .iter()
-            .any(|t| t.index == key.index() && t.nic.same_device(nic))
+        self.tainted.find(nic, key).next().is_some()
     }
 
     /// Might `key` itself on `nic` be a stale key (a region's key never changes: only its
     /// exact variant counts)?
     pub(crate) fn is_stale(&self, nic: &Nic, key: Rkey) -> bool {
         let v = key.variant() as usize;
-        self.tainted.iter().any(|t| {
-            t.index == key.index()
-                && t.variants[v / 64] & 1 << (v % 64) != 0
-                && t.nic.same_device(nic)
-        })
+        self.tainted
+            .find(nic, key)
+            .any(|t| t.variants[v / 64] & 1 << (v % 64) != 0)
     }
 
     fn forget_tainted(&mut self, now: u64, horizon: u64) {
-        self.tainted.retain(|t| now.saturating_sub(t.at) < horizon);
+        self.tainted.forget(now, horizon);
     }
 
     /// `(allocated, retired, recycled)`.
