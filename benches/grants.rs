@@ -4,8 +4,11 @@
 //! - `grant_4k/pool_grant`: `pool.grant` (a type 2 window bound on the peer's QP, or whatever
 //!   the device needs for exact bounds), waiting for the bind, then `revoke`, waiting for the
 //!   invalidation — the full life of a key;
+//! - `grant_4k/pool_grant_type2`, `pool_grant_type1`: the same with the kind asked for (a type
+//!   1 window is bound with `ibv_bind_mw` and unbound by a zero-length bind);
 //! - `grant_4k/pool_grant_region`: `pool.grant_with(.., GrantKind::Region)`: the pool's
-//!   checks and bookkeeping around a region of its own over exactly the buffer;
+//!   checks and bookkeeping around a region of its own over exactly the buffer, retired on
+//!   revocation (`ibv_rereg_mr` onto a dummy page, or deregistered where there is no rereg);
 //! - `grant_4k/reg_dereg`: a region of its own per grant (`ibv_reg_mr` with the remote right,
 //!   `ibv_dereg_mr` to revoke);
 //! - `grant_4k/mr_cache`: a cache of registered ranges (a map, as UCX-like libraries keep),
@@ -75,6 +78,20 @@ fn grants(c: &mut Criterion) {
             grant.revoke(&cq, no_other).expect("revoked");
         })
     });
+    for (name, kind) in [
+        ("pool_grant_type2", rdma_pool::grant::GrantKind::Type2),
+        ("pool_grant_type1", rdma_pool::grant::GrantKind::Type1),
+    ] {
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                // SAFETY: as above.
+                let mut grant = unsafe { pool.grant_with(&buf, &qp, rw, kind) }.expect("a grant");
+                grant.wait(&cq, no_other).expect("bound");
+                black_box(grant.rkey());
+                grant.revoke(&cq, no_other).expect("revoked");
+            })
+        });
+    }
     g.bench_function("pool_grant_region", |b| {
         b.iter(|| {
             let kind = rdma_pool::grant::GrantKind::Region;
