@@ -252,6 +252,7 @@ impl Pool {
         drop(active);
         let n = &g.counters;
         n.issued.fetch_add(1, Relaxed);
+        super::windows::CLOCK.fetch_add(1, Relaxed);
         match c.kind {
             GrantKind::Type2 => n.type2.fetch_add(1, Relaxed),
             GrantKind::Type1 => n.type1.fetch_add(1, Relaxed),
@@ -356,8 +357,8 @@ impl Grants {
             }
             .map_err(fail)?;
             tries += 1;
-            let tainted =
-                c.kind == GrantKind::Region && lock(&self.windows).is_stale(c.pd.nic(), mr.rkey());
+            let tainted = c.kind == GrantKind::Region
+                && lock(&self.windows).is_tainted(c.pd.nic(), mr.rkey());
             if !tainted {
                 return Ok(mr);
             }

@@ -48,13 +48,14 @@
 //!   allocated until then, so the device cannot hand its index to a later grant. Type 2
 //!   variants follow a random order per window; type 1 variants are the driver's next. A
 //!   device with too few windows to hold the retired keys refuses window grants
-//!   ([`GrantError::Limit`]) instead. Regions are scarcer: at most a quarter of `max_mr` stay
-//!   retired, the oldest beyond that deregistered early with its key remembered (no later grant
-//!   of this pool gets it; another pool's region may: the weaker bound of region grants).
-//!   Where an index goes back early (a window deallocated on failure; a region on a device
-//!   without `rereg_mr`), the pool holds it with a placeholder window when the device hands it
-//!   out at once, and never gives a grant a key that may be stale; when and with which variant
-//!   the device reuses it otherwise is its driver's choice.
+//!   ([`GrantError::Limit`]) instead. Regions are scarcer: at most a quarter of `max_mr`
+//!   revoked region indices stay held (`retire.rs`), so a region key is refused for at least
+//!   that many later region grants, then the driver chooses (the weaker bound of region
+//!   grants).
+//!   Where a window's index goes back early (deallocated on failure), every pool of the
+//!   process treats it as tainted, and the pool holds it with a placeholder window when the
+//!   device hands it out at once; when and with which variant the device reuses it otherwise
+//!   is its driver's choice.
 //! - **Quarantine** (`ledger.rs`): memory freed while a grant on it is open (live or
 //!   revoking) is parked, neither reused nor purged, until the invalidation completed. The free
 //!   path checks one per-granule counter with a relaxed load. [`Grant`] borrows its buffer, so
@@ -419,7 +420,7 @@ impl Grants {
             windows,
             windows_retired: retired,
             windows_recycled: recycled,
-            regions_retired: lock(&self.retired).len() as u64,
+            regions_retired: lock(&self.retired).regions() as u64,
             wrs_in_flight: c.in_flight.load(Relaxed),
             quarantined_blocks: parked as u64,
             quarantined_bytes: parked_bytes as u64,

@@ -1,35 +1,33 @@
-//! Retiring a revoked region grant's key: the region stays registered, without remote rights
-//! and pointed at one dummy page, until the key horizon passes, so that its key index is not
-//! handed to a later region or window whose key could equal the stale one.
+//! Retiring a revoked region grant's key: its index stays held — by the region itself,
+//! without remote rights and pointed at one dummy page, or by a placeholder window — so that
+//! the device does not hand it to a later region or window whose key could equal the stale one.
 //!
-//! Contract: [`Grants::retire_region`] kills the key first, then keeps the index:
+//! Contract: [`Grants::retire_region`] kills the key first, then holds the index:
 //! - `ibv_rereg_mr(CHANGE_ACCESS | CHANGE_TRANSLATION)` onto [`DUMMY`] with `LOCAL_WRITE`
 //!   only (an ODP region keeps its translation: moving it would change its keys on mlx5, and
 //!   it pins nothing). A remote access with the old key is then refused (no remote right, and
-//!   on the dummy page nothing of the pool's). If the driver answers with new keys (it rebuilt
-//!   the region), the old index went back to the device: it is tainted as a window's
-//!   deallocated early is (`windows.rs`), and the rebuilt region, whose key no peer saw, is
-//!   deregistered.
-//! - Where the device has no `rereg_mr` (`Quirk::ReregUnsupported`, kernel rxe) or refuses
-//!   it, the region is deregistered and its index tainted: how soon the device hands that
-//!   index out again, and with which variant, is the driver's choice (rxe allocates indices
-//!   cyclically over `max_mr` and draws the variant at random).
+//!   on the dummy page nothing of the pool's). The region itself holds the index.
+//! - Where the device has no `rereg_mr` (`Quirk::ReregUnsupported`, kernel rxe), refuses it,
+//!   or answers with an index of its own (it rebuilt the region), the region is deregistered,
+//!   which kills the key, and a placeholder window takes the index straight back where the
+//!   device hands it out again at once (the soft NIC recycles lowest first; rxe allocates
+//!   indices cyclically over `max_mr`, with a random variant, so it does not).
 //! - A deregistration the device refuses leaves the key possibly alive: the region comes back
 //!   to the caller, which keeps the grant open (fail closed).
 //!
-//! Retired regions count against `max_mr` with the arena's own: at most a quarter of
-//! `max_mr` (and [`RETIRED_MAX`]) are kept. Beyond that the oldest is deregistered before its
-//! horizon and its exact key tainted: this pool never gives a later grant that key within the
-//! horizon, but the device may hand the index to another pool's or the application's region
-//! (with the variant its driver picks): the weaker bound of region grants, documented in the
-//! module contract.
+//! Regions are scarce (they count against `max_mr` with the arena's own): at most a quarter of
+//! `max_mr` indices stay held, oldest first; beyond that, and once the key horizon passed, the
+//! oldest is released. So a revoked region key is refused for at least that many later region
+//! grants of the pool (4096 on the soft NIC's default device) and for as long as the horizon
+//! where fewer are made; after, which key the device gives that index next is its driver's
+//! choice. That is the weaker bound of region grants (the module contract).
 //!
-//! Invariant: `list` is ordered by the grant count each region retired at, and
-//! `|list| <= retired_max(max_mr)`.
+//! Invariant: `held` is ordered by the grant count each entry retired at, and
+//! `|held| <= retired_max(max_mr)`.
 
 use super::Grants;
 use crate::nic::quirks::{self, Quirk};
-use crate::nic::{Access, Mr, ReregFlags};
+use crate::nic::{Access, Mr, Mw, MwType, ReregFlags};
 use std::cell::UnsafeCell;
 use std::collections::VecDeque;
 
@@ -43,29 +41,42 @@ unsafe impl Sync for DummyPage {}
 
 static DUMMY: DummyPage = DummyPage(UnsafeCell::new([0; 4096]));
 
-/// The retired regions of a pool, oldest first, with the grant count they retired at.
+/// What holds a revoked region grant's index.
+enum Held {
+    /// The region, moved onto the dummy page without remote rights.
+    Region(Mr),
+    /// A window that took the index back after the region was deregistered.
+    Placeholder(Mw),
+}
+
+/// The held indices of a pool's revoked region grants, oldest first, with the grant count
+/// they retired at.
 #[derive(Default)]
 pub(super) struct Retired {
-    list: VecDeque<(Mr, u64)>,
+    held: VecDeque<(Held, u64)>,
 }
 
 impl Retired {
-    pub(super) fn len(&self) -> usize {
-        self.list.len()
+    /// Revoked regions still registered (on the dummy page).
+    pub(super) fn regions(&self) -> usize {
+        self.held
+            .iter()
+            .filter(|(h, _)| matches!(h, Held::Region(_)))
+            .count()
     }
 }
 
-/// Most retired regions kept on any device.
-pub(super) const RETIRED_MAX: usize = 1 << 16;
+/// Most retired region indices held on any device.
+const RETIRED_MAX: usize = 1 << 16;
 
-/// Most retired regions kept on a device with `max_mr` regions.
-pub(super) fn retired_max(max_mr: u32) -> usize {
+/// Most retired region indices held on a device with `max_mr` regions.
+fn retired_max(max_mr: u32) -> usize {
     (max_mr as usize / 4).clamp(1, RETIRED_MAX)
 }
 
 impl Grants {
-    /// Kill a revoked region grant's key and keep its index until the horizon (see the
-    /// module contract). `Err` gives the region back when its key may still work.
+    /// Kill a revoked region grant's key and hold its index (see the module contract). `Err`
+    /// gives the region back when its key may still work.
     pub(super) fn retire_region(&self, mut mr: Mr) -> Result<(), Mr> {
         let (now, horizon) = self.clock();
         let (pd, old) = (mr.pd().clone(), mr.rkey());
@@ -87,51 +98,49 @@ impl Grants {
             // ever posted, and without remote rights no peer reaches it.
             unsafe { mr.rereg(flags, None, DUMMY.0.get().cast(), 4096, access) }.is_ok()
         };
-        if moved && mr.rkey().index() == old.index() {
-            let mut r = super::lock(&self.retired);
-            r.list.push_back((mr, now));
-            let mut expired = expire(&mut r, now, horizon);
-            // Beyond the bound the oldest goes early: its key is tainted, not forgotten.
-            let early = r.list.len().saturating_sub(retired_max(caps.max_mr));
-            let early: Vec<Mr> = r.list.drain(..early).map(|(mr, _)| mr).collect();
-            drop(r);
-            for mr in &early {
-                super::lock(&self.windows).taint(mr.pd(), mr.rkey(), false, None, now);
-            }
-            expired.extend(early);
-            self.dereg_expired(expired);
-            return Ok(());
-        }
-        // Deregistered (or rebuilt by the driver): the old index went back to the device.
-        if let Err(e) = mr.dereg() {
-            tracing::warn!(error = %e.error, "rdma_pool: a revoked region grant refused dereg");
-            return Err(e.mr);
-        }
-        if horizon > 0 {
-            super::lock(&self.windows).taint(&pd, old, false, None, now);
-        }
-        Ok(())
-    }
-
-    fn dereg_expired(&self, expired: Vec<Mr>) {
-        for mr in expired {
+        let held = if moved && mr.rkey().index() == old.index() {
+            Some(Held::Region(mr))
+        } else {
+            // Deregistered (or rebuilt by the driver): the old index went back to the device.
             if let Err(e) = mr.dereg() {
-                tracing::warn!(error = %e.error, "rdma_pool: a retired region refused dereg; kept");
-                super::lock(&self.retired).list.push_front((e.mr, 0));
+                tracing::warn!(error = %e.error, "rdma_pool: a revoked region grant refused dereg");
+                return Err(e.mr);
             }
-        }
+            let ty = match (caps.max_mw > 0, caps.mw_type2, caps.mw_type1) {
+                (true, true, _) => Some(MwType::Type2),
+                (true, false, true) => Some(MwType::Type1),
+                _ => None,
+            };
+            let windows = &self.windows;
+            ty.filter(|_| horizon > 0)
+                .and_then(|ty| super::lock(windows).placeholder(&pd, ty, old))
+                .map(Held::Placeholder)
+        };
+        let mut r = super::lock(&self.retired);
+        r.held.extend(held.map(|h| (h, now)));
+        // Beyond the bound the oldest goes early; past the horizon, all that passed it.
+        let early = r.held.len().saturating_sub(retired_max(caps.max_mr));
+        let late = r
+            .held
+            .iter()
+            .skip(early)
+            .take_while(|&&(_, at)| now.saturating_sub(at) >= horizon)
+            .count();
+        let released: Vec<Held> = r.held.drain(..early + late).map(|(h, _)| h).collect();
+        drop(r);
+        released.into_iter().for_each(release);
+        Ok(())
     }
 }
 
-/// Take the retired regions whose horizon passed out of `r`.
-fn expire(r: &mut Retired, now: u64, horizon: u64) -> Vec<Mr> {
-    let mut out = Vec::new();
-    while r
-        .list
-        .front()
-        .is_some_and(|&(_, at)| now.saturating_sub(at) >= horizon)
-    {
-        out.extend(r.list.pop_front().map(|(mr, _)| mr));
+/// Give a held index back to the device (a refusal only logs: the object stays allocated,
+/// and its key, without remote rights, reaches nothing).
+fn release(h: Held) {
+    let r = match h {
+        Held::Region(mr) => mr.dereg().map_err(|e| e.error),
+        Held::Placeholder(mw) => mw.dealloc().map_err(|(_, e)| e),
+    };
+    if let Err(e) = r {
+        tracing::warn!(error = %e, "rdma_pool: a retired region's index could not be released");
     }
-    out
 }

@@ -19,12 +19,12 @@ type Freed = Option<(usize, usize)>;
 /// The completion sink of every pool's grants ([`crate::nic`] calls it from `Cq::poll`): a
 /// bind's or invalidation's completion goes to the live pool whose tag it carries (none: its
 /// pool is gone, and so is the grant); a receive reporting a peer's SEND_WITH_INV is noted by
-/// every pool.
-pub(crate) fn route(wc: &Completion) {
+/// every pool, with `nic`, the device of the CQ it came from (QP numbers are per device).
+pub(crate) fn route(wc: &Completion, nic: &crate::nic::Nic) {
     crate::alloc::any_live_pool(|inner| {
         // SAFETY: the registry lock keeps the pool alive while the alias is used.
         let pool = unsafe { Pool::alias_of(inner) };
-        pool.take_completion(wc) && super::is_pool_wr_id(wc.wr_id)
+        pool.take_completion(wc, Some(nic)) && super::is_pool_wr_id(wc.wr_id)
     });
 }
 
@@ -34,8 +34,9 @@ impl Pool {
     /// [`Cq::poll`](crate::nic::Cq::poll) reach the pool on their own and never come out of
     /// it): returns `true` when it was the completion of a bind or invalidation the pool
     /// posted (consumed), `false` when it belongs to the application. A receive completion
-    /// that reports a peer's SEND_WITH_INV of a grant's key is noted (the window is then known
-    /// dead) and still returns `false`.
+    /// reporting a peer's SEND_WITH_INV is not taken for a grant's (it names a QP number, and
+    /// QP numbers are per device: the pool cannot tell which device's); the revocation
+    /// invalidates the window itself.
     ///
     /// # Safety
     /// `wc` is a completion the device reported, as `ibv_poll_cq` returned it, handed over
@@ -51,15 +52,16 @@ impl Pool {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub unsafe fn on_completion(&self, wc: &Completion) -> bool {
-        self.take_completion(wc)
+        self.take_completion(wc, None)
     }
 
-    /// [`Pool::on_completion`] of a completion the crate polled (or the caller vouches for).
-    pub(crate) fn take_completion(&self, wc: &Completion) -> bool {
+    /// [`Pool::on_completion`] of a completion the crate polled from a CQ of `nic` (`None`:
+    /// the device is unknown, and a peer's invalidation is not noted).
+    pub(crate) fn take_completion(&self, wc: &Completion, nic: Option<&crate::nic::Nic>) -> bool {
         let g = &self.inner().grants;
         let Some((op, tag, key, seq)) = parse(wc.wr_id) else {
-            if let Some(rkey) = wc.invalidated_rkey {
-                g.peer_invalidated(wc.qp_num, rkey);
+            if let (Some(rkey), Some(nic)) = (wc.invalidated_rkey, nic) {
+                g.peer_invalidated(nic, wc.qp_num, rkey);
             }
             return false;
         };
@@ -293,13 +295,15 @@ impl Grants {
     }
 
     /// A receive reported that a peer's SEND_WITH_INV invalidated `rkey` on QP `qpn`.
-    fn peer_invalidated(&self, qpn: u32, rkey: crate::nic::Rkey) {
+    fn peer_invalidated(&self, nic: &crate::nic::Nic, qpn: u32, rkey: crate::nic::Rkey) {
         let mut active = lock(&self.active);
         if let Some((_, a)) = active.iter_mut().find(|(_, a)| {
             a.kind == GrantKind::Type2
                 && !a.done
                 && a.rkey == rkey
-                && a.qp.as_ref().is_some_and(|q| q.qpn() == qpn)
+                && a.qp
+                    .as_ref()
+                    .is_some_and(|q| q.qpn() == qpn && q.pd().nic().same_device(nic))
         }) {
             a.peer_invalidated = true;
             self.counters.peer_inv.fetch_add(1, Relaxed);

@@ -11,9 +11,11 @@
 //! key of the old one, until `horizon` more grants (of any kind, [`GrantLimits::key_horizon`],
 //! 2^20 by default) were issued; only then is it deallocated. A window that had to be
 //! deallocated early (its invalidation failed: deallocation is what kills its key) *taints*
-//! its index for the horizon: the pool takes the index straight back as a placeholder window
-//! where the device hands it out again at once (the soft NIC, recycling lowest first), and a
-//! fresh window or retired region that turns up with a tainted index is held, never used.
+//! its index for the horizon, for every pool of the process (a process-wide registry on a
+//! process-wide grant clock, [`CLOCK`]): the pool takes the index straight back as a
+//! placeholder window where the device hands it out again at once (the soft NIC, recycling
+//! lowest first), and a fresh window or region grant that turns up with a tainted index, in
+//! any pool, is held (or retired), never used.
 //! Windows the device refuses (`max_mw`) refuse the grant: a small `max_mw` bounds how many
 //! grants the horizon lets through rather than weakening it.
 //!
@@ -23,7 +25,9 @@
 //! [`GrantLimits::key_horizon`]: super::GrantLimits::key_horizon
 
 use crate::nic::{Mw, MwType, Nic, Pd, Rkey};
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// Distinct keys per window index: the 8-bit variant.
 pub(crate) const VARIANTS: u16 = 256;
@@ -89,16 +93,28 @@ fn random_order(first: u8) -> Box<[u8; 256]> {
 /// A key index whose keys went to peers and that the device got back before the horizon.
 struct Tainted {
     nic: Nic,
-    /// The variants that may be stale, a bit each (every one for a window's index).
-    variants: [u64; 4],
-    at: u64,
+    /// The process's grant count ([`CLOCK`]) at which the taint lapses.
+    until: u64,
 }
 
-/// The tainted keys, by index, and the order they were tainted in (oldest first).
-#[derive(Default)]
+/// Grants issued by every pool of the process: the clock of the taints, which every pool
+/// heeds (another pool on the device must not hand out a key this one's peer still holds).
+pub(crate) static CLOCK: AtomicU64 = AtomicU64::new(0);
+
+/// The tainted keys of the process, by index, and the order they were tainted in (oldest
+/// first). A `BTreeMap` for a `const` constructor: the registry is a static.
 struct Taints {
-    by_index: HashMap<u32, Vec<Tainted>>,
+    by_index: BTreeMap<u32, Vec<Tainted>>,
     order: VecDeque<(u32, u64)>,
+}
+
+static TAINTS: Mutex<Taints> = Mutex::new(Taints {
+    by_index: BTreeMap::new(),
+    order: VecDeque::new(),
+});
+
+fn taints() -> std::sync::MutexGuard<'static, Taints> {
+    TAINTS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Taints {
@@ -106,15 +122,15 @@ impl Taints {
         if self.order.len() >= TAINTED_MAX {
             self.drop_oldest();
         }
-        self.order.push_back((index, t.at));
+        self.order.push_back((index, t.until));
         self.by_index.entry(index).or_default().push(t);
     }
 
     fn drop_oldest(&mut self) {
-        if let Some((index, at)) = self.order.pop_front()
+        if let Some((index, until)) = self.order.pop_front()
             && let Some(v) = self.by_index.get_mut(&index)
         {
-            if let Some(i) = v.iter().position(|t| t.at == at) {
+            if let Some(i) = v.iter().position(|t| t.until == until) {
                 v.swap_remove(i);
             }
             if v.is_empty() {
@@ -123,23 +139,21 @@ impl Taints {
         }
     }
 
-    /// Forget the taints the horizon has passed.
-    fn forget(&mut self, now: u64, horizon: u64) {
-        while self
-            .order
-            .front()
-            .is_some_and(|&(_, at)| now.saturating_sub(at) >= horizon)
-        {
+    /// Forget the oldest taints that lapsed.
+    fn forget(&mut self) {
+        let now = CLOCK.load(Relaxed);
+        while self.order.front().is_some_and(|&(_, until)| now >= until) {
             self.drop_oldest();
         }
     }
 
     fn find(&self, nic: &Nic, key: Rkey) -> impl Iterator<Item = &Tainted> {
+        let now = CLOCK.load(Relaxed);
         self.by_index
             .get(&key.index())
             .into_iter()
             .flatten()
-            .filter(move |t| t.nic.same_device(nic))
+            .filter(move |t| now < t.until && t.nic.same_device(nic))
     }
 }
 
@@ -150,7 +164,6 @@ pub(crate) struct Windows {
     /// Windows kept allocated (spent, or holding a tainted index), with the grant count they
     /// retired at, oldest first.
     retired: VecDeque<(Mw, u64)>,
-    tainted: Taints,
     allocated: u64,
     lent: u64,
     /// Retired windows deallocated after the horizon.
@@ -177,7 +190,7 @@ impl Windows {
         now: u64,
         horizon: u64,
     ) -> Result<Lent, crate::nic::Error> {
-        self.forget_tainted(now, horizon);
+        taints().forget();
         // Windows past the horizon go before a new one is asked of the device (`max_mw`).
         drop(self.expired(now, horizon));
         let free = &mut self.free[slot(ty)];
@@ -248,61 +261,47 @@ impl Windows {
         self.lent -= 1;
         self.allocated -= 1;
         if horizon > 0 {
-            self.taint(&pd, key, true, Some(ty), now);
+            self.taint(&pd, key, ty, now, horizon);
         }
         Ok(())
     }
 
-    /// Taint `key` on `pd`'s device (its object was deallocated before the horizon): its
-    /// index's every variant when `all` (a window's keys stepped through many), else `key`
-    /// alone (a region's); and take the index straight back with a placeholder window of type
-    /// `ty` (by default the device's safest) where the device hands it out again at once.
-    pub(crate) fn taint(&mut self, pd: &Pd, key: Rkey, all: bool, ty: Option<MwType>, now: u64) {
-        let mut variants = [if all { u64::MAX } else { 0 }; 4];
-        let v = key.variant() as usize;
-        variants[v / 64] |= 1 << (v % 64);
-        self.tainted.add(
+    /// Taint `key`'s index on `pd`'s device for every pool of the process (a window there was
+    /// deallocated before the horizon) and take the index straight back with a placeholder
+    /// window of type `ty` where the device hands it out again at once.
+    pub(crate) fn taint(&mut self, pd: &Pd, key: Rkey, ty: MwType, now: u64, horizon: u64) {
+        taints().add(
             key.index(),
             Tainted {
                 nic: pd.nic().clone(),
-                variants,
-                at: now,
+                until: CLOCK.load(Relaxed).saturating_add(horizon),
             },
         );
-        let caps = pd.nic().caps();
-        let ty = ty.or(match (caps.max_mw > 0, caps.mw_type2, caps.mw_type1) {
-            (true, true, _) => Some(MwType::Type2),
-            (true, false, true) => Some(MwType::Type1),
-            _ => None,
-        });
         // If it lands on the tainted index it holds it; else it is a fresh window to cache.
-        if let Some(mw) = ty.and_then(|ty| pd.alloc_mw(ty).ok()) {
+        if let Some(mw) = self.placeholder(pd, ty, key) {
             self.allocated += 1;
-            if self.is_tainted(pd.nic(), mw.rkey()) {
-                self.retired.push_back((mw, now));
-            } else {
-                self.free[slot(mw.mw_type())].push(Lent::fresh(mw));
-            }
+            self.retired.push_back((mw, now));
         }
     }
 
-    /// Is `key`'s index on `nic` tainted (see the module contract)? A window there would step
-    /// through its variants: any taint of the index counts.
+    /// A window of type `ty` in `pd` allocated to take `key`'s index back from the device:
+    /// `Some` when it landed there (the caller holds it); otherwise it joins the cache as a
+    /// fresh window and `None` is returned (as when the device refuses a window).
+    pub(crate) fn placeholder(&mut self, pd: &Pd, ty: MwType, key: Rkey) -> Option<Mw> {
+        let mw = pd.alloc_mw(ty).ok()?;
+        self.allocated += 1;
+        if mw.rkey().index() == key.index() {
+            self.allocated -= 1; // the caller's now
+            return Some(mw);
+        }
+        self.free[slot(ty)].push(Lent::fresh(mw));
+        None
+    }
+
+    /// Is `key`'s index on `nic` tainted (see the module contract)? Any variant counts: a
+    /// window there would step through them, and a window's every variant may be stale.
     pub(crate) fn is_tainted(&self, nic: &Nic, key: Rkey) -> bool {
-        self.tainted.find(nic, key).next().is_some()
-    }
-
-    /// Might `key` itself on `nic` be a stale key (a region's key never changes: only its
-    /// exact variant counts)?
-    pub(crate) fn is_stale(&self, nic: &Nic, key: Rkey) -> bool {
-        let v = key.variant() as usize;
-        self.tainted
-            .find(nic, key)
-            .any(|t| t.variants[v / 64] & 1 << (v % 64) != 0)
-    }
-
-    fn forget_tainted(&mut self, now: u64, horizon: u64) {
-        self.tainted.forget(now, horizon);
+        taints().find(nic, key).next().is_some()
     }
 
     /// `(allocated, retired, recycled)`.

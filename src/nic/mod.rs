@@ -1567,12 +1567,15 @@ impl Qp {
     /// `remote_addr` under `rkey` become `swap` if they equal `compare`; their original value
     /// is written to `local` (8 bytes, `LOCAL_WRITE`). The remote address must be 8-byte
     /// aligned (else the completion is `RemInvReqErr`) and the key must carry
-    /// `REMOTE_ATOMIC` (else `RemAccessErr`). The value's byte order is the device's: host order
-    /// on the soft NIC and rxe (a quirk of mlx5 hardware is big-endian memory).
+    /// `REMOTE_ATOMIC` (else `RemAccessErr`). The remote address must be 8-byte aligned:
+    /// refused at the call (rxe refuses it at post time, hardware NAKs it as an invalid
+    /// request; the soft NIC models the NAK, `RemInvReqErr`). The value's byte order is the
+    /// device's: host order on the soft NIC and rxe (mlx5 hardware keeps it big-endian).
     ///
     /// # Errors
     /// `Unsupported` where the device has no atomics (`Caps::atomics`); `InvalidArgument` when
-    /// `local` is not 8 bytes or `wr_id` is reserved; the `ibv_post_send` failure.
+    /// `local` is not 8 bytes, `remote_addr` is not 8-byte aligned or `wr_id` is reserved; the
+    /// `ibv_post_send` failure.
     ///
     /// # Safety
     /// As [`Qp::post_read`] for `local`: the NIC writes it until the completion is polled.
@@ -1607,7 +1610,7 @@ impl Qp {
         compare: u64,
         swap: u64,
     ) -> Result<()> {
-        self.atomic_args(wr_id, &local)?;
+        self.atomic_args(wr_id, &local, remote_addr)?;
         let op = RawSendOp::CompareSwap {
             remote_addr,
             rkey,
@@ -1634,7 +1637,7 @@ impl Qp {
         rkey: Rkey,
         add: u64,
     ) -> Result<()> {
-        self.atomic_args(wr_id, &local)?;
+        self.atomic_args(wr_id, &local, remote_addr)?;
         let op = RawSendOp::FetchAdd {
             remote_addr,
             rkey,
@@ -1644,7 +1647,7 @@ impl Qp {
     }
 
     /// The checks every atomic post makes before the device sees it.
-    fn atomic_args(&self, wr_id: u64, local: &Sge) -> Result<()> {
+    fn atomic_args(&self, wr_id: u64, local: &Sge, remote_addr: u64) -> Result<()> {
         Self::app_wr_id(wr_id, Verb::PostSend)?;
         if !self.pd().nic().caps().atomics {
             return Err(Error::unsupported(
@@ -1656,6 +1659,12 @@ impl Qp {
             return Err(Error::invalid(
                 Verb::PostSend,
                 "an atomic's local buffer is exactly 8 bytes",
+            ));
+        }
+        if remote_addr % 8 != 0 {
+            return Err(Error::invalid(
+                Verb::PostSend,
+                "an atomic's remote address is 8-byte aligned",
             ));
         }
         Ok(())

@@ -43,12 +43,13 @@ const OWNED_TAG: u64 = 0x5251;
 pub(crate) const GRANT_TAG: u64 = 0x5250;
 
 /// Where completions of the crate's grants go ([`set_grant_sink`]).
-static GRANT_SINK: std::sync::OnceLock<fn(&Completion)> = std::sync::OnceLock::new();
+static GRANT_SINK: std::sync::OnceLock<fn(&Completion, &super::Nic)> = std::sync::OnceLock::new();
 
 /// Install the handler of the grants' completions (and of receives that report a peer's
 /// SEND_WITH_INV): [`Cq::poll`] calls it, so no completion of the crate's is ever the
-/// application's to hand over — nor to forge.
-pub(crate) fn set_grant_sink(sink: fn(&Completion)) {
+/// application's to hand over — nor to forge. The sink gets the NIC of the CQ: QP numbers are
+/// per device.
+pub(crate) fn set_grant_sink(sink: fn(&Completion, &super::Nic)) {
     let _ = GRANT_SINK.set(sink);
 }
 
@@ -386,14 +387,14 @@ impl Cq {
                 // A grant's bind or invalidation: never the application's (raw posts refuse
                 // the tag), whether or not its pool still lives.
                 if let Some(sink) = GRANT_SINK.get() {
-                    sink(&wc);
+                    sink(&wc, &self.inner.nic);
                 }
             } else {
                 if wc.invalidated_rkey.is_some()
                     && let Some(sink) = GRANT_SINK.get()
                 {
                     // The peer may have killed a grant's key: its pool notes it.
-                    sink(&wc);
+                    sink(&wc, &self.inner.nic);
                 }
                 out[kept] = wc;
                 kept += 1;

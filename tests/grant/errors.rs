@@ -426,5 +426,13 @@ fn frees_from_every_thread_are_seen_by_a_grant_on_another() {
         // SAFETY: the live block, freed once.
         unsafe { pool.free_sized(blocks[0] as *mut u8, l) };
     });
+    // The joined threads' heaps are given back by their thread-local destructors, which may
+    // still be running: `validate` is for a quiescent pool.
+    for _ in 0..500 {
+        if pool.validate() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
     nothing_leaked(&pool);
 }

@@ -341,3 +341,170 @@ fn a_peers_own_pd_isolates_pd_wide_kinds() {
     drop(buf);
     nothing_leaked(&pool);
 }
+
+/// Fail the server's QP (a READ with a bogus key from the server side).
+fn fail_qp(bed: &Bed) {
+    let (_m, local) = scratch(&bed.b, 8, 0);
+    // SAFETY: the read's memory stays allocated until its completion is polled.
+    unsafe {
+        bed.qb
+            .post_read(9, &[local.sge(0, 8).unwrap()], 0x1000, Rkey(0x00ba_d0ff))
+    }
+    .unwrap();
+    bed.b.wait();
+}
+
+/// QP numbers are per device: a peer's SEND_WITH_INV on one device, whose QP number and key
+/// happen to equal another device's live grant's, kills nothing there (found by the attack
+/// review: the other pool skipped its LOCAL_INV and freed memory its peer's key still read).
+#[test]
+fn a_send_with_inv_on_another_device_kills_no_key_here() {
+    let _s = serial();
+    let bed_x = soft_bed(SoftConfig::default());
+    let bed_y = soft_bed(SoftConfig::default());
+    assert_eq!(
+        bed_x.qb.qpn(),
+        bed_y.qb.qpn(),
+        "QP numbers coincide across devices"
+    );
+    let pool_x = pool_on(&bed_x.b.pd);
+    let pool_y = pool_on(&bed_y.b.pd);
+    let buf_y = vec![in &pool_y; 0x77u8; 4096];
+    let buf_x = vec![in &pool_x; 0u8; 4096];
+    let (_r, recv) = scratch(&bed_x.b, 64, 0);
+    let (_ry, _recv_y) = scratch(&bed_y.b, 64, 0); // the same key layout on both devices
+    let mut gy = pool_y
+        .grant_read_with(&buf_y, &bed_y.qb, GrantKind::Type2)
+        .unwrap();
+    bound(&mut gy, &bed_y.b);
+    let ky = gy.rkey();
+    // X's peer SEND_WITH_INVs every key pool X gives it, Y's among them sooner or later.
+    let (_s2, src) = scratch(&bed_x.a, 64, 4);
+    let mut met = false;
+    for _ in 0..254 {
+        let mut gx = pool_x
+            .grant_read_with(&buf_x, &bed_x.qb, GrantKind::Type2)
+            .unwrap();
+        bound(&mut gx, &bed_x.b);
+        met |= gx.rkey() == ky;
+        // SAFETY: the receive's memory stays allocated until its completion is polled.
+        unsafe { bed_x.qb.post_recv(5, &[recv.sge(0, 64).unwrap()]) }.unwrap();
+        // SAFETY: the sent memory stays allocated until its completion is polled.
+        unsafe {
+            bed_x
+                .qa
+                .post_send_with_inv(6, &[src.sge(0, 8).unwrap()], gx.rkey())
+        }
+        .unwrap();
+        assert_eq!(bed_x.a.wait().status, WcStatus::Success);
+        assert_eq!(bed_x.b.wait().status, WcStatus::Success);
+        revoke(&mut gx, &bed_x.b);
+    }
+    assert!(met, "the same key turned up on the other device");
+    assert_eq!(pool_y.grant_stats().peer_invalidations, 0);
+    revoke(&mut gy, &bed_y.b);
+    drop(gy);
+    let addr = buf_y.as_ptr() as u64;
+    drop(buf_y);
+    let _secret = vec![in &pool_y; 0x5eu8; 4096]; // the same block, a new owner
+    let (d, dst) = scratch(&bed_y.a, 64, 0);
+    let st = read(&bed_y.a, &bed_y.qa, &dst, 64, addr, ky);
+    assert!(refused(st), "Y's revoked key still reads: {st:?}");
+    assert!(d.as_slice().iter().all(|&b| b == 0));
+}
+
+/// Two pools on one PD: pool A's window is deallocated after its QP failed and the device
+/// refuses the placeholder; the taint is the process's, so pool B never gets A's stale keys.
+#[test]
+fn two_pools_on_one_pd_never_share_a_stale_key() {
+    let _s = serial();
+    let mut bed = soft_bed(SoftConfig::default());
+    let pool_a = pool_on(&bed.b.pd);
+    let pool_b = pool_on(&bed.b.pd);
+    let buf_a = vec![in &pool_a; 0u8; 4096];
+    let buf_b = vec![in &pool_b; 0x5eu8; 4096];
+    let mut stale = Vec::new();
+    for _ in 0..20 {
+        let mut g = pool_a
+            .grant_read_with(&buf_a, &bed.qb, GrantKind::Type2)
+            .unwrap();
+        bound(&mut g, &bed.b);
+        stale.push(g.rkey());
+        revoke(&mut g, &bed.b);
+    }
+    let mut g = pool_a
+        .grant_read_with(&buf_a, &bed.qb, GrantKind::Type2)
+        .unwrap();
+    bound(&mut g, &bed.b);
+    stale.push(g.rkey());
+    fail_qp(&bed);
+    bed.b
+        .nic
+        .as_soft()
+        .unwrap()
+        .fail_next(rdma_pool::nic::Verb::AllocMw, 1, libc::ENOMEM);
+    revoke(&mut g, &bed.b);
+    drop(g);
+    assert_eq!(pool_a.grant_stats().revoked_by_dealloc, 1);
+    (bed.qa, bed.qb) = connect(&bed.a, &bed.b);
+    for i in 0..300 {
+        let mut g = pool_b
+            .grant_read_with(&buf_b, &bed.qb, GrantKind::Type2)
+            .unwrap();
+        bound(&mut g, &bed.b);
+        assert!(
+            !stale.contains(&g.rkey()),
+            "pool B's grant {i} got pool A's stale key {}",
+            g.rkey()
+        );
+        revoke(&mut g, &bed.b);
+    }
+}
+
+/// Region grants only (small `max_mr`, every rereg mode, with and without windows): grants
+/// never stop, and a revoked key comes back no sooner than the retired bound (a quarter of
+/// `max_mr`) later region grants — the weaker bound of region grants.
+#[test]
+fn region_grants_never_stop_and_keys_come_back_no_sooner_than_the_retired_bound() {
+    let _s = serial();
+    for windows in [true, false] {
+        for mode in [
+            ReregMode::Mlx5,
+            ReregMode::KeepKeys,
+            ReregMode::ChangeKeys,
+            ReregMode::Unsupported,
+        ] {
+            let bed = soft_bed(SoftConfig {
+                rereg: mode,
+                max_mr: 64,
+                max_mw: if windows { 1 << 14 } else { 0 },
+                mw_type1: windows,
+                mw_type2: windows,
+                ..Default::default()
+            });
+            let pool = pool_on(&bed.b.pd);
+            let bufs = [vec![in &pool; 0x11u8; 64], vec![in &pool; 0x22u8; 64]];
+            let mut seen = Seen::default();
+            // The bound holds where something holds the index: the region (rereg), or a
+            // placeholder window (no rereg, windows). Without either, it is the driver's.
+            let bound_ = if mode == ReregMode::Unsupported && !windows {
+                0
+            } else {
+                16
+            };
+            for i in 0..3000 {
+                let what = format!("windows {windows}, {mode:?}, grant {i}");
+                let mut g = pool
+                    .grant_read_with(&bufs[i % 2], &bed.qb, GrantKind::Region)
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+                seen.fresh(g.rkey(), i, bound_, &what);
+                revoke(&mut g, &bed.b);
+            }
+            // Windows are still there for type 2 grants (placeholders do not use them up).
+            if windows {
+                let mut g = pool.grant(&bufs[0], &bed.qb).unwrap();
+                revoke(&mut g, &bed.b);
+            }
+        }
+    }
+}
