@@ -176,6 +176,9 @@ pub struct GrantStats {
     /// Revoked region grants kept registered, without remote rights, until the key horizon
     /// passes (see the module contract).
     pub regions_retired: u64,
+    /// Windows holding the index of a revoked region grant that was deregistered (no
+    /// `rereg_mr`): at most a quarter of `max_mw`, counted apart from `windows`.
+    pub region_placeholders: u64,
     /// The pool's binds and invalidations posted whose completions no poll delivered yet:
     /// send-queue slots (and CQ entries) the grants occupy.
     pub wrs_in_flight: u64,
@@ -332,6 +335,11 @@ fn lock<T>(m: &ForkLock<T>) -> ForkGuard<'_, T> {
 
 impl Drop for Grants {
     fn drop(&mut self) {
+        // The windows and held regions go with the pool: their indices go back to the device,
+        // so the keys they gave out are tainted for the other pools, for the horizon.
+        let horizon = self.counters.limit_horizon.load(Relaxed);
+        lock(&self.windows).taint_all(horizon);
+        lock(&self.retired).taint_all(horizon);
         // A completion of this pool's may still come: the tag stays taken for good then.
         if self.counters.in_flight.load(Relaxed) == 0 {
             give_tag(&TAGS, self.tag);
@@ -404,6 +412,7 @@ impl Grants {
         let c = &self.counters;
         let (open, parked, parked_bytes) = self.ledger.counts();
         let (windows, retired, recycled) = lock(&self.windows).counts();
+        let (retired_regions, placeholders) = lock(&self.retired).counts();
         GrantStats {
             issued: c.issued.load(Relaxed),
             type2: c.type2.load(Relaxed),
@@ -420,7 +429,8 @@ impl Grants {
             windows,
             windows_retired: retired,
             windows_recycled: recycled,
-            regions_retired: lock(&self.retired).regions() as u64,
+            regions_retired: retired_regions as u64,
+            region_placeholders: placeholders as u64,
             wrs_in_flight: c.in_flight.load(Relaxed),
             quarantined_blocks: parked as u64,
             quarantined_bytes: parked_bytes as u64,

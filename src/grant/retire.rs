@@ -49,20 +49,36 @@ enum Held {
     Placeholder(Mw),
 }
 
+/// A held index: what holds it, the key the peer had, and the grant count it retired at.
+struct Entry {
+    held: Held,
+    key: crate::nic::Rkey,
+    nic: crate::nic::Nic,
+    at: u64,
+}
+
 /// The held indices of a pool's revoked region grants, oldest first, with the grant count
 /// they retired at.
 #[derive(Default)]
 pub(super) struct Retired {
-    held: VecDeque<(Held, u64)>,
+    held: VecDeque<Entry>,
+    placeholders: usize,
 }
 
 impl Retired {
-    /// Revoked regions still registered (on the dummy page).
-    pub(super) fn regions(&self) -> usize {
-        self.held
-            .iter()
-            .filter(|(h, _)| matches!(h, Held::Region(_)))
-            .count()
+    /// `(revoked regions still registered on the dummy page, placeholder windows)`.
+    pub(super) fn counts(&self) -> (usize, usize) {
+        (self.held.len() - self.placeholders, self.placeholders)
+    }
+
+    /// The pool is going, and its held indices with it: each stale key is tainted for the
+    /// other pools of the process, for the horizon.
+    pub(super) fn taint_all(&self, horizon: u64) {
+        if horizon > 0 {
+            for e in &self.held {
+                super::windows::taint(&e.nic, e.key, false, horizon);
+            }
+        }
     }
 }
 
@@ -111,24 +127,48 @@ impl Grants {
                 (true, false, true) => Some(MwType::Type1),
                 _ => None,
             };
+            // Placeholders take windows from the pool's grants: at most a quarter of max_mw.
+            let room = super::lock(&self.retired).placeholders < (caps.max_mw as usize / 4);
             let windows = &self.windows;
-            ty.filter(|_| horizon > 0)
-                .and_then(|ty| super::lock(windows).placeholder(&pd, ty, old))
+            ty.filter(|_| horizon > 0 && room)
+                .and_then(|ty| super::lock(windows).placeholder(&pd, ty, old, now))
                 .map(Held::Placeholder)
         };
         let mut r = super::lock(&self.retired);
-        r.held.extend(held.map(|h| (h, now)));
+        if let Some(held) = held {
+            r.placeholders += matches!(held, Held::Placeholder(_)) as usize;
+            let nic = pd.nic().clone();
+            r.held.push_back(Entry {
+                held,
+                key: old,
+                nic,
+                at: now,
+            });
+        }
         // Beyond the bound the oldest goes early; past the horizon, all that passed it.
         let early = r.held.len().saturating_sub(retired_max(caps.max_mr));
         let late = r
             .held
             .iter()
             .skip(early)
-            .take_while(|&&(_, at)| now.saturating_sub(at) >= horizon)
+            .take_while(|e| now.saturating_sub(e.at) >= horizon)
             .count();
-        let released: Vec<Held> = r.held.drain(..early + late).map(|(h, _)| h).collect();
+        let released: Vec<Entry> = r.held.drain(..early + late).collect();
+        r.placeholders -= released
+            .iter()
+            .filter(|e| matches!(e.held, Held::Placeholder(_)))
+            .count();
         drop(r);
-        released.into_iter().for_each(release);
+        for (i, e) in released.into_iter().enumerate() {
+            // Released before its horizon, the index goes back to the device: no window of the
+            // process's pools binds the stale variant there until then (a region may: the
+            // driver's choice).
+            if i < early {
+                let left = horizon.saturating_sub(now.saturating_sub(e.at));
+                super::windows::taint(&e.nic, e.key, false, left);
+            }
+            release(e.held);
+        }
         Ok(())
     }
 }

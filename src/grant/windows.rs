@@ -19,8 +19,13 @@
 //! Windows the device refuses (`max_mw`) refuse the grant: a small `max_mw` bounds how many
 //! grants the horizon lets through rather than weakening it.
 //!
-//! Invariant: `allocated == |free1| + |free2| + |retired| + lent`, every cached window has
-//! `used + 2 < VARIANTS`, and `retired` is ordered by the grant count it retired at.
+//! A window landing on an index a revoked region grant's key was released from skips that
+//! variant (its order puts it past the keys it may use; a type 1 window, whose variants the
+//! driver picks, is held instead). When the pool is dropped, every index one of its windows
+//! gave a key out of is tainted for the other pools, for the horizon.
+//!
+//! Invariant: `allocated == |free1| + |free2| + |retired| + lent`, every cached window has a
+//! key to spare (`used + 2 <= cap`), and `retired` is ordered by the grant count it retired at.
 //!
 //! [`GrantLimits::key_horizon`]: super::GrantLimits::key_horizon
 
@@ -29,9 +34,6 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-/// Distinct keys per window index: the 8-bit variant.
-pub(crate) const VARIANTS: u16 = 256;
-
 /// Most tainted keys remembered (beyond this the oldest is forgotten before its horizon).
 const TAINTED_MAX: usize = 1 << 16;
 
@@ -39,15 +41,48 @@ const TAINTED_MAX: usize = 1 << 16;
 pub(crate) struct Lent {
     pub(crate) mw: Mw,
     pub(crate) used: u16,
-    /// A type 2 window's order of variants (`order[used]` is its next key's); `None` for
-    /// type 1, whose driver picks the next variant.
+    /// How many keys the window may use in all: 255 (every variant but the one it was
+    /// allocated with), less the stale variants of its index it must skip.
+    cap: u16,
+    /// A type 2 window's order of variants (`order[used]` is its next key's; the stale ones
+    /// sit past `cap`); `None` for type 1, whose driver picks the next variant.
     order: Option<Box<[u8; 256]>>,
 }
 
 impl Lent {
-    fn fresh(mw: Mw) -> Lent {
-        let order = (mw.mw_type() == MwType::Type2).then(|| random_order(mw.rkey().variant()));
-        Lent { mw, used: 0, order }
+    /// A fresh window, or the window back when its index may not be used (tainted whole, or
+    /// a type 1 window, which cannot skip variants, on an index with stale ones).
+    fn fresh(mw: Mw) -> Result<Lent, Mw> {
+        let t = taints();
+        if t.whole(mw.pd().nic(), mw.rkey()) {
+            return Err(mw);
+        }
+        let stale = t.variants(mw.pd().nic(), mw.rkey());
+        drop(t);
+        let first = mw.rkey().variant();
+        let is_stale = |v: u8| v != first && stale[v as usize / 64] & 1 << (v % 64) != 0;
+        let n_stale = (0..=255u8).filter(|&v| is_stale(v)).count() as u16;
+        if mw.mw_type() == MwType::Type1 && n_stale > 0 || n_stale > 250 {
+            return Err(mw);
+        }
+        let order = (mw.mw_type() == MwType::Type2).then(|| {
+            let mut o = random_order(first);
+            // The stale variants go last (before `first`), past `cap`: never used.
+            o[..255].sort_by_key(|&v| is_stale(v));
+            o
+        });
+        Ok(Lent {
+            mw,
+            used: 0,
+            cap: 255 - n_stale,
+            order,
+        })
+    }
+
+    /// Whether the window has a key to spare for another grant (a bind and, for type 1, an
+    /// unbind).
+    fn spare(&self) -> bool {
+        self.used + 2 <= self.cap
     }
 
     /// The variant of a type 2 window's next bind.
@@ -93,6 +128,9 @@ fn random_order(first: u8) -> Box<[u8; 256]> {
 /// A key index whose keys went to peers and that the device got back before the horizon.
 struct Tainted {
     nic: Nic,
+    /// The stale variants, a bit each; all of them for a window's index (its keys stepped
+    /// through many), one for a region's (its key never changed).
+    variants: [u64; 4],
     /// The process's grant count ([`CLOCK`]) at which the taint lapses.
     until: u64,
 }
@@ -155,6 +193,35 @@ impl Taints {
             .flatten()
             .filter(move |t| now < t.until && t.nic.same_device(nic))
     }
+
+    /// Is `key`'s index tainted whole?
+    fn whole(&self, nic: &Nic, key: Rkey) -> bool {
+        self.find(nic, key).any(|t| t.variants == [u64::MAX; 4])
+    }
+
+    /// The stale variants of `key`'s index.
+    fn variants(&self, nic: &Nic, key: Rkey) -> [u64; 4] {
+        self.find(nic, key).fold([0; 4], |mut acc, t| {
+            acc.iter_mut().zip(t.variants).for_each(|(a, v)| *a |= v);
+            acc
+        })
+    }
+}
+
+/// Taint `key` on `nic` for every pool of the process until `horizon` more grants of the
+/// process: its whole index when `whole` (a window's), else its variant alone (a region's).
+pub(crate) fn taint(nic: &Nic, key: Rkey, whole: bool, horizon: u64) {
+    let mut variants = [if whole { u64::MAX } else { 0 }; 4];
+    let v = key.variant() as usize;
+    variants[v / 64] |= 1 << (v % 64);
+    taints().add(
+        key.index(),
+        Tainted {
+            nic: nic.clone(),
+            variants,
+            until: CLOCK.load(Relaxed).saturating_add(horizon),
+        },
+    );
 }
 
 /// See the module contract.
@@ -201,11 +268,11 @@ impl Windows {
             None => loop {
                 let mw = pd.alloc_mw(ty)?;
                 self.allocated += 1;
-                if !self.is_tainted(pd.nic(), mw.rkey()) {
-                    break Lent::fresh(mw);
+                match Lent::fresh(mw) {
+                    Ok(l) => break l,
+                    // The device handed a tainted index back: hold it, ask for another.
+                    Err(mw) => self.retired.push_back((mw, now)),
                 }
-                // The device handed a tainted index back: hold it, ask for another.
-                self.retired.push_back((mw, now));
             },
         };
         self.lent += 1;
@@ -219,7 +286,7 @@ impl Windows {
         self.lent -= 1;
         l.used += keys;
         // Each grant needs a key for its bind and, for type 1, one for its unbind.
-        if l.used + 2 < VARIANTS {
+        if l.spare() {
             self.free[slot(l.mw.mw_type())].push(l);
         } else {
             self.retired.push_back((l.mw, now));
@@ -254,54 +321,70 @@ impl Windows {
         horizon: u64,
     ) -> Result<(), Box<(Lent, crate::nic::Error)>> {
         let (pd, ty, key) = (l.mw.pd().clone(), l.mw.mw_type(), l.mw.rkey());
-        let Lent { mw, used, order } = l;
+        let Lent {
+            mw,
+            used,
+            cap,
+            order,
+        } = l;
         if let Err((mw, e)) = mw.dealloc() {
-            return Err(Box::new((Lent { mw, used, order }, e)));
+            let l = Lent {
+                mw,
+                used,
+                cap,
+                order,
+            };
+            return Err(Box::new((l, e)));
         }
         self.lent -= 1;
         self.allocated -= 1;
         if horizon > 0 {
-            self.taint(&pd, key, ty, now, horizon);
+            taint(pd.nic(), key, true, horizon);
+            // Take the index straight back if the device hands it out again at once.
+            if let Some(mw) = self.placeholder(&pd, ty, key, now) {
+                self.allocated += 1;
+                self.retired.push_back((mw, now));
+            }
         }
         Ok(())
     }
 
-    /// Taint `key`'s index on `pd`'s device for every pool of the process (a window there was
-    /// deallocated before the horizon) and take the index straight back with a placeholder
-    /// window of type `ty` where the device hands it out again at once.
-    pub(crate) fn taint(&mut self, pd: &Pd, key: Rkey, ty: MwType, now: u64, horizon: u64) {
-        taints().add(
-            key.index(),
-            Tainted {
-                nic: pd.nic().clone(),
-                until: CLOCK.load(Relaxed).saturating_add(horizon),
-            },
-        );
-        // If it lands on the tainted index it holds it; else it is a fresh window to cache.
-        if let Some(mw) = self.placeholder(pd, ty, key) {
-            self.allocated += 1;
-            self.retired.push_back((mw, now));
+    /// The pool is going: its windows are deallocated with it, so every index one of them
+    /// gave a key out of is tainted for the other pools of the process, for the horizon.
+    pub(crate) fn taint_all(&self, horizon: u64) {
+        if horizon == 0 {
+            return;
+        }
+        let used = self.free.iter().flatten().filter(|l| l.used > 0);
+        for mw in used
+            .map(|l| &l.mw)
+            .chain(self.retired.iter().map(|(mw, _)| mw))
+        {
+            taint(mw.pd().nic(), mw.rkey(), true, horizon);
         }
     }
 
     /// A window of type `ty` in `pd` allocated to take `key`'s index back from the device:
     /// `Some` when it landed there (the caller holds it); otherwise it joins the cache as a
     /// fresh window and `None` is returned (as when the device refuses a window).
-    pub(crate) fn placeholder(&mut self, pd: &Pd, ty: MwType, key: Rkey) -> Option<Mw> {
+    pub(crate) fn placeholder(&mut self, pd: &Pd, ty: MwType, key: Rkey, now: u64) -> Option<Mw> {
         let mw = pd.alloc_mw(ty).ok()?;
         self.allocated += 1;
         if mw.rkey().index() == key.index() {
             self.allocated -= 1; // the caller's now
             return Some(mw);
         }
-        self.free[slot(ty)].push(Lent::fresh(mw));
+        match Lent::fresh(mw) {
+            Ok(l) => self.free[slot(ty)].push(l),
+            Err(mw) => self.retired.push_back((mw, now)),
+        }
         None
     }
 
-    /// Is `key`'s index on `nic` tainted (see the module contract)? Any variant counts: a
-    /// window there would step through them, and a window's every variant may be stale.
+    /// Is `key`'s index on `nic` tainted whole (a window's keys went out of it; see the
+    /// module contract)?
     pub(crate) fn is_tainted(&self, nic: &Nic, key: Rkey) -> bool {
-        taints().find(nic, key).next().is_some()
+        taints().whole(nic, key)
     }
 
     /// `(allocated, retired, recycled)`.
@@ -313,7 +396,7 @@ impl Windows {
     pub(crate) fn validate(&self) -> bool {
         let cached = (self.free[0].len() + self.free[1].len()) as u64;
         self.allocated == cached + self.retired.len() as u64 + self.lent
-            && self.free.iter().flatten().all(|l| l.used + 2 < VARIANTS)
+            && self.free.iter().flatten().all(Lent::spare)
             && self
                 .retired
                 .iter()
@@ -360,7 +443,7 @@ mod tests {
         let mut seen = std::collections::HashSet::new();
         let mut steps = std::collections::HashSet::new();
         let mut prev = first;
-        while l.used + 2 < VARIANTS {
+        while l.spare() {
             let v = l.next_variant();
             assert!(seen.insert(v), "variant {v} twice");
             assert_ne!(v, first, "the unbound key is never a grant's");

@@ -508,3 +508,106 @@ fn region_grants_never_stop_and_keys_come_back_no_sooner_than_the_retired_bound(
         }
     }
 }
+
+/// A dropped pool's windows go back to the device: every key they gave out stays tainted for
+/// the next pool on the PD, which holds those indices rather than step through their
+/// variants again (found by the second attack review: the next pool's first grant had a
+/// dropped pool's stale key, and a stale READ returned the new pool's bytes).
+#[test]
+fn a_dropped_pools_keys_never_name_the_next_pools_grants() {
+    let _s = serial();
+    for kind in [GrantKind::Type1, GrantKind::Type2] {
+        let bed = soft_bed(SoftConfig::default());
+        let mut stale = std::collections::HashSet::new();
+        {
+            let pool_a = pool_on(&bed.b.pd);
+            let buf_a = vec![in &pool_a; 0u8; 4096];
+            for _ in 0..300 {
+                let mut g = pool_a.grant_read_with(&buf_a, &bed.qb, kind).unwrap();
+                bound(&mut g, &bed.b);
+                stale.insert(g.rkey());
+                revoke(&mut g, &bed.b);
+            }
+        }
+        let pool_b = pool_on(&bed.b.pd);
+        let buf_b = vec![in &pool_b; 0x5eu8; 4096];
+        for i in 0..300 {
+            let mut g = pool_b.grant_read_with(&buf_b, &bed.qb, kind).unwrap();
+            bound(&mut g, &bed.b);
+            assert!(
+                !stale.contains(&g.rkey()),
+                "{kind:?}: the next pool's grant {i} got the dropped pool's key {}",
+                g.rkey()
+            );
+            revoke(&mut g, &bed.b);
+        }
+    }
+}
+
+/// A revoked region grant's index released after the retired bound may come back as a window:
+/// the window skips the stale region key's variant (found by the second attack review: a
+/// type 2 window stepped through its variants onto the region's key).
+#[test]
+fn a_released_region_key_never_becomes_a_windows_key() {
+    let _s = serial();
+    for mode in [ReregMode::KeepKeys, ReregMode::Mlx5, ReregMode::Unsupported] {
+        let bed = soft_bed(SoftConfig {
+            rereg: mode,
+            max_mr: 64,
+            ..Default::default()
+        });
+        let pool = pool_on(&bed.b.pd);
+        let old = vec![in &pool; 0x11u8; 4096];
+        let secret = vec![in &pool; 0x5eu8; 4096];
+        let mut stale = std::collections::HashSet::new();
+        for _ in 0..40 {
+            let mut g = pool
+                .grant_read_with(&old, &bed.qb, GrantKind::Region)
+                .unwrap();
+            stale.insert(g.rkey());
+            revoke(&mut g, &bed.b);
+        }
+        for i in 0..600 {
+            let kind = [GrantKind::Type2, GrantKind::Type1][i % 2];
+            let mut g = pool.grant_read_with(&secret, &bed.qb, kind).unwrap();
+            bound(&mut g, &bed.b);
+            assert!(
+                !stale.contains(&g.rkey()),
+                "{mode:?}: window grant {i} ({kind:?}) got a revoked region key {}",
+                g.rkey()
+            );
+            revoke(&mut g, &bed.b);
+        }
+    }
+}
+
+/// Without `rereg_mr` a revoked region's index is held by a placeholder window: they take at
+/// most a quarter of `max_mw`, are counted apart, and never stop window grants.
+#[test]
+fn region_placeholders_are_bounded_and_leave_windows_for_grants() {
+    let _s = serial();
+    for max_mw in [4, 64] {
+        let bed = soft_bed(SoftConfig {
+            rereg: ReregMode::Unsupported,
+            max_mw,
+            ..Default::default()
+        });
+        let pool = pool_on(&bed.b.pd);
+        let buf = vec![in &pool; 0u8; 64];
+        for i in 0..300 {
+            let mut g = pool
+                .grant_read_with(&buf, &bed.qb, GrantKind::Region)
+                .unwrap_or_else(|e| panic!("max_mw {max_mw}: region grant {i}: {e}"));
+            revoke(&mut g, &bed.b);
+        }
+        let s = pool.grant_stats();
+        assert!(s.region_placeholders <= max_mw as u64 / 4, "{s:?}");
+        assert!(s.region_placeholders > 0 || max_mw < 4, "{s:?}");
+        let mut g = pool
+            .grant(&buf, &bed.qb)
+            .unwrap_or_else(|e| panic!("max_mw {max_mw}: a type 2 grant after the churn: {e}"));
+        revoke(&mut g, &bed.b);
+        drop(g);
+        nothing_leaked(&pool);
+    }
+}
