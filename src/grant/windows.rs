@@ -29,9 +29,9 @@
 //!
 //! [`GrantLimits::key_horizon`]: super::GrantLimits::key_horizon
 
+use crate::arena::atfork::{ForkGuard, ForkLock};
 use crate::nic::{Mw, MwType, Nic, Pd, Rkey};
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// Most tainted keys remembered (beyond this the oldest is forgotten before its horizon).
@@ -146,13 +146,14 @@ struct Taints {
     order: VecDeque<(u32, u64)>,
 }
 
-static TAINTS: Mutex<Taints> = Mutex::new(Taints {
+/// A fork-gated lock (`arena::atfork`): a fork never leaves it held in the child.
+static TAINTS: ForkLock<Taints> = ForkLock::new(Taints {
     by_index: BTreeMap::new(),
     order: VecDeque::new(),
 });
 
-fn taints() -> std::sync::MutexGuard<'static, Taints> {
-    TAINTS.lock().unwrap_or_else(|e| e.into_inner())
+fn taints() -> ForkGuard<'static, Taints> {
+    TAINTS.lock()
 }
 
 impl Taints {
