@@ -215,6 +215,16 @@ pub enum Error {
     /// No device of that name.
     #[error("no RDMA device named {0:?}")]
     DeviceNotFound(String),
+    /// The device an environment variable chose could not be opened.
+    #[error("{var}={value:?}: {source}")]
+    Env {
+        /// The variable (`RDMA_POOL_NIC`).
+        var: &'static str,
+        /// Its value.
+        value: String,
+        /// Why the device it names could not be opened.
+        source: Box<Error>,
+    },
     /// The device or provider does not implement this verb or variant.
     #[error("{verb} is not supported by this device: {detail}")]
     Unsupported {
@@ -284,6 +294,7 @@ impl Error {
             Error::Unsupported { .. } => Some(libc::EOPNOTSUPP),
             Error::InvalidArgument { .. } => Some(libc::EINVAL),
             Error::Limit { .. } => Some(libc::ENOMEM),
+            Error::Env { source, .. } => source.errno(),
             _ => None,
         }
     }

@@ -178,8 +178,8 @@ impl Nic {
     /// Open the verbs device called `name`.
     ///
     /// # Errors
-    /// [`Error::DeviceNotFound`] when there is no such device, [`Error::NoDevice`] when the
-    /// crate was built without the `verbs` feature, or the failing verb's error.
+    /// [`Error::DeviceNotFound`] when there is no such device (or none at all, or the crate was
+    /// built without the `verbs` feature), or the failing verb's error.
     ///
     /// # Examples
     /// ```
@@ -195,8 +195,7 @@ impl Nic {
         }
         #[cfg(not(feature = "verbs"))]
         {
-            let _ = name;
-            Err(Error::NoDevice)
+            Err(Error::DeviceNotFound(name.to_owned()))
         }
     }
 
@@ -232,7 +231,8 @@ impl Nic {
     /// reuse that value. Logs which NIC it picked.
     ///
     /// # Errors
-    /// Only when `RDMA_POOL_NIC` names a verbs device that cannot be opened.
+    /// Only when `RDMA_POOL_NIC` is `verbs` or names a device, and that cannot be opened:
+    /// [`Error::Env`], naming the variable, its value and why.
     ///
     /// # Examples
     /// ```
@@ -242,9 +242,14 @@ impl Nic {
     pub fn open_default() -> Result<Nic> {
         static CHOICE: OnceLock<String> = OnceLock::new();
         let choice = CHOICE.get_or_init(|| std::env::var("RDMA_POOL_NIC").unwrap_or_default());
+        let env = |e: Error| Error::Env {
+            var: "RDMA_POOL_NIC",
+            value: choice.clone(),
+            source: Box::new(e),
+        };
         let nic = match choice.as_str() {
             "soft" => Nic::soft(),
-            "verbs" => Nic::open_first()?,
+            "verbs" => Nic::open_first().map_err(env)?,
             "" => match Nic::open_first() {
                 Ok(nic) => nic,
                 Err(e) => {
@@ -252,7 +257,7 @@ impl Nic {
                     Nic::soft()
                 }
             },
-            name => Nic::open(name)?,
+            name => Nic::open(name).map_err(env)?,
         };
         tracing::info!(kind = ?nic.kind(), name = %nic.caps().name, "rdma-pool NIC opened");
         Ok(nic)

@@ -87,3 +87,50 @@ fn environment_overrides_are_applied_and_unknown_values_counted() {
     }
     assert_eq!(P.config().registration, Registration::Pinned);
 }
+
+/// `RDMA_POOL_NIC` naming a device that is not there (or anything unknown): the error names
+/// the variable, its value and the device, and a `GlobalPool` opening its NIC from the
+/// environment reports it as its `init_error` (a child process: the variable is read once).
+#[test]
+fn a_missing_device_in_rdma_pool_nic_is_named_with_the_variable() {
+    if std::env::var_os("RDMA_POOL_NIC_CHILD").is_none() {
+        let _env = serial();
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "env::a_missing_device_in_rdma_pool_nic_is_named_with_the_variable",
+                "--nocapture",
+            ])
+            .env("RDMA_POOL_NIC_CHILD", "1")
+            .env("RDMA_POOL_NIC", "mlx5_9")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains("1 passed"),
+            "{text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return;
+    }
+    let e = Nic::open_default().unwrap_err();
+    let text = e.to_string();
+    assert!(
+        matches!(&e, nic::Error::Env { var: "RDMA_POOL_NIC", value, source }
+            if value == "mlx5_9" && matches!(**source, nic::Error::DeviceNotFound(ref d) if d == "mlx5_9")),
+        "{e:?}"
+    );
+    assert!(
+        text.contains("RDMA_POOL_NIC") && text.contains("mlx5_9"),
+        "{text}"
+    );
+    static G: GlobalPool = GlobalPool::with_config(GlobalConfig {
+        reserve: 1 << 30,
+        chunk: 1 << 24,
+        hugepages: Hugepages::Off,
+        ..GlobalConfig::DEFAULT
+    });
+    assert!(G.init().is_err());
+    let why = G.init_error().map(|e| e.to_string()).unwrap_or_default();
+    assert!(why.contains("RDMA_POOL_NIC=\"mlx5_9\""), "{why}");
+}

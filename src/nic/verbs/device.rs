@@ -208,14 +208,19 @@ pub(super) type Opened = (Context, Caps, DevxState);
 /// be registered; when that fails the device is opened plainly and `caps.devx` is false.
 ///
 /// # Errors
-/// [`Error::NoDevice`] when there is no device, [`Error::DeviceNotFound`] when none is called
-/// `name`, or the failing `ibv_open_device` / `ibv_query_device_ex` / port query.
+/// [`Error::DeviceNotFound`] when none is called `name` (there may be no device at all),
+/// [`Error::NoDevice`] when there is no device to be the first, or the failing
+/// `ibv_open_device` / `ibv_query_device_ex` / port query.
 pub(super) fn open(name: Option<&str>) -> Result<Opened> {
+    let missing = || match name {
+        Some(n) => Error::DeviceNotFound(n.to_owned()),
+        None => Error::NoDevice,
+    };
     let Some(list) = DeviceList::get() else {
-        return Err(Error::NoDevice);
+        return Err(missing());
     };
     if list.devices().next().is_none() {
-        return Err(Error::NoDevice);
+        return Err(missing());
     }
     let dev = match name {
         None => list.devices().next(),
