@@ -33,10 +33,16 @@ pub(crate) struct RawBind {
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum RawSendOp {
     Send,
+    SendWithImm(u32),
     SendWithInv(Rkey),
     Write {
         remote_addr: u64,
         rkey: Rkey,
+    },
+    WriteWithImm {
+        remote_addr: u64,
+        rkey: Rkey,
+        imm: u32,
     },
     Read {
         remote_addr: u64,
@@ -72,8 +78,34 @@ pub(crate) enum RawSendOp {
 pub(crate) struct RawSendWr<'a> {
     pub(crate) wr_id: u64,
     pub(crate) signaled: bool,
+    /// `IBV_SEND_INLINE`: the SGEs' bytes are copied at post time, their lkeys unused.
+    pub(crate) inline: bool,
+    /// `IBV_SEND_SOLICITED`.
+    pub(crate) solicited: bool,
     pub(crate) sges: &'a [Sge],
     pub(crate) op: RawSendOp,
+}
+
+impl RawSendOp {
+    /// The public operation as a raw one.
+    pub(crate) fn from_public(op: SendOp) -> RawSendOp {
+        match op {
+            SendOp::Send => RawSendOp::Send,
+            SendOp::SendWithImm(imm) => RawSendOp::SendWithImm(imm),
+            SendOp::SendWithInv(k) => RawSendOp::SendWithInv(k),
+            SendOp::Write { remote_addr, rkey } => RawSendOp::Write { remote_addr, rkey },
+            SendOp::WriteWithImm {
+                remote_addr,
+                rkey,
+                imm,
+            } => RawSendOp::WriteWithImm {
+                remote_addr,
+                rkey,
+                imm,
+            },
+            SendOp::Read { remote_addr, rkey } => RawSendOp::Read { remote_addr, rkey },
+        }
+    }
 }
 
 /// The NIC boundary. See the module contract.
@@ -111,13 +143,30 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn destroy_cq(&self, cq: u64) -> Result<()>;
     fn poll_cq(&self, cq: u64, out: &mut [Completion]) -> Result<usize>;
 
-    /// Returns (handle, qp number).
-    fn create_qp(&self, pd: u64, send_cq: u64, recv_cq: u64, caps: &QpCaps) -> Result<(u64, u32)>;
+    /// Returns (handle, qp number, the sizes granted: at least those asked).
+    fn create_qp(
+        &self,
+        pd: u64,
+        send_cq: u64,
+        recv_cq: u64,
+        caps: &QpCaps,
+    ) -> Result<(u64, u32, QpCaps)>;
     fn endpoint(&self, qp: u64) -> Result<Endpoint>;
     fn connect_qp(&self, qp: u64, remote: &Endpoint) -> Result<()>;
     fn qp_state(&self, qp: u64) -> Result<QpState>;
     fn destroy_qp(&self, qp: u64) -> Result<()>;
     fn post_send(&self, qp: u64, wr: &RawSendWr<'_>) -> Result<()>;
+    /// Post a chain of requests (no binds) in one call; on failure, how many were posted.
+    fn post_send_list(
+        &self,
+        qp: u64,
+        wrs: &[RawSendWr<'_>],
+    ) -> std::result::Result<(), (usize, crate::nic::error::Error)> {
+        for (i, wr) in wrs.iter().enumerate() {
+            self.post_send(qp, wr).map_err(|e| (i, e))?;
+        }
+        Ok(())
+    }
     fn post_recv(&self, qp: u64, wr_id: u64, sges: &[Sge]) -> Result<()>;
 
     /// Returns (handle, umem id).

@@ -51,6 +51,7 @@ mod backend;
 mod buffer;
 mod error;
 mod owned;
+mod post;
 pub mod quirks;
 mod registered;
 pub mod soft;
@@ -62,6 +63,7 @@ pub use buffer::{Buffer, huge_page_size};
 pub use error::{Error, ReregError, ReregErrorKind, Result, Verb};
 pub use owned::{Done, NicBuf, NicBufMut, PostError, Posted, WaitError, is_reserved_wr_id};
 pub(crate) use owned::{GRANT_TAG, set_grant_sink};
+pub use post::BatchError;
 pub use registered::Registered;
 pub use types::*;
 #[cfg(feature = "verbs")]
@@ -802,7 +804,7 @@ impl Pd {
                 max: dev.max_sge as u64,
             });
         }
-        let (handle, qpn) = self.backend().create_qp(
+        let (handle, qpn, caps) = self.backend().create_qp(
             self.inner.handle,
             send_cq.inner.handle,
             recv_cq.inner.handle,
@@ -1473,6 +1475,8 @@ impl Qp {
             &RawSendWr {
                 wr_id,
                 signaled: true,
+                inline: false,
+                solicited: false,
                 sges,
                 op,
             },

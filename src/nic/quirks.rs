@@ -62,6 +62,10 @@ pub enum Quirk {
     /// rxe binds windows of any length; mlx5 refuses windows above 2 GiB (`EOPNOTSUPP`: its
     /// KLM descriptors cover 2 GiB), as the soft NIC does.
     LongWindowsAccepted,
+    /// rxe frees an unsignaled request's send-queue slot as soon as the request completes
+    /// (its completer advances the queue for every WQE); hardware (mlx5) frees it only when a
+    /// later signaled completion is polled, as the soft NIC does at that completion.
+    UnsignaledSlotsFreedEarly,
 }
 
 /// One row of the difference table.
@@ -180,6 +184,12 @@ pub const RXE: &[Difference] = &[
         soft: "the receive completion reports the invalidated rkey (IBV_WC_WITH_INV)",
         rxe: "the window is invalidated but the completion does not say so",
         reason: "the IB spec and mlx5 report it; the pool revokes by LOCAL_INV on rxe",
+    },
+    Difference {
+        quirk: Quirk::UnsignaledSlotsFreedEarly,
+        soft: "max_send_wr unsignaled requests fill the send queue until a signaled one completes: ENOMEM",
+        rxe: "every completed request frees its slot, signaled or not",
+        reason: "mlx5 reclaims send-queue slots only up to the last polled completion; code written against rxe deadlocks there",
     },
 ];
 

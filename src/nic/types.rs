@@ -449,8 +449,11 @@ pub enum WcOpcode {
     CompareSwap,
     /// ATOMIC_FETCH_AND_ADD.
     FetchAdd,
-    /// A receive.
+    /// A receive (of a SEND, with or without immediate data).
     Recv,
+    /// A receive consumed by an RDMA WRITE with immediate data (`IBV_WC_RECV_RDMA_WITH_IMM`):
+    /// `byte_len` is the length written, `imm_data` the immediate.
+    RecvRdmaWithImm,
     /// Anything else.
     Other(u32),
 }
@@ -470,6 +473,101 @@ pub struct Completion {
     pub qp_num: u32,
     /// The rkey a SEND_WITH_INV invalidated (receives only).
     pub invalidated_rkey: Option<Rkey>,
+    /// The immediate data of a SEND_WITH_IMM or RDMA_WRITE_WITH_IMM (receives only), in host
+    /// byte order (the wire carries it big-endian; the conversion is done here).
+    pub imm_data: Option<u32>,
+}
+
+bitflags! {
+    /// Flags of a send-queue request ([`SendWr::flags`]).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct SendFlags: u32 {
+        /// Report a completion when it succeeds (errors are always reported). An unsignaled
+        /// request keeps its send-queue slot until a later signaled request of the same QP
+        /// completes: post a signaled one at least every `max_send_wr` requests, or the queue
+        /// fills and posting fails with `ENOMEM`.
+        const SIGNALED = 1;
+        /// Copy the payload into the request at post time (`IBV_SEND_INLINE`): the memory may
+        /// be reused as soon as the post returns, and its lkey is not used. At most
+        /// [`QpCaps::max_inline_data`] bytes; SEND and WRITE only.
+        const INLINE = 1 << 1;
+        /// Ask the responder for a solicited event (`IBV_SEND_SOLICITED`): a CQ armed with
+        /// [`Cq::req_notify`](crate::nic::Cq::req_notify)`(true)` notifies only for these.
+        const SOLICITED = 1 << 2;
+    }
+}
+
+/// A send-queue operation of [`Qp::post_send_wrs`](crate::nic::Qp::post_send_wrs). Binds,
+/// invalidations and atomics have their own calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendOp {
+    /// SEND into the responder's next receive.
+    Send,
+    /// SEND with 32 bits of immediate data, delivered in the receive's completion.
+    SendWithImm(u32),
+    /// SEND that also invalidates this rkey at the responder.
+    SendWithInv(Rkey),
+    /// RDMA WRITE to `remote_addr` through `rkey`.
+    Write {
+        /// Where the bytes go, in the responder's address space.
+        remote_addr: u64,
+        /// The responder's key.
+        rkey: Rkey,
+    },
+    /// RDMA WRITE that also consumes one receive at the responder, whose completion
+    /// ([`WcOpcode::RecvRdmaWithImm`]) carries `imm` and the length written.
+    WriteWithImm {
+        /// Where the bytes go, in the responder's address space.
+        remote_addr: u64,
+        /// The responder's key.
+        rkey: Rkey,
+        /// The immediate data.
+        imm: u32,
+    },
+    /// RDMA READ from `remote_addr` through `rkey` into the local SGEs.
+    Read {
+        /// Where the bytes come from, in the responder's address space.
+        remote_addr: u64,
+        /// The responder's key.
+        rkey: Rkey,
+    },
+}
+
+/// One send-queue request of a batch ([`Qp::post_send_wrs`](crate::nic::Qp::post_send_wrs)).
+#[derive(Debug, Clone, Copy)]
+pub struct SendWr<'a> {
+    /// The id its completion carries (not in the range [`is_reserved_wr_id`](crate::nic::is_reserved_wr_id)).
+    pub wr_id: u64,
+    /// What to do.
+    pub op: SendOp,
+    /// The local memory: gathered for SEND/WRITE, scattered into for READ.
+    pub sges: &'a [Sge],
+    /// Signaled, inline, solicited.
+    pub flags: SendFlags,
+}
+
+impl<'a> SendWr<'a> {
+    /// A signaled request.
+    ///
+    /// # Examples
+    /// ```
+    /// use rdma_pool::nic::{SendFlags, SendOp, SendWr};
+    /// let wr = SendWr::new(7, SendOp::SendWithImm(42), &[]);
+    /// assert_eq!(wr.flags, SendFlags::SIGNALED);
+    /// ```
+    pub fn new(wr_id: u64, op: SendOp, sges: &'a [Sge]) -> SendWr<'a> {
+        SendWr {
+            wr_id,
+            op,
+            sges,
+            flags: SendFlags::SIGNALED,
+        }
+    }
+
+    /// The same request with `flags`.
+    pub fn flags(self, flags: SendFlags) -> SendWr<'a> {
+        SendWr { flags, ..self }
+    }
 }
 
 /// QP state as far as rdma-pool cares.
@@ -494,6 +592,10 @@ pub struct QpCaps {
     pub max_send_sge: u32,
     /// Scatter/gather entries per receive.
     pub max_recv_sge: u32,
+    /// Bytes a send may carry inline ([`SendFlags::INLINE`](crate::nic::SendFlags::INLINE),
+    /// [`Qp::post_inline`](crate::nic::Qp::post_inline)). The device may grant more than asked:
+    /// [`Qp::caps`](crate::nic::Qp::caps) tells what it granted.
+    pub max_inline_data: u32,
 }
 
 impl Default for QpCaps {
@@ -503,6 +605,7 @@ impl Default for QpCaps {
             max_recv_wr: 64,
             max_send_sge: 1,
             max_recv_sge: 1,
+            max_inline_data: 0,
         }
     }
 }

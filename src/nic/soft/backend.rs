@@ -12,7 +12,7 @@ use super::fabric;
 use super::keys::{KeyObj, MwObj};
 use super::memlock::page_span;
 use super::prefetch::{PrefetchJob, map_cpu_resident, prefetch_now};
-use super::qp::{Port, QpObj};
+use super::qp::{MAX_INLINE, Port, QpObj};
 use super::sync::lock;
 use super::window::release_binding;
 use super::{mem, rereg};
@@ -287,9 +287,26 @@ impl Backend for SoftNic {
         Ok(c.poll(out))
     }
 
-    fn create_qp(&self, pd: u64, send_cq: u64, recv_cq: u64, caps: &QpCaps) -> Result<(u64, u32)> {
+    fn create_qp(
+        &self,
+        pd: u64,
+        send_cq: u64,
+        recv_cq: u64,
+        caps: &QpCaps,
+    ) -> Result<(u64, u32, QpCaps)> {
         let dev = &self.dev;
         dev.inject(Verb::CreateQp)?;
+        if caps.max_inline_data > MAX_INLINE {
+            return Err(Error::from_errno(Verb::CreateQp, libc::EINVAL));
+        }
+        // As rxe: the inline area is the SGE area of the largest send, at least as asked.
+        let caps = &QpCaps {
+            max_inline_data: caps
+                .max_inline_data
+                .max(16 * caps.max_send_sge)
+                .min(MAX_INLINE),
+            ..*caps
+        };
         if !dev.pd_exists(pd) {
             return Err(Error::from_errno(Verb::CreateQp, libc::EINVAL));
         }
@@ -307,7 +324,7 @@ impl Backend for SoftNic {
         lock(&dev.qpns).insert(qpn, Arc::downgrade(&qp));
         dev.qps.shard(h).insert(h, qp);
         dev.pd_ref(pd, 1);
-        Ok((h, qpn))
+        Ok((h, qpn, *caps))
     }
 
     fn endpoint(&self, qp: u64) -> Result<Endpoint> {

@@ -55,12 +55,20 @@ struct Recv {
     sges: Vec<Sge>,
 }
 
-/// A SEND that reached the responder before a receive was posted.
+/// A SEND (or an RDMA WRITE with immediate) that reached the responder before a receive was
+/// posted.
 struct Inbound {
     payload: Vec<u8>,
     invalidate: Option<Rkey>,
+    imm: Option<u32>,
+    /// WRITE_WITH_IMM: the payload goes to this address through this key when the message
+    /// lands (a responder without a receive NAKs the whole request: nothing is written before).
+    write: Option<(u64, Rkey)>,
     sender: Weak<QpObj>,
 }
+
+/// The largest inline payload the soft NIC accepts (rxe: its largest WQE's SGE area).
+pub(super) const MAX_INLINE: u32 = 512;
 
 /// What the send engine executes: a posted work request, or a type 1 bind (`ibv_bind_mw`
 /// posts one on the send queue, so it runs in order behind earlier requests and is flushed
@@ -76,6 +84,8 @@ struct OwnedWr {
     wr_id: u64,
     signaled: bool,
     sges: Vec<Sge>,
+    /// The bytes of an inline request, copied at post time.
+    inline: Option<Vec<u8>>,
     op: Op,
 }
 
@@ -86,12 +96,19 @@ struct QpSt {
     peer: Weak<QpObj>,
     recvs: VecDeque<Recv>,
     inbound: VecDeque<Inbound>,
-    /// This QP's SENDs parked at the responder, oldest first: (wr_id, signaled).
-    parked: VecDeque<(u64, bool)>,
+    /// This QP's SENDs (and WRITEs with immediate) parked at the responder, oldest first:
+    /// (wr_id, signaled, opcode).
+    parked: VecDeque<(u64, bool, WcOpcode)>,
     /// Work requests posted behind a parked SEND.
     pending: VecDeque<OwnedWr>,
     /// The send engine is executing a request.
     busy: bool,
+    /// Send-queue slots in use: requests posted and not yet retired. A request retires when
+    /// its completion is reported, an unsignaled one only when a later completion of this QP
+    /// is (`<= max_send_wr`).
+    slots: u32,
+    /// Unsignaled requests that completed and still hold their slots.
+    unretired: u32,
 }
 
 pub(super) struct QpObj {
@@ -117,8 +134,10 @@ fn local_status(f: KeyFault) -> WcStatus {
 
 fn opcode(op: &Op) -> WcOpcode {
     match op {
-        Op::Wr(RawSendOp::Send | RawSendOp::SendWithInv(_)) => WcOpcode::Send,
-        Op::Wr(RawSendOp::Write { .. }) => WcOpcode::RdmaWrite,
+        Op::Wr(RawSendOp::Send | RawSendOp::SendWithImm(_) | RawSendOp::SendWithInv(_)) => {
+            WcOpcode::Send
+        }
+        Op::Wr(RawSendOp::Write { .. } | RawSendOp::WriteWithImm { .. }) => WcOpcode::RdmaWrite,
         Op::Wr(RawSendOp::Read { .. }) => WcOpcode::RdmaRead,
         Op::Wr(RawSendOp::BindMw { .. }) | Op::BindType1(_) => WcOpcode::BindMw,
         Op::Wr(RawSendOp::LocalInv(_)) => WcOpcode::LocalInv,
@@ -161,6 +180,8 @@ impl QpObj {
                 parked: VecDeque::new(),
                 pending: VecDeque::new(),
                 busy: false,
+                slots: 0,
+                unretired: 0,
             }),
             rx: Mutex::new(()),
         }
@@ -200,9 +221,9 @@ impl QpObj {
             self.recv_cq
                 .push(self.wc(r.wr_id, WcOpcode::Recv, WcStatus::WrFlushErr));
         }
-        for (wr_id, _) in parked {
+        for (wr_id, _, opcode) in parked {
             self.send_cq
-                .push(self.wc(wr_id, WcOpcode::Send, WcStatus::WrFlushErr));
+                .push(self.wc(wr_id, opcode, WcStatus::WrFlushErr));
         }
         for w in pending {
             self.send_cq
@@ -252,8 +273,17 @@ impl QpObj {
     fn complete(&self, wr_id: u64, signaled: bool, opcode: WcOpcode, status: WcStatus) {
         // Errors are always reported, successes only when signaled; the failing request's own
         // completion comes before the flushes its error causes.
-        let reported = !(signaled || status != WcStatus::Success)
-            || self.send_cq.push(self.wc(wr_id, opcode, status));
+        let report = signaled || status != WcStatus::Success;
+        {
+            let mut st = lock(&self.st);
+            if report {
+                st.slots = st.slots.saturating_sub(1 + st.unretired);
+                st.unretired = 0;
+            } else {
+                st.unretired += 1;
+            }
+        }
+        let reported = !report || self.send_cq.push(self.wc(wr_id, opcode, status));
         if !reported || (status != WcStatus::Success && status != WcStatus::WrFlushErr) {
             self.set_error();
         }
@@ -295,6 +325,19 @@ impl QpObj {
             )?;
         }
         Ok(buf)
+    }
+
+    /// The bytes a SEND or WRITE carries: copied at post time when inline, else gathered now.
+    fn payload(
+        &self,
+        dev: &dyn Port,
+        sges: &[Sge],
+        inline: Option<&[u8]>,
+    ) -> std::result::Result<Vec<u8>, KeyFault> {
+        match inline {
+            Some(data) => Ok(data.to_vec()),
+            None => self.gather(dev, sges),
+        }
     }
 
     /// Scatter `data` into local `sges` (which need LOCAL_WRITE).
@@ -355,7 +398,25 @@ impl QpObj {
         {
             return Err(err(Verb::PostSend, libc::EOPNOTSUPP));
         }
-        self.post_op(dev, wr.wr_id, wr.signaled, wr.sges, Op::Wr(wr.op))
+        let inline = if wr.inline {
+            let total: u64 = wr.sges.iter().map(|s| s.length as u64).sum();
+            if total > self.caps.max_inline_data as u64 {
+                return Err(err(Verb::PostSend, libc::EINVAL));
+            }
+            // The bytes are copied now, their lkeys unused; unreadable memory fails the post.
+            let mut data = vec![0u8; total as usize];
+            let mut off = 0;
+            for s in wr.sges {
+                let len = s.length as usize;
+                mem::dma_copy(data[off..].as_mut_ptr() as usize, s.addr as usize, len)
+                    .map_err(|_| err(Verb::PostSend, libc::EFAULT))?;
+                off += len;
+            }
+            Some(data)
+        } else {
+            None
+        };
+        self.post_op(dev, wr.wr_id, wr.signaled, wr.sges, inline, Op::Wr(wr.op))
     }
 
     /// Put `op` on the send queue: execute now, or queue behind the request in flight or a
@@ -366,6 +427,7 @@ impl QpObj {
         wr_id: u64,
         signaled: bool,
         sges: &[Sge],
+        inline: Option<Vec<u8>>,
         op: Op,
     ) -> Result<()> {
         {
@@ -380,28 +442,39 @@ impl QpObj {
                 }
                 QpState::Ready => {}
             }
+            // Every request holds a send-queue slot until it retires (`complete`).
+            if st.slots >= self.caps.max_send_wr {
+                return Err(err(Verb::PostSend, libc::ENOMEM));
+            }
+            st.slots += 1;
             if st.busy || !st.parked.is_empty() || !st.pending.is_empty() {
-                if st.parked.len() + st.pending.len() >= self.caps.max_send_wr as usize {
-                    return Err(err(Verb::PostSend, libc::ENOMEM));
-                }
                 st.pending.push_back(OwnedWr {
                     wr_id,
                     signaled,
                     sges: sges.to_vec(),
+                    inline,
                     op,
                 });
                 return Ok(());
             }
             st.busy = true;
         }
-        self.run(dev, wr_id, signaled, sges, op);
+        self.run(dev, wr_id, signaled, sges, inline.as_deref(), op);
         self.drain(dev);
         Ok(())
     }
 
     /// Execute one request (the engine is ours: `busy`) and complete it unless it parked.
-    fn run(self: &Arc<Self>, dev: &dyn Port, wr_id: u64, signaled: bool, sges: &[Sge], op: Op) {
-        if let Outcome::Done(status) = self.execute(dev, wr_id, signaled, sges, op) {
+    fn run(
+        self: &Arc<Self>,
+        dev: &dyn Port,
+        wr_id: u64,
+        signaled: bool,
+        sges: &[Sge],
+        inline: Option<&[u8]>,
+        op: Op,
+    ) {
+        if let Outcome::Done(status) = self.execute(dev, wr_id, signaled, sges, inline, op) {
             self.complete(wr_id, signaled, opcode(&op), status);
         }
     }
@@ -423,7 +496,8 @@ impl QpObj {
                     }
                 }
             };
-            self.run(dev, next.wr_id, next.signaled, &next.sges, next.op);
+            let inline = next.inline.as_deref();
+            self.run(dev, next.wr_id, next.signaled, &next.sges, inline, next.op);
         }
     }
 
@@ -438,8 +512,8 @@ impl QpObj {
             }
             (entry, resume)
         };
-        if let Some((wr_id, signaled)) = entry {
-            self.complete(wr_id, signaled, WcOpcode::Send, status);
+        if let Some((wr_id, signaled, opcode)) = entry {
+            self.complete(wr_id, signaled, opcode, status);
         }
         if resume {
             match self.dev.upgrade() {
@@ -455,6 +529,7 @@ impl QpObj {
         wr_id: u64,
         signaled: bool,
         sges: &[Sge],
+        inline: Option<&[u8]>,
         op: Op,
     ) -> Outcome {
         let op = match op {
@@ -466,7 +541,7 @@ impl QpObj {
         };
         let status = match op {
             RawSendOp::Write { remote_addr, rkey } => {
-                let data = match self.gather(dev, sges) {
+                let data = match self.payload(dev, sges, inline) {
                     Ok(d) => d,
                     Err(f) => return Outcome::Done(local_status(f)),
                 };
@@ -551,24 +626,36 @@ impl QpObj {
                 rkey,
                 add,
             } => self.atomic(dev, sges, remote_addr, rkey, |v| v.wrapping_add(add)),
-            RawSendOp::Send | RawSendOp::SendWithInv(_) => {
-                let payload = match self.gather(dev, sges) {
+            RawSendOp::Send
+            | RawSendOp::SendWithImm(_)
+            | RawSendOp::SendWithInv(_)
+            | RawSendOp::WriteWithImm { .. } => {
+                let payload = match self.payload(dev, sges, inline) {
                     Ok(d) => d,
                     Err(f) => return Outcome::Done(local_status(f)),
                 };
                 let Some((pdev, peer)) = self.peer() else {
                     return Outcome::Done(WcStatus::RetryExcErr);
                 };
-                let invalidate = match op {
-                    RawSendOp::SendWithInv(k) => Some(k),
-                    _ => None,
+                let (invalidate, imm, write) = match op {
+                    RawSendOp::SendWithInv(k) => (Some(k), None, None),
+                    RawSendOp::SendWithImm(imm) => (None, Some(imm), None),
+                    RawSendOp::WriteWithImm {
+                        remote_addr,
+                        rkey,
+                        imm,
+                    } => (None, Some(imm), Some((remote_addr, rkey))),
+                    _ => (None, None, None),
                 };
                 // Record it as parked before the responder can see it, so its completion by
                 // the responder's next receive always finds it.
-                lock(&self.st).parked.push_back((wr_id, signaled));
+                let opcode = opcode(&Op::Wr(op));
+                lock(&self.st).parked.push_back((wr_id, signaled, opcode));
                 let msg = Inbound {
                     payload,
                     invalidate,
+                    imm,
+                    write,
                     sender: Arc::downgrade(self),
                 };
                 match peer.deliver(&*pdev, msg) {
@@ -695,7 +782,38 @@ impl QpObj {
     fn land(&self, dev: &dyn Port, recv: Recv, msg: &Inbound) -> WcStatus {
         let cap: usize = recv.sges.iter().map(|s| s.length as usize).sum();
         let mut wc = self.wc(recv.wr_id, WcOpcode::Recv, WcStatus::Success);
-        let sender_status = if msg.payload.len() > cap {
+        wc.imm_data = msg.imm;
+        let sender_status = if let Some((addr, rkey)) = msg.write {
+            // WRITE_WITH_IMM: the bytes go where the key says; the receive only reports.
+            wc.opcode = WcOpcode::RecvRdmaWithImm;
+            let src = msg.payload.as_ptr() as usize;
+            let len = msg.payload.len();
+            let r = if len == 0 {
+                Ok(())
+            } else {
+                check_and_access(
+                    dev.keys(),
+                    dev.sink(),
+                    KeyUse {
+                        key: rkey.0,
+                        who: self.who(true),
+                        addr,
+                        len: len as u64,
+                        write: true,
+                        atomic: false,
+                    },
+                    &mut |a| mem::dma_copy(a, src, len),
+                )
+            };
+            match r {
+                Ok(()) => WcStatus::Success,
+                Err(_) => {
+                    // Refused before the receive is consumed: it is flushed with the others.
+                    wc.status = WcStatus::WrFlushErr;
+                    WcStatus::RemAccessErr
+                }
+            }
+        } else if msg.payload.len() > cap {
             wc.status = WcStatus::LocLenErr;
             WcStatus::RemInvReqErr
         } else if let Err(f) = self.scatter(dev, &recv.sges, &msg.payload) {
@@ -802,7 +920,7 @@ impl QpObj {
             bind: *bind,
             via: MwType::Type1,
         });
-        self.post_op(dev, bind.wr_id, bind.signaled, &[], op)
+        self.post_op(dev, bind.wr_id, bind.signaled, &[], None, op)
             .map_err(|e| err(Verb::BindMw, e.errno().unwrap_or(libc::EINVAL)))
     }
 }

@@ -164,13 +164,17 @@ pub(super) unsafe fn advise_mr_raw(
     }
 }
 
-/// Convert `sges` to `struct ibv_sge` and run `f` on the list (NULL when empty) and its length.
-pub(super) fn with_ibv_sges<R>(sges: &[Sge], f: impl FnOnce(*mut ffi::ibv_sge, usize) -> R) -> R {
-    let conv = |s: &Sge| ffi::ibv_sge {
+/// One SGE as `struct ibv_sge`.
+fn conv(s: &Sge) -> ffi::ibv_sge {
+    ffi::ibv_sge {
         addr: s.addr,
         length: s.length,
         lkey: s.lkey.0,
-    };
+    }
+}
+
+/// Convert `sges` to `struct ibv_sge` and run `f` on the list (NULL when empty) and its length.
+pub(super) fn with_ibv_sges<R>(sges: &[Sge], f: impl FnOnce(*mut ffi::ibv_sge, usize) -> R) -> R {
     if sges.is_empty() {
         f(ptr::null_mut(), 0)
     } else if sges.len() <= STACK_SGES {
@@ -207,13 +211,29 @@ pub(super) fn build_send_wr(
     s.next = ptr::null_mut();
     s.sg_list = sg_list;
     s.num_sge = num_sge;
-    s.send_flags = if wr.signaled {
-        ffi::ibv_send_flags::IBV_SEND_SIGNALED.0
-    } else {
-        0
-    };
+    let flag = |on: bool, f: ffi::ibv_send_flags| if on { f.0 } else { 0 };
+    s.send_flags = flag(wr.signaled, ffi::ibv_send_flags::IBV_SEND_SIGNALED)
+        | flag(wr.inline, ffi::ibv_send_flags::IBV_SEND_INLINE)
+        | flag(wr.solicited, ffi::ibv_send_flags::IBV_SEND_SOLICITED);
     match wr.op {
         RawSendOp::Send => s.opcode = op::IBV_WR_SEND,
+        RawSendOp::SendWithImm(imm) => {
+            s.opcode = op::IBV_WR_SEND_WITH_IMM;
+            // The wire (and `ibv_send_wr::imm_data`) is big-endian.
+            s.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+        }
+        RawSendOp::WriteWithImm {
+            remote_addr,
+            rkey,
+            imm,
+        } => {
+            s.opcode = op::IBV_WR_RDMA_WRITE_WITH_IMM;
+            s.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+            s.wr.rdma = ffi::rdma_t {
+                remote_addr,
+                rkey: rkey.0,
+            };
+        }
         RawSendOp::SendWithInv(rkey) => {
             s.opcode = op::IBV_WR_SEND_WITH_INV;
             s.imm_data_invalidated_rkey_union.invalidated_rkey = rkey.0;
@@ -338,6 +358,62 @@ pub(super) unsafe fn post_send_raw(qp: *mut ffi::ibv_qp, wr: &RawSendWr<'_>) -> 
     })
 }
 
+/// `ibv_post_send` of a chain of work requests (no binds): one call, one doorbell. On failure
+/// returns how many of them were posted (the provider's `bad_wr` is the first not posted).
+///
+/// # Safety
+/// `qp` is a live QP; the SGEs name registered memory (or, inline, readable memory).
+pub(super) unsafe fn post_send_list_raw(
+    qp: *mut ffi::ibv_qp,
+    wrs: &[RawSendWr<'_>],
+) -> std::result::Result<(), (usize, Error)> {
+    if wrs.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: `qp` and its context are live.
+    let Some(post) = (unsafe { (*(*qp).context).ops.post_send }) else {
+        let e = Error::unsupported(Verb::PostSend, "the provider has no post_send");
+        return Err((0, e));
+    };
+    let mut sges: Vec<Vec<ffi::ibv_sge>> = Vec::with_capacity(wrs.len());
+    let mut chain: Vec<ffi::ibv_send_wr> = Vec::with_capacity(wrs.len());
+    for wr in wrs {
+        if matches!(wr.op, RawSendOp::BindMw { .. }) {
+            return Err((0, Error::invalid(Verb::PostSend, "a bind in a batch")));
+        }
+        let n = num_sge(Verb::PostSend, wr.sges.len()).map_err(|e| (0, e))?;
+        let mut list: Vec<ffi::ibv_sge> = wr.sges.iter().map(conv).collect();
+        let head = if list.is_empty() {
+            ptr::null_mut()
+        } else {
+            list.as_mut_ptr()
+        };
+        chain.push(build_send_wr(wr, head, n));
+        // The Vec's heap buffer does not move when the Vec itself is moved.
+        sges.push(list);
+    }
+    let base = chain.as_mut_ptr();
+    for i in 0..chain.len() - 1 {
+        // SAFETY: `i + 1 < chain.len()`: both are elements of `chain`, which is not resized.
+        unsafe { (*base.add(i)).next = base.add(i + 1) };
+    }
+    let mut bad: *mut ffi::ibv_send_wr = ptr::null_mut();
+    // SAFETY: `qp` is live; the chain and its SGE lists outlive the call.
+    let rc = unsafe { post(qp, base, &mut bad) };
+    match check_rc(Verb::PostSend, rc) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let posted = if bad.is_null() {
+                0
+            } else {
+                // SAFETY: the provider points `bad` into the chain it was given.
+                (unsafe { bad.offset_from(base) }).clamp(0, wrs.len() as isize) as usize
+            };
+            Err((posted, e))
+        }
+    }
+}
+
 /// `ibv_post_recv` of one work request.
 ///
 /// # Safety
@@ -424,11 +500,15 @@ pub(super) fn completion(wc: &ffi::ibv_wc) -> Completion {
         op::IBV_WC_COMP_SWAP => WcOpcode::CompareSwap,
         op::IBV_WC_FETCH_ADD => WcOpcode::FetchAdd,
         op::IBV_WC_RECV => WcOpcode::Recv,
+        op::IBV_WC_RECV_RDMA_WITH_IMM => WcOpcode::RecvRdmaWithImm,
         other => WcOpcode::Other(other),
     };
     let with_inv = wc.wc_flags & ffi::ibv_wc_flags::IBV_WC_WITH_INV.0 != 0;
+    let with_imm = wc.wc_flags & ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
     // SAFETY: both members of the union are plain u32.
     let inv = unsafe { wc.imm_data_invalidated_rkey_union.invalidated_rkey };
+    // SAFETY: as above.
+    let imm = u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data });
     Completion {
         wr_id: wc.wr_id,
         status: WcStatus::from_raw(wc.status),
@@ -436,6 +516,7 @@ pub(super) fn completion(wc: &ffi::ibv_wc) -> Completion {
         byte_len: wc.byte_len,
         qp_num: wc.qp_num,
         invalidated_rkey: with_inv.then_some(Rkey(inv)),
+        imm_data: with_imm.then_some(imm),
     }
 }
 

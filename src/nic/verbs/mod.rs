@@ -66,8 +66,8 @@ use census::{Census, Kind};
 use conv::{PORT, obj};
 use device::{Context, mtu_bytes};
 use inlines::{
-    advise_mr_raw, bind_mw_raw, poll_cq_raw, post_recv_raw, post_send_raw, query_port,
-    with_ibv_sges,
+    advise_mr_raw, bind_mw_raw, poll_cq_raw, post_recv_raw, post_send_list_raw, post_send_raw,
+    query_port, with_ibv_sges,
 };
 use mlx5dv::DevxState;
 use rdma_sys as ffi;
@@ -511,7 +511,13 @@ impl Backend for VerbsNic {
         unsafe { poll_cq_raw(cq, out) }
     }
 
-    fn create_qp(&self, pd: u64, send_cq: u64, recv_cq: u64, caps: &QpCaps) -> Result<(u64, u32)> {
+    fn create_qp(
+        &self,
+        pd: u64,
+        send_cq: u64,
+        recv_cq: u64,
+        caps: &QpCaps,
+    ) -> Result<(u64, u32, QpCaps)> {
         let pd = obj::<ffi::ibv_pd>(Verb::CreateQp, pd)?;
         let send_cq = obj::<ffi::ibv_cq>(Verb::CreateQp, send_cq)?;
         let recv_cq = obj::<ffi::ibv_cq>(Verb::CreateQp, recv_cq)?;
@@ -524,7 +530,7 @@ impl Backend for VerbsNic {
             max_recv_wr: caps.max_recv_wr,
             max_send_sge: caps.max_send_sge,
             max_recv_sge: caps.max_recv_sge,
-            max_inline_data: 0,
+            max_inline_data: caps.max_inline_data,
         };
         init.qp_type = ffi::ibv_qp_type::IBV_QPT_RC;
         init.sq_sig_all = 0;
@@ -535,6 +541,14 @@ impl Backend for VerbsNic {
         }
         // SAFETY: `qp` was just created.
         let qpn = unsafe { (*qp).qp_num };
+        // `ibv_create_qp` wrote back what the device granted (at least what was asked).
+        let granted = QpCaps {
+            max_send_wr: init.cap.max_send_wr.max(caps.max_send_wr),
+            max_recv_wr: init.cap.max_recv_wr.max(caps.max_recv_wr),
+            max_send_sge: caps.max_send_sge,
+            max_recv_sge: caps.max_recv_sge,
+            max_inline_data: init.cap.max_inline_data.max(caps.max_inline_data),
+        };
 
         use ffi::ibv_qp_attr_mask as m;
         // SAFETY: all-zero is a valid ibv_qp_attr.
@@ -560,7 +574,7 @@ impl Backend for VerbsNic {
             }
             return Err(e);
         }
-        Ok((qp as u64, qpn))
+        Ok((qp as u64, qpn, granted))
     }
 
     fn endpoint(&self, qp: u64) -> Result<Endpoint> {
@@ -677,6 +691,21 @@ impl Backend for VerbsNic {
         // SAFETY: `qp` (and, for `BIND_MW`, the window and region) are live objects of this
         // device (backend contract).
         unsafe { post_send_raw(qp, wr) }
+    }
+
+    fn post_send_list(
+        &self,
+        qp: u64,
+        wrs: &[RawSendWr<'_>],
+    ) -> std::result::Result<(), (usize, Error)> {
+        let qp = obj::<ffi::ibv_qp>(Verb::PostSend, qp).map_err(|e| (0, e))?;
+        for wr in wrs.iter().filter(|w| !w.inline) {
+            self.rxe_odp
+                .check(Verb::PostSend, wr.sges)
+                .map_err(|e| (0, e))?;
+        }
+        // SAFETY: `qp` is a live object of this device (backend contract).
+        unsafe { post_send_list_raw(qp, wrs) }
     }
 
     fn post_recv(&self, qp: u64, wr_id: u64, sges: &[Sge]) -> Result<()> {

@@ -211,6 +211,7 @@ fn work_completions() {
             byte_len: 0,
             qp_num: 0x11,
             invalidated_rkey: None,
+            imm_data: None,
         }
     );
     wc.status = ffi::ibv_wc_status::IBV_WC_SUCCESS;
@@ -221,6 +222,15 @@ fn work_completions() {
     assert_eq!(
         (c.opcode, c.byte_len, c.invalidated_rkey),
         (WcOpcode::Recv, 64, Some(Rkey(0x1234)))
+    );
+    // Immediate data is big-endian in `ibv_wc`, host order in `Completion`.
+    wc.opcode = ffi::ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM;
+    wc.wc_flags = ffi::ibv_wc_flags::IBV_WC_WITH_IMM.0;
+    wc.imm_data_invalidated_rkey_union.imm_data = 0x0102_0304u32.to_be();
+    let c = completion(&wc);
+    assert_eq!(
+        (c.opcode, c.imm_data, c.invalidated_rkey),
+        (WcOpcode::RecvRdmaWithImm, Some(0x0102_0304), None)
     );
     for (raw, want) in [
         (ffi::ibv_wc_opcode::IBV_WC_SEND, WcOpcode::Send),

@@ -5,7 +5,7 @@
 use super::super::device::RXE_VENDOR_ID;
 use super::super::inlines::{
     IBV_ADVISE_MR_FLAG_FLUSH, STACK_SGES, VERBS_ABI_IS_EXTENDED, advise_mr_raw, bind_mw_raw,
-    poll_cq_raw, post_send_raw, verbs_ctx_op, with_ibv_sges,
+    poll_cq_raw, post_send_list_raw, post_send_raw, verbs_ctx_op, with_ibv_sges,
 };
 use super::super::*;
 use crate::nic::backend::RawSendOp;
@@ -43,15 +43,39 @@ struct SeenWr {
 thread_local! {
     static SEEN: RefCell<Vec<SeenWr>> = const { RefCell::new(Vec::new()) };
     static POST_RC: RefCell<c_int> = const { RefCell::new(0) };
+    static BAD_AT: RefCell<Option<usize>> = const { RefCell::new(None) };
     static PENDING: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
     static ADVISED: RefCell<Vec<(u32, u32, u32, u64)>> = const { RefCell::new(Vec::new()) };
 }
 
 extern "C" fn fake_post_send(
     _qp: *mut ffi::ibv_qp,
-    wr: *mut ffi::ibv_send_wr,
-    _bad: *mut *mut ffi::ibv_send_wr,
+    mut wr: *mut ffi::ibv_send_wr,
+    bad: *mut *mut ffi::ibv_send_wr,
 ) -> c_int {
+    // A chain: each request is recorded in turn; with `BAD_AT` set, the one at that index is
+    // refused (ENOMEM) and named in `bad`, as a provider whose queue filled up does.
+    let mut i = 0;
+    while !wr.is_null() {
+        if BAD_AT.with(|b| *b.borrow()) == Some(i) {
+            // SAFETY: `bad` is the caller's out pointer.
+            unsafe { *bad = wr };
+            return libc::ENOMEM;
+        }
+        let rc = fake_post_one(wr);
+        if rc != 0 {
+            // SAFETY: as above.
+            unsafe { *bad = wr };
+            return rc;
+        }
+        // SAFETY: `wr` is an element of the caller's chain.
+        wr = unsafe { (*wr).next };
+        i += 1;
+    }
+    0
+}
+
+fn fake_post_one(wr: *mut ffi::ibv_send_wr) -> c_int {
     // SAFETY: `wr` is the request post_send_raw built; its SGE list has `num_sge` entries,
     // and the union members read are plain data (the window pointer only for BIND_MW).
     let seen = unsafe {
@@ -244,6 +268,8 @@ fn send_requests_carry_opcode_keys_and_sges() {
         let wr = RawSendWr {
             wr_id: 1,
             signaled: true,
+            inline: false,
+            solicited: false,
             sges: &sges[..n],
             op: RawSendOp::Send,
         };
@@ -278,6 +304,8 @@ fn send_requests_carry_opcode_keys_and_sges() {
         let wr = RawSendWr {
             wr_id: 2,
             signaled: false,
+            inline: false,
+            solicited: false,
             sges: &sges[..1],
             op,
         };
@@ -298,6 +326,8 @@ fn send_requests_carry_opcode_keys_and_sges() {
     let wr = RawSendWr {
         wr_id: 3,
         signaled: true,
+        inline: false,
+        solicited: false,
         sges: &[],
         op: RawSendOp::Send,
     };
@@ -333,6 +363,8 @@ fn type2_bind_keeps_the_window_key_in_step() {
         &RawSendWr {
             wr_id: 4,
             signaled: true,
+            inline: false,
+            solicited: false,
             sges: &[],
             op,
         },
@@ -365,6 +397,8 @@ fn type2_bind_keeps_the_window_key_in_step() {
             &RawSendWr {
                 wr_id: 5,
                 signaled: true,
+                inline: false,
+                solicited: false,
                 sges: &[],
                 op
             }
@@ -600,4 +634,79 @@ fn the_soft_nic_has_no_raw_context() {
         matches!(e, Error::InvalidArgument { verb: None, .. }),
         "{e:?}"
     );
+}
+
+#[test]
+fn a_batch_is_one_chain_with_immediates_big_endian_and_its_flags() {
+    use ffi::ibv_send_flags as f;
+    use ffi::ibv_wr_opcode::*;
+    let mut fq = fake_qp();
+    SEEN.with(|s| s.borrow_mut().clear());
+    let data = [7u8; 8];
+    let sge = [Sge {
+        addr: data.as_ptr() as u64,
+        length: 8,
+        lkey: Lkey(0),
+    }];
+    let wr = |wr_id, op, signaled, inline, solicited| RawSendWr {
+        wr_id,
+        signaled,
+        inline,
+        solicited,
+        sges: &sge,
+        op,
+    };
+    let wrs = [
+        wr(1, RawSendOp::SendWithImm(0x0a0b_0c0d), false, true, false),
+        wr(
+            2,
+            RawSendOp::WriteWithImm {
+                remote_addr: 0x1000,
+                rkey: Rkey(5),
+                imm: 9,
+            },
+            false,
+            false,
+            true,
+        ),
+        wr(3, RawSendOp::Send, true, false, false),
+    ];
+    // SAFETY: the fake QP is a live box; the SGEs name `data`.
+    unsafe { post_send_list_raw(&raw mut *fq.qp, &wrs) }.unwrap();
+    let seen = SEEN.with(|s| s.borrow().clone());
+    assert_eq!(seen.len(), 3, "one call, the whole chain");
+    assert_eq!(
+        (seen[0].opcode, seen[0].flags, seen[0].inv_rkey),
+        (
+            IBV_WR_SEND_WITH_IMM,
+            f::IBV_SEND_INLINE.0,
+            0x0a0b_0c0du32.to_be()
+        )
+    );
+    assert_eq!(
+        (
+            seen[1].opcode,
+            seen[1].flags,
+            seen[1].inv_rkey,
+            seen[1].rdma
+        ),
+        (
+            IBV_WR_RDMA_WRITE_WITH_IMM,
+            f::IBV_SEND_SOLICITED.0,
+            9u32.to_be(),
+            (0x1000, 5)
+        )
+    );
+    assert_eq!(
+        (seen[2].opcode, seen[2].flags),
+        (IBV_WR_SEND, f::IBV_SEND_SIGNALED.0)
+    );
+    assert_eq!(seen[2].sges, vec![(data.as_ptr() as u64, 8, 0)]);
+
+    // The provider refuses the third: the first two were posted, and the error says so.
+    BAD_AT.with(|b| *b.borrow_mut() = Some(2));
+    // SAFETY: as above.
+    let (posted, e) = unsafe { post_send_list_raw(&raw mut *fq.qp, &wrs) }.unwrap_err();
+    BAD_AT.with(|b| *b.borrow_mut() = None);
+    assert_eq!((posted, e.errno()), (2, Some(libc::ENOMEM)));
 }

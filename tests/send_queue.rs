@@ -1,0 +1,377 @@
+//! Immediate data, inline payloads, unsignaled requests and batches, on the soft NIC in
+//! `cargo test` and on rxe in the QEMU bed (`RDMA_POOL_TEST_NIC=verbs`), with the rows of
+//! `quirks::RXE` where they differ.
+
+mod common;
+
+use common::*;
+use rdma_pool::nic::quirks::{Quirk, applies};
+use rdma_pool::nic::*;
+use std::time::{Duration, Instant};
+
+/// A bed whose sending QP has `caps` (its responder the usual one).
+fn bed_with(caps: QpCaps) -> (Side, Side, Qp, Qp) {
+    let (na, nb) = nics();
+    let (a, b) = (Side::new(na), Side::new(nb));
+    let qa = a.pd.create_qp(&a.cq, &a.cq, caps).unwrap();
+    let qb = b.qp();
+    link(&qa, &qb);
+    (a, b, qa, qb)
+}
+
+fn inline_caps() -> QpCaps {
+    QpCaps {
+        max_inline_data: 64,
+        max_send_sge: 2,
+        ..Default::default()
+    }
+}
+
+/// No completion arrives on `cq` for a while.
+fn quiet(cq: &Cq) {
+    let r = cq.wait_one(Duration::from_millis(200));
+    assert!(matches!(r, Err(Error::Timeout(_))), "unexpected {r:?}");
+}
+
+#[test]
+fn send_with_imm_delivers_the_immediate_in_host_order() {
+    let _g = serial();
+    let bed = bed();
+    let (src, smr) = bed.a.reg_buf(4096, 0x5a, Access::LOCAL_WRITE);
+    let (dst, dmr) = bed.b.reg_buf(4096, 0, Access::LOCAL_WRITE);
+    // SAFETY: the buffers outlive the requests, which complete below.
+    unsafe {
+        bed.qb.post_recv(1, &[dmr.sge(0, 4096).unwrap()]).unwrap();
+        bed.qa
+            .post_send_with_imm(2, &[smr.sge(0, 5).unwrap()], 0xdead_beef)
+            .unwrap();
+    }
+    let wc = bed.b.wait();
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.opcode, wc.byte_len, wc.imm_data),
+        (1, WcStatus::Success, WcOpcode::Recv, 5, Some(0xdead_beef))
+    );
+    assert_eq!(bed.a.wait().status, WcStatus::Success);
+    assert_eq!(&dst.as_slice()[..6], &[0x5a, 0x5a, 0x5a, 0x5a, 0x5a, 0]);
+    drop((src, dst));
+}
+
+#[test]
+fn a_plain_send_carries_no_immediate() {
+    let _g = serial();
+    let bed = bed();
+    let (_src, smr) = bed.a.reg_buf(64, 1, Access::LOCAL_WRITE);
+    let (_dst, dmr) = bed.b.reg_buf(64, 0, Access::LOCAL_WRITE);
+    // SAFETY: the buffers outlive the requests, which complete below.
+    unsafe {
+        bed.qb.post_recv(1, &[dmr.sge(0, 64).unwrap()]).unwrap();
+        bed.qa.post_send(2, &[smr.sge(0, 8).unwrap()]).unwrap();
+    }
+    assert_eq!(bed.b.wait().imm_data, None);
+    bed.a.wait();
+}
+
+#[test]
+fn write_with_imm_lands_the_bytes_and_consumes_one_receive() {
+    let _g = serial();
+    let bed = bed();
+    let (_src, smr) = bed.a.reg_buf(4096, 0x33, Access::LOCAL_WRITE);
+    let (dst, dmr) = bed.b.reg_buf(4096, 0, RW);
+    let (rbuf, rmr) = bed.b.reg_buf(64, 0xee, Access::LOCAL_WRITE);
+    // SAFETY: the buffers outlive the requests, which complete below.
+    unsafe {
+        bed.qb.post_recv(7, &[rmr.sge(0, 64).unwrap()]).unwrap();
+        bed.qa
+            .post_write_with_imm(
+                8,
+                &[smr.sge(0, 100).unwrap()],
+                dmr.addr() as u64 + 10,
+                dmr.rkey(),
+                42,
+            )
+            .unwrap();
+    }
+    let wc = bed.b.wait();
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.opcode, wc.byte_len, wc.imm_data),
+        (
+            7,
+            WcStatus::Success,
+            WcOpcode::RecvRdmaWithImm,
+            100,
+            Some(42)
+        )
+    );
+    let sent = bed.a.wait();
+    assert_eq!(
+        (sent.wr_id, sent.status, sent.opcode),
+        (8, WcStatus::Success, WcOpcode::RdmaWrite)
+    );
+    assert!(dst.as_slice()[10..110].iter().all(|&x| x == 0x33));
+    assert_eq!((dst.as_slice()[9], dst.as_slice()[110]), (0, 0));
+    assert!(
+        rbuf.as_slice().iter().all(|&x| x == 0xee),
+        "the receive's own memory is not written"
+    );
+}
+
+#[test]
+fn write_with_imm_waits_for_a_receive_then_completes() {
+    let _g = serial();
+    let bed = bed();
+    let (_src, smr) = bed.a.reg_buf(4096, 0x44, Access::LOCAL_WRITE);
+    let (dst, dmr) = bed.b.reg_buf(4096, 0, RW);
+    // SAFETY: the buffers outlive the request, which completes below.
+    unsafe {
+        bed.qa
+            .post_write_with_imm(
+                1,
+                &[smr.sge(0, 64).unwrap()],
+                dmr.addr() as u64,
+                dmr.rkey(),
+                5,
+            )
+            .unwrap();
+    }
+    quiet(&bed.a.cq);
+    // SAFETY: no memory.
+    unsafe { bed.qb.post_recv(2, &[]).unwrap() };
+    let wc = bed.b.wait();
+    assert_eq!(
+        (wc.opcode, wc.imm_data, wc.byte_len),
+        (WcOpcode::RecvRdmaWithImm, Some(5), 64)
+    );
+    assert_eq!(bed.a.wait().status, WcStatus::Success);
+    assert!(dst.as_slice()[..64].iter().all(|&x| x == 0x44));
+}
+
+#[test]
+fn write_with_imm_through_a_bad_key_fails_and_writes_nothing() {
+    let _g = serial();
+    let bed = bed();
+    let (_src, smr) = bed.a.reg_buf(4096, 0x44, Access::LOCAL_WRITE);
+    // Registered without REMOTE_WRITE.
+    let (dst, dmr) = bed
+        .b
+        .reg_buf(4096, 0, Access::LOCAL_WRITE | Access::REMOTE_READ);
+    // SAFETY: the buffers outlive the requests, which complete below.
+    unsafe {
+        bed.qb.post_recv(1, &[]).unwrap();
+        bed.qa
+            .post_write_with_imm(
+                2,
+                &[smr.sge(0, 64).unwrap()],
+                dmr.addr() as u64,
+                dmr.rkey(),
+                5,
+            )
+            .unwrap();
+    }
+    assert_eq!(bed.a.wait().status, WcStatus::RemAccessErr);
+    assert!(dst.as_slice().iter().all(|&x| x == 0));
+    // The responder's receive does not report the immediate.
+    if let Ok(wc) = bed.b.cq.wait_one(Duration::from_secs(2)) {
+        assert_ne!(wc.status, WcStatus::Success, "{wc:?}");
+    }
+}
+
+#[test]
+fn inline_sends_copy_at_post_time_from_any_memory() {
+    let _g = serial();
+    let (a, b, qa, qb) = bed_with(inline_caps());
+    assert!(qa.caps().max_inline_data >= 64);
+    let (dst, dmr) = b.reg_buf(4096, 0, RW);
+    // SAFETY: the buffer outlives the receive, which completes below.
+    unsafe { qb.post_recv(1, &[dmr.sge(0, 4096).unwrap()]).unwrap() };
+    // Stack memory, never registered, overwritten as soon as the post returns.
+    let mut data = *b"inline payload!!";
+    qa.post_inline(2, SendOp::SendWithImm(3), &data, SendFlags::SIGNALED)
+        .unwrap();
+    data.fill(b'X');
+    let wc = b.wait();
+    assert_eq!((wc.byte_len, wc.imm_data), (16, Some(3)));
+    assert_eq!(a.wait().status, WcStatus::Success);
+    assert_eq!(&dst.as_slice()[..16], b"inline payload!!");
+    // An inline WRITE, then one that also reports.
+    let w = SendOp::Write {
+        remote_addr: dmr.addr() as u64 + 100,
+        rkey: dmr.rkey(),
+    };
+    qa.post_inline(3, w, b"abc", SendFlags::SIGNALED).unwrap();
+    assert_eq!(a.wait().status, WcStatus::Success);
+    assert_eq!(&dst.as_slice()[100..103], b"abc");
+}
+
+#[test]
+fn inline_limits_and_operations_are_refused_before_anything_is_posted() {
+    let _g = serial();
+    let (a, _b, qa, _qb) = bed_with(inline_caps());
+    let max = qa.caps().max_inline_data as usize;
+    let big = vec![0u8; max + 1];
+    let e = qa
+        .post_inline(1, SendOp::Send, &big, SendFlags::SIGNALED)
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Limit {
+                limit: "max_inline_data",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let read = SendOp::Read {
+        remote_addr: 0,
+        rkey: Rkey(0),
+    };
+    let e = qa
+        .post_inline(2, read, b"x", SendFlags::SIGNALED)
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+    quiet(&a.cq);
+    assert_eq!(qa.state().unwrap(), QpState::Ready);
+}
+
+#[test]
+fn a_device_refuses_an_inline_size_beyond_its_own() {
+    let _g = serial();
+    let (na, _) = nics();
+    let side = Side::new(na);
+    let caps = QpCaps {
+        max_inline_data: 1 << 20,
+        ..Default::default()
+    };
+    let e = side.pd.create_qp(&side.cq, &side.cq, caps).unwrap_err();
+    assert_eq!(e.errno(), Some(libc::EINVAL), "{e}");
+}
+
+#[test]
+fn unsignaled_requests_report_only_their_errors() {
+    let _g = serial();
+    let bed = bed();
+    let (_src, smr) = bed.a.reg_buf(4096, 9, Access::LOCAL_WRITE);
+    let (dst, dmr) = bed.b.reg_buf(4096, 0, RW);
+    let sge = [smr.sge(0, 16).unwrap()];
+    let wrs: Vec<SendWr> = (0..4u64)
+        .map(|i| {
+            let op = SendOp::Write {
+                remote_addr: dmr.addr() as u64 + 16 * i,
+                rkey: dmr.rkey(),
+            };
+            let flags = if i == 3 {
+                SendFlags::SIGNALED
+            } else {
+                SendFlags::empty()
+            };
+            SendWr::new(10 + i, op, &sge).flags(flags)
+        })
+        .collect();
+    // SAFETY: the buffers outlive the requests, which complete (the last signaled) below.
+    unsafe { bed.qa.post_send_wrs(&wrs).unwrap() };
+    let wc = bed.a.wait();
+    assert_eq!((wc.wr_id, wc.status), (13, WcStatus::Success));
+    quiet(&bed.a.cq);
+    assert!(dst.as_slice()[..64].iter().all(|&x| x == 9));
+    // An unsignaled request that fails is reported.
+    let bad = SendWr::new(
+        20,
+        SendOp::Write {
+            remote_addr: dmr.addr() as u64,
+            rkey: Rkey(dmr.rkey().0 ^ 0x80),
+        },
+        &sge,
+    )
+    .flags(SendFlags::empty());
+    // SAFETY: as above.
+    unsafe { bed.qa.post_send_wr(&bad).unwrap() };
+    let wc = bed.a.wait();
+    assert_eq!((wc.wr_id, wc.status), (20, WcStatus::RemAccessErr));
+}
+
+#[test]
+fn unsignaled_requests_hold_their_slots_until_a_signaled_one_completes() {
+    let _g = serial();
+    let depth = 8;
+    let caps = QpCaps {
+        max_send_wr: depth,
+        ..Default::default()
+    };
+    let (a, b, qa, _qb) = bed_with(caps);
+    let (_src, smr) = a.reg_buf(64, 1, Access::LOCAL_WRITE);
+    let (_dst, dmr) = b.reg_buf(4096, 0, RW);
+    let sge = [smr.sge(0, 8).unwrap()];
+    let write = |id: u64, flags: SendFlags| {
+        let op = SendOp::Write {
+            remote_addr: dmr.addr() as u64,
+            rkey: dmr.rkey(),
+        };
+        // SAFETY: the buffers outlive every request (the QP is dropped first).
+        unsafe { qa.post_send_wr(&SendWr::new(id, op, &sge).flags(flags)) }
+    };
+    // Rounds of depth - 1 unsignaled and one signaled never fill the queue.
+    for round in 0..3u64 {
+        for i in 0..depth as u64 - 1 {
+            write(round * 100 + i, SendFlags::empty()).unwrap();
+        }
+        write(round * 100 + 99, SendFlags::SIGNALED).unwrap();
+        assert_eq!(a.wait().wr_id, round * 100 + 99);
+    }
+    // A queue of unsignaled requests only is full after `depth` of them.
+    for i in 0..depth as u64 {
+        write(1000 + i, SendFlags::empty()).unwrap();
+    }
+    if applies(a.nic.caps(), Quirk::UnsignaledSlotsFreedEarly) {
+        // rxe frees them as they complete.
+        let start = Instant::now();
+        while write(2000, SendFlags::SIGNALED).is_err() {
+            assert!(start.elapsed() < WAIT, "rxe never freed a slot");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        a.wait();
+    } else {
+        let e = write(2000, SendFlags::SIGNALED).unwrap_err();
+        assert_eq!(e.errno(), Some(libc::ENOMEM), "{e}");
+    }
+}
+
+#[test]
+fn a_bad_request_in_a_batch_posts_none_of_it() {
+    let _g = serial();
+    let bed = bed();
+    let (_src, smr) = bed.a.reg_buf(64, 1, Access::LOCAL_WRITE);
+    let (dst, dmr) = bed.b.reg_buf(4096, 0, RW);
+    let sge = [smr.sge(0, 8).unwrap()];
+    let too_many = [sge[0]; 5];
+    let op = SendOp::Write {
+        remote_addr: dmr.addr() as u64,
+        rkey: dmr.rkey(),
+    };
+    let reserved = 0x5250u64 << 48;
+    for bad in [
+        SendWr::new(2, op, &too_many),
+        SendWr::new(reserved, op, &sge),
+        SendWr::new(
+            2,
+            SendOp::Read {
+                remote_addr: dmr.addr() as u64,
+                rkey: dmr.rkey(),
+            },
+            &sge,
+        )
+        .flags(SendFlags::SIGNALED | SendFlags::INLINE),
+    ] {
+        let wrs = [SendWr::new(1, op, &sge), bad, SendWr::new(3, op, &sge)];
+        // SAFETY: nothing is posted (checked below); the buffers outlive the QP anyway.
+        let e = unsafe { bed.qa.post_send_wrs(&wrs) }.unwrap_err();
+        assert_eq!(e.posted, 0, "{e}");
+    }
+    quiet(&bed.a.cq);
+    assert!(dst.as_slice().iter().all(|&x| x == 0));
+    // A good batch posts all, in order.
+    let wrs: Vec<SendWr> = (0..3).map(|i| SendWr::new(i, op, &sge)).collect();
+    // SAFETY: the buffers outlive the requests, which complete below.
+    unsafe { bed.qa.post_send_wrs(&wrs).unwrap() };
+    let ids: Vec<u64> = bed.a.wait_n(3).into_iter().map(|(id, _)| id).collect();
+    assert_eq!(ids, [0, 1, 2]);
+}
