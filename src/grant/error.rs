@@ -62,7 +62,11 @@ pub enum GrantError {
     Revoked,
     /// No completion ended the wait in time; the grant stays revoking (its memory quarantined)
     /// until a poll of its QP's send CQ delivers it.
-    #[error("no completion for the grant within {0:?}")]
+    #[error(
+        "no completion for the grant within {0:?}: its completions arrive on the send CQ of its \
+         QP and reach the pool only through this crate's polls of that CQ (Cq::poll, \
+         Grant::wait) or, for a CQ polled elsewhere, Pool::on_completion"
+    )]
     Timeout(std::time::Duration),
     /// A verb failed.
     #[error(transparent)]

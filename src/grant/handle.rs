@@ -53,7 +53,7 @@ pub const WAIT: Duration = Duration::from_secs(10);
 pub struct Grant<'a> {
     pool: &'a Pool,
     g: Issued,
-    revoked: bool,
+    pub(super) revoked: bool,
     _buf: PhantomData<&'a [u8]>,
 }
 
@@ -120,19 +120,22 @@ impl<'a> Grant<'a> {
     /// [`GrantError::BindFailed`] when the bind failed (the key never worked; the grant is
     /// then revoked at once), [`GrantError::Timeout`] after [`WAIT`], a polling error.
     pub fn wait(&mut self, cq: &Cq, mut other: impl FnMut(Completion)) -> Result<(), GrantError> {
+        self.poll(cq, &mut other, |me| me.bound())
+    }
+
+    /// Where the bind stands: `None` while in flight. A failed bind revokes the grant.
+    pub(super) fn bound(&self) -> Option<Result<(), GrantError>> {
         let grants = &self.pool.inner().grants;
-        self.poll(cq, &mut other, |pool| {
-            match grants.state(self.g.key, self.g.seq) {
-                Some((Some(WcStatus::Success), _)) => Some(Ok(())),
-                Some((Some(s), _)) => Some(Err(GrantError::BindFailed(s))),
-                Some((None, _)) => None,
-                None => Some(Err(GrantError::Revoked)),
+        match grants.state(self.g.key, self.g.seq) {
+            Some((Some(WcStatus::Success), _)) => Some(Ok(())),
+            Some((Some(s), _)) => Some(Err(GrantError::BindFailed(s))),
+            Some((None, _)) => None,
+            None => Some(Err(GrantError::Revoked)),
+        }
+        .inspect(|r| {
+            if r.is_err() {
+                let _ = grants.revoke(self.pool, self.g.key, self.g.seq);
             }
-            .inspect(|r| {
-                if r.is_err() {
-                    let _ = grants.revoke(pool, self.g.key, self.g.seq);
-                }
-            })
         })
     }
 
@@ -160,13 +163,16 @@ impl<'a> Grant<'a> {
         if !self.revoked {
             self.start_revoke()?;
         }
+        self.poll(cq, &mut other, |me| me.dead())
+    }
+
+    /// `Some` once the key is dead. A region that refused deregistration is retried here: no
+    /// completion would.
+    pub(super) fn dead(&self) -> Option<Result<(), GrantError>> {
         let grants = &self.pool.inner().grants;
         let (key, seq) = (self.g.key, self.g.seq);
-        self.poll(cq, &mut other, |pool| {
-            let done = grants.state(key, seq).is_none_or(|(_, done)| done);
-            // A region that refused deregistration is retried here: no completion would.
-            (done || grants.retry(pool, key, seq)).then_some(Ok(()))
-        })
+        let done = grants.state(key, seq).is_none_or(|(_, done)| done);
+        (done || grants.retry(self.pool, key, seq)).then_some(Ok(()))
     }
 
     /// Start the revocation without waiting: the key dies when a poll of the QP's send CQ
@@ -190,11 +196,11 @@ impl<'a> Grant<'a> {
         &self,
         cq: &Cq,
         other: &mut dyn FnMut(Completion),
-        mut done: impl FnMut(&Pool) -> Option<Result<(), GrantError>>,
+        mut done: impl FnMut(&Self) -> Option<Result<(), GrantError>>,
     ) -> Result<(), GrantError> {
         let deadline = Instant::now() + WAIT;
         loop {
-            if let Some(r) = done(self.pool) {
+            if let Some(r) = done(self) {
                 return r;
             }
             // The pool's completions reach it inside the poll; only the application's come out.
@@ -268,7 +274,7 @@ grant_buf!(
 #[must_use = "dropping a grant revokes it"]
 pub struct OwnedGrant<'p, B: GrantBuf> {
     // Dropped first: the revocation starts before the buffer is freed into quarantine.
-    grant: Grant<'p>,
+    pub(super) grant: Grant<'p>,
     buf: B,
 }
 
@@ -360,11 +366,16 @@ impl<'p, B: GrantBuf> OwnedGrant<'p, B> {
         if let Err(e) = self.grant.wait_revoked(cq, other) {
             return Err((self, e));
         }
+        Ok(self.into_buf())
+    }
+
+    /// The buffer, once the key is dead (the grant is dropped).
+    pub(super) fn into_buf(self) -> B {
         let me = std::mem::ManuallyDrop::new(self);
         // SAFETY: `me` is never used or dropped again; each field is moved out once.
         let (grant, buf) = unsafe { (std::ptr::read(&me.grant), std::ptr::read(&me.buf)) };
         drop(grant);
-        Ok(buf)
+        buf
     }
 }
 

@@ -75,6 +75,8 @@ mod issue;
 mod ledger;
 mod retire;
 mod revoke;
+#[cfg(feature = "tokio")]
+mod wait_async;
 pub(crate) use revoke::route;
 mod windows;
 mod wire;

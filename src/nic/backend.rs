@@ -139,7 +139,14 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn bind_mw(&self, qp: u64, mw: u64, mw_rkey: Rkey, bind: &RawBind) -> Result<Rkey>;
     fn dealloc_mw(&self, mw: u64) -> Result<()>;
 
-    fn create_cq(&self, depth: u32) -> Result<u64>;
+    /// A CQ, signalling `channel` (a handle of `create_comp_channel`) when armed.
+    fn create_cq(&self, depth: u32, channel: Option<u64>) -> Result<u64>;
+    /// Returns (handle, its file descriptor, non-blocking).
+    fn create_comp_channel(&self) -> Result<(u64, std::os::fd::RawFd)>;
+    fn destroy_comp_channel(&self, channel: u64) -> Result<()>;
+    /// Take (and acknowledge) every pending event of `channel` without blocking; how many.
+    fn get_cq_events(&self, channel: u64) -> Result<u64>;
+    fn req_notify_cq(&self, cq: u64, solicited_only: bool) -> Result<()>;
     fn destroy_cq(&self, cq: u64) -> Result<()>;
     fn poll_cq(&self, cq: u64, out: &mut [Completion]) -> Result<usize>;
 

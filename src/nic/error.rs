@@ -69,6 +69,18 @@ pub enum Verb {
     UmemDereg,
     /// `ibv_get_async_event`.
     GetAsyncEvent,
+    /// `ibv_create_comp_channel`.
+    CreateCompChannel,
+    /// `ibv_req_notify_cq`.
+    ReqNotifyCq,
+    /// `ibv_get_cq_event`.
+    GetCqEvent,
+    /// `ibv_create_srq`.
+    CreateSrq,
+    /// `ibv_destroy_srq`.
+    DestroySrq,
+    /// `ibv_post_srq_recv`.
+    PostSrqRecv,
 }
 
 impl Verb {
@@ -100,6 +112,12 @@ impl Verb {
             Verb::UmemReg => "mlx5dv_devx_umem_reg_ex",
             Verb::UmemDereg => "mlx5dv_devx_umem_dereg",
             Verb::GetAsyncEvent => "ibv_get_async_event",
+            Verb::CreateCompChannel => "ibv_create_comp_channel",
+            Verb::ReqNotifyCq => "ibv_req_notify_cq",
+            Verb::GetCqEvent => "ibv_get_cq_event",
+            Verb::CreateSrq => "ibv_create_srq",
+            Verb::DestroySrq => "ibv_destroy_srq",
+            Verb::PostSrqRecv => "ibv_post_srq_recv",
         }
     }
 }

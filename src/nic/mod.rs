@@ -47,8 +47,11 @@
 //! allocator; they hold the one-time work: [`Nic::open_default`] reads `RDMA_POOL_NIC` once per
 //! process, and a soft NIC starts its prefetch thread and reads `CAP_IPC_LOCK` when created.
 
+#[cfg(feature = "tokio")]
+mod async_cq;
 mod backend;
 mod buffer;
+mod channel;
 mod error;
 mod owned;
 mod post;
@@ -59,7 +62,10 @@ mod types;
 #[cfg(feature = "verbs")]
 mod verbs;
 
+#[cfg(feature = "tokio")]
+pub use async_cq::AsyncCq;
 pub use buffer::{Buffer, huge_page_size};
+pub use channel::CompChannel;
 pub use error::{Error, ReregError, ReregErrorKind, Result, Verb};
 pub use owned::{Done, NicBuf, NicBufMut, PostError, Posted, WaitError, is_reserved_wr_id};
 pub(crate) use owned::{GRANT_TAG, set_grant_sink};
@@ -450,6 +456,10 @@ impl Nic {
     /// assert!(cq.poll_one().unwrap().is_none());
     /// ```
     pub fn create_cq(&self, depth: u32) -> Result<Cq> {
+        self.create_cq_in(depth, None)
+    }
+
+    fn create_cq_in(&self, depth: u32, channel: Option<&CompChannel>) -> Result<Cq> {
         if depth == 0 {
             return Err(Error::invalid(Verb::CreateCq, "depth must be at least 1"));
         }
@@ -460,12 +470,21 @@ impl Nic {
                 max: self.caps().max_cqe as u64,
             });
         }
-        let handle = self.backend.create_cq(depth)?;
+        if let Some(c) = channel
+            && !self.same_device(c.nic())
+        {
+            return Err(Error::invalid(
+                Verb::CreateCq,
+                "completion channel of another device",
+            ));
+        }
+        let handle = self.backend.create_cq(depth, channel.map(|c| c.handle()))?;
         Ok(Cq {
             inner: Arc::new(CqInner {
                 nic: self.clone(),
                 handle,
                 inflight: owned::Inflight::default(),
+                channel: channel.cloned(),
             }),
         })
     }
@@ -1263,6 +1282,8 @@ struct CqInner {
     handle: u64,
     /// The owned requests completing here (`owned.rs`).
     inflight: owned::Inflight,
+    /// The channel it signals when armed (kept alive until the CQ is destroyed).
+    channel: Option<CompChannel>,
 }
 
 impl Drop for CqInner {
@@ -1314,7 +1335,8 @@ impl Cq {
         Ok((self.poll(&mut wc)? == 1).then_some(wc[0]))
     }
 
-    /// Wait (spinning, then yielding) for one completion for at most `timeout`.
+    /// Wait for one completion for at most `timeout`: on a CQ with a completion channel by
+    /// sleeping on it ([`Cq::req_notify`]), else spinning, then yielding.
     ///
     /// # Errors
     /// [`Error::Timeout`] when none arrives in time.
@@ -1326,6 +1348,9 @@ impl Cq {
     /// assert!(cq.wait_one(Duration::from_millis(1)).is_err());
     /// ```
     pub fn wait_one(&self, timeout: Duration) -> Result<Completion> {
+        if self.inner.channel.is_some() {
+            return self.wait_notified(timeout);
+        }
         let start = Instant::now();
         loop {
             if let Some(wc) = self.poll_one()? {

@@ -145,6 +145,8 @@ pub(super) struct Inflight {
     polls: AtomicU64,
     /// Slots kept as tombstones (see [`Slot::tomb`]).
     tombs: AtomicU64,
+    /// Completions taken from the device so far (async waiters re-check when it moves).
+    seen: AtomicU64,
 }
 
 struct Slot {
@@ -378,6 +380,9 @@ impl Cq {
         let inflight = &self.inner.inflight;
         let seq = inflight.polls.fetch_add(1, Relaxed) + 1;
         let got = self.inner.nic.backend.poll_cq(self.inner.handle, out)?;
+        if got > 0 {
+            inflight.seen.fetch_add(got as u64, Relaxed);
+        }
         let mut kept = 0;
         for i in 0..got {
             let wc = out[i];
@@ -419,6 +424,12 @@ impl Cq {
             *slot = wc;
         }
         (n, backlog)
+    }
+
+    /// Completions taken from the device so far, by any poll of this CQ.
+    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
+    pub(super) fn completions_seen(&self) -> u64 {
+        self.inner.inflight.seen.load(Relaxed)
     }
 
     /// Poll the device for the owned requests waiting on this CQ; keep the application's
@@ -537,6 +548,77 @@ impl<B: NicBuf> Posted<B> {
                 });
             }
             std::thread::yield_now();
+        }
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl<B: NicBuf> Posted<B> {
+    /// Wait (feature `tokio`) until the request completed, without polling in a loop: the
+    /// CQ's channel wakes the task ([`AsyncCq`](super::AsyncCq)). Cancel-safe: the handle is
+    /// only borrowed; [`Posted::take`] then gives the buffer back.
+    ///
+    /// # Errors
+    /// `InvalidArgument` when `cq` is not the CQ the request completes on; a poll or channel
+    /// failure.
+    pub async fn ready(&mut self, cq: &super::AsyncCq) -> Result<()> {
+        if !std::sync::Arc::ptr_eq(&self.cq.inner, &cq.cq().inner) {
+            return Err(Error::invalid(
+                Verb::PollCq,
+                "the request completes on another CQ",
+            ));
+        }
+        let (key, epoch) = (self.key, self.epoch);
+        cq.until(|c| {
+            c.pump()?;
+            Ok(c.inner.inflight.is_complete(key, epoch).then_some(()))
+        })
+        .await
+    }
+
+    /// Wait (feature `tokio`) for the completion and take the buffer back with it. Dropping
+    /// the future drops the handle, which parks the buffer until the request completes (see
+    /// [`Posted`]); use [`Posted::ready`] to keep the handle across a cancellation.
+    ///
+    /// # Errors
+    /// As [`Posted::ready`], with the handle back.
+    ///
+    /// # Examples
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use rdma_pool::nic::{AsyncCq, Nic, QpCaps, WcStatus};
+    /// let nic = Nic::soft();
+    /// let pd = nic.alloc_pd()?;
+    /// let cq = AsyncCq::new(&nic, 16)?;
+    /// let (a, b) = (pd.create_qp(cq.cq(), cq.cq(), QpCaps::default())?, pd.create_qp(cq.cq(), cq.cq(), QpCaps::default())?);
+    /// a.connect(&b.endpoint()?)?;
+    /// b.connect(&a.endpoint()?)?;
+    /// let pool: &'static _ = Box::leak(Box::new(rdma_pool::alloc::Pool::new(&pd)?));
+    /// let rx = b.post_recv_owned(1, allocator_api2::vec![in pool; 0u8; 64])?;
+    /// let tx = a.post_send_owned(2, allocator_api2::vec![in pool; 7u8; 16])?;
+    /// assert_eq!(tx.wait_async(&cq).await?.completion.status, WcStatus::Success);
+    /// let got = rx.wait_async(&cq).await?;
+    /// assert_eq!(&got.buf[..16], &[7u8; 16]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn wait_async(
+        mut self,
+        cq: &super::AsyncCq,
+    ) -> std::result::Result<Done<B>, WaitError<B>> {
+        loop {
+            if let Err(error) = self.ready(cq).await {
+                return Err(WaitError {
+                    error,
+                    posted: self,
+                });
+            }
+            match self.take() {
+                Ok(done) => return Ok(done),
+                // Not complete after all (a failed poll in `take`): wait again.
+                Err(me) => self = me,
+            }
         }
     }
 }

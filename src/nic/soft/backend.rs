@@ -6,7 +6,7 @@
 //! in one shard and hand the work to it (`qp.rs`).
 
 use super::counters::bump;
-use super::cq::CqObj;
+use super::cq::{ChannelObj, CqObj};
 use super::device::{Device, SoftNic, reserve};
 use super::fabric;
 use super::keys::{KeyObj, MwObj};
@@ -20,6 +20,7 @@ use crate::nic::backend::{Backend, RawBind, RawMr, RawSendWr};
 use crate::nic::error::{Error, ReregError, Result, Verb};
 use crate::nic::types::*;
 use std::any::Any;
+use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
@@ -252,11 +253,75 @@ impl Backend for SoftNic {
         }
     }
 
-    fn create_cq(&self, depth: u32) -> Result<u64> {
+    fn create_cq(&self, depth: u32, channel: Option<u64>) -> Result<u64> {
         self.dev.inject(Verb::CreateCq)?;
+        let channel = match channel {
+            None => None,
+            Some(c) => Some(
+                lock(&self.dev.channels)
+                    .get(c as usize)
+                    .cloned()
+                    .ok_or_else(|| Error::from_errno(Verb::CreateCq, libc::EINVAL))?,
+            ),
+        };
         let h = self.dev.next_handle.fetch_add(1, Ordering::Relaxed);
-        self.dev.cqs.shard(h).insert(h, Arc::new(CqObj::new(depth)));
+        self.dev
+            .cqs
+            .shard(h)
+            .insert(h, Arc::new(CqObj::new(depth, channel)));
         Ok(h)
+    }
+
+    fn create_comp_channel(&self) -> Result<(u64, RawFd)> {
+        self.dev.inject(Verb::CreateCompChannel)?;
+        let c = ChannelObj::new().map_err(|source| Error::Verb {
+            verb: Verb::CreateCompChannel,
+            source,
+        })?;
+        let fd = c.raw_fd();
+        Ok((lock(&self.dev.channels).insert(Arc::new(c)) as u64, fd))
+    }
+
+    fn destroy_comp_channel(&self, channel: u64) -> Result<()> {
+        let mut channels = lock(&self.dev.channels);
+        match channels.get(channel as usize) {
+            None => Err(Error::from_errno(Verb::CreateCompChannel, libc::EINVAL)),
+            Some(c) if c.users.load(Ordering::Acquire) > 0 => {
+                Err(Error::from_errno(Verb::CreateCompChannel, libc::EBUSY))
+            }
+            Some(_) => {
+                channels.remove(channel as usize);
+                Ok(())
+            }
+        }
+    }
+
+    fn get_cq_events(&self, channel: u64) -> Result<u64> {
+        self.dev.inject(Verb::GetCqEvent)?;
+        let c = lock(&self.dev.channels)
+            .get(channel as usize)
+            .cloned()
+            .ok_or_else(|| Error::from_errno(Verb::GetCqEvent, libc::EINVAL))?;
+        c.take().map_err(|source| Error::Verb {
+            verb: Verb::GetCqEvent,
+            source,
+        })
+    }
+
+    fn req_notify_cq(&self, cq: u64, solicited_only: bool) -> Result<()> {
+        self.dev.inject(Verb::ReqNotifyCq)?;
+        let c = self
+            .dev
+            .cqs
+            .shard(cq)
+            .get(&cq)
+            .cloned()
+            .ok_or_else(|| Error::from_errno(Verb::ReqNotifyCq, libc::EINVAL))?;
+        if c.arm(solicited_only) {
+            Ok(())
+        } else {
+            Err(Error::from_errno(Verb::ReqNotifyCq, libc::EINVAL))
+        }
     }
 
     fn destroy_cq(&self, cq: u64) -> Result<()> {

@@ -12,7 +12,7 @@
 
 use super::config::{ReregMode, SoftConfig};
 use super::counters::{AtomicCounters, bump};
-use super::cq::CqObj;
+use super::cq::{ChannelObj, CqObj};
 use super::faults::FaultPlan;
 use super::keys::{FaultSink, KeyFault, KeyObj, KeyTable, MrObj, Residency};
 use super::mem;
@@ -46,6 +46,8 @@ pub(crate) struct Device {
     pub(super) pds: Mutex<slab::Slab<u32>>,
     pub(super) next_handle: AtomicU64,
     pub(super) cqs: Sharded<Arc<CqObj>>,
+    /// Completion channels: the slab key is the handle.
+    pub(super) channels: Mutex<slab::Slab<Arc<ChannelObj>>>,
     pub(super) qps: Sharded<Arc<QpObj>>,
     pub(super) qpns: Mutex<HashMap<u32, Weak<QpObj>>>,
     pub(super) next_qpn: AtomicU32,
@@ -126,6 +128,7 @@ impl Device {
                 pds: Mutex::new(slab::Slab::new()),
                 next_handle: AtomicU64::new(1),
                 cqs: Sharded::default(),
+                channels: Mutex::new(slab::Slab::new()),
                 qps: Sharded::default(),
                 qpns: Mutex::new(HashMap::new()),
                 next_qpn: AtomicU32::new(0x11),

@@ -64,6 +64,8 @@ struct Inbound {
     /// WRITE_WITH_IMM: the payload goes to this address through this key when the message
     /// lands (a responder without a receive NAKs the whole request: nothing is written before).
     write: Option<(u64, Rkey)>,
+    /// Sent with `IBV_SEND_SOLICITED`.
+    solicited: bool,
     sender: Weak<QpObj>,
 }
 
@@ -79,10 +81,12 @@ enum Op {
     BindType1(WindowBind),
 }
 
-/// A work request queued behind a parked SEND.
+/// A work request on the send queue.
 struct OwnedWr {
     wr_id: u64,
     signaled: bool,
+    /// `IBV_SEND_SOLICITED`: the responder's receive completion is a solicited event.
+    solicited: bool,
     sges: Vec<Sge>,
     /// The bytes of an inline request, copied at post time.
     inline: Option<Vec<u8>>,
@@ -416,20 +420,22 @@ impl QpObj {
         } else {
             None
         };
-        self.post_op(dev, wr.wr_id, wr.signaled, wr.sges, inline, Op::Wr(wr.op))
+        self.post_op(
+            dev,
+            OwnedWr {
+                wr_id: wr.wr_id,
+                signaled: wr.signaled,
+                solicited: wr.solicited,
+                sges: wr.sges.to_vec(),
+                inline,
+                op: Op::Wr(wr.op),
+            },
+        )
     }
 
     /// Put `op` on the send queue: execute now, or queue behind the request in flight or a
     /// parked SEND (RC order).
-    fn post_op(
-        self: &Arc<Self>,
-        dev: &dyn Port,
-        wr_id: u64,
-        signaled: bool,
-        sges: &[Sge],
-        inline: Option<Vec<u8>>,
-        op: Op,
-    ) -> Result<()> {
+    fn post_op(self: &Arc<Self>, dev: &dyn Port, wr: OwnedWr) -> Result<()> {
         {
             let mut st = lock(&self.st);
             match st.state {
@@ -437,7 +443,7 @@ impl QpObj {
                 QpState::Init => return Err(err(Verb::PostSend, libc::EINVAL)),
                 QpState::Error => {
                     drop(st);
-                    self.complete(wr_id, true, opcode(&op), WcStatus::WrFlushErr);
+                    self.complete(wr.wr_id, true, opcode(&wr.op), WcStatus::WrFlushErr);
                     return Ok(());
                 }
                 QpState::Ready => {}
@@ -448,34 +454,20 @@ impl QpObj {
             }
             st.slots += 1;
             if st.busy || !st.parked.is_empty() || !st.pending.is_empty() {
-                st.pending.push_back(OwnedWr {
-                    wr_id,
-                    signaled,
-                    sges: sges.to_vec(),
-                    inline,
-                    op,
-                });
+                st.pending.push_back(wr);
                 return Ok(());
             }
             st.busy = true;
         }
-        self.run(dev, wr_id, signaled, sges, inline.as_deref(), op);
+        self.run(dev, &wr);
         self.drain(dev);
         Ok(())
     }
 
     /// Execute one request (the engine is ours: `busy`) and complete it unless it parked.
-    fn run(
-        self: &Arc<Self>,
-        dev: &dyn Port,
-        wr_id: u64,
-        signaled: bool,
-        sges: &[Sge],
-        inline: Option<&[u8]>,
-        op: Op,
-    ) {
-        if let Outcome::Done(status) = self.execute(dev, wr_id, signaled, sges, inline, op) {
-            self.complete(wr_id, signaled, opcode(&op), status);
+    fn run(self: &Arc<Self>, dev: &dyn Port, wr: &OwnedWr) {
+        if let Outcome::Done(status) = self.execute(dev, wr) {
+            self.complete(wr.wr_id, wr.signaled, opcode(&wr.op), status);
         }
     }
 
@@ -496,8 +488,7 @@ impl QpObj {
                     }
                 }
             };
-            let inline = next.inline.as_deref();
-            self.run(dev, next.wr_id, next.signaled, &next.sges, inline, next.op);
+            self.run(dev, &next);
         }
     }
 
@@ -523,16 +514,10 @@ impl QpObj {
         }
     }
 
-    fn execute(
-        self: &Arc<Self>,
-        dev: &dyn Port,
-        wr_id: u64,
-        signaled: bool,
-        sges: &[Sge],
-        inline: Option<&[u8]>,
-        op: Op,
-    ) -> Outcome {
-        let op = match op {
+    fn execute(self: &Arc<Self>, dev: &dyn Port, wr: &OwnedWr) -> Outcome {
+        let (wr_id, signaled, sges, inline) =
+            (wr.wr_id, wr.signaled, &wr.sges[..], wr.inline.as_deref());
+        let op = match wr.op {
             Op::Wr(op) => op,
             Op::BindType1(req) => {
                 let r = window::bind(dev.keys(), dev.counters(), self.who(false), &req);
@@ -656,6 +641,7 @@ impl QpObj {
                     invalidate,
                     imm,
                     write,
+                    solicited: wr.solicited,
                     sender: Arc::downgrade(self),
                 };
                 match peer.deliver(&*pdev, msg) {
@@ -838,7 +824,7 @@ impl QpObj {
         if wc.status == WcStatus::Success {
             bump(&dev.counters().bytes_moved, msg.payload.len() as u64);
         }
-        if !self.recv_cq.push(wc) || wc.status != WcStatus::Success {
+        if !self.recv_cq.push_event(wc, msg.solicited) || wc.status != WcStatus::Success {
             self.set_error();
         }
         sender_status
@@ -920,7 +906,15 @@ impl QpObj {
             bind: *bind,
             via: MwType::Type1,
         });
-        self.post_op(dev, bind.wr_id, bind.signaled, &[], None, op)
+        let wr = OwnedWr {
+            wr_id: bind.wr_id,
+            signaled: bind.signaled,
+            solicited: false,
+            sges: Vec::new(),
+            inline: None,
+            op,
+        };
+        self.post_op(dev, wr)
             .map_err(|e| err(Verb::BindMw, e.errno().unwrap_or(libc::EINVAL)))
     }
 }

@@ -414,6 +414,24 @@ pub(super) unsafe fn post_send_list_raw(
     }
 }
 
+/// `ibv_req_notify_cq` (an inline of `verbs.h`: the provider's op).
+///
+/// # Safety
+/// `cq` is a live CQ.
+pub(super) unsafe fn req_notify_cq_raw(cq: *mut ffi::ibv_cq, solicited_only: bool) -> Result<()> {
+    // SAFETY: `cq` and its context are live.
+    let Some(op) = (unsafe { (*(*cq).context).ops.req_notify_cq }) else {
+        return Err(Error::unsupported(
+            Verb::ReqNotifyCq,
+            "the provider has no req_notify_cq",
+        ));
+    };
+    // SAFETY: `cq` is live.
+    check_rc(Verb::ReqNotifyCq, unsafe {
+        op(cq, c_int::from(solicited_only))
+    })
+}
+
 /// `ibv_post_recv` of one work request.
 ///
 /// # Safety

@@ -67,7 +67,7 @@ use conv::{PORT, obj};
 use device::{Context, mtu_bytes};
 use inlines::{
     advise_mr_raw, bind_mw_raw, poll_cq_raw, post_recv_raw, post_send_list_raw, post_send_raw,
-    query_port, with_ibv_sges,
+    query_port, req_notify_cq_raw, with_ibv_sges,
 };
 use mlx5dv::DevxState;
 use rdma_sys as ffi;
@@ -487,16 +487,86 @@ impl Backend for VerbsNic {
         self.census.released(Kind::Mw, r)
     }
 
-    fn create_cq(&self, depth: u32) -> Result<u64> {
+    fn create_cq(&self, depth: u32, channel: Option<u64>) -> Result<u64> {
         let depth = c_int::try_from(depth)
             .map_err(|_| Error::invalid(Verb::CreateCq, "depth out of range"))?;
-        // SAFETY: the context is open; no channel, no CQ context, completion vector 0.
-        let cq =
-            unsafe { ffi::ibv_create_cq(self.ctx(), depth, ptr::null_mut(), ptr::null_mut(), 0) };
+        let channel = match channel {
+            Some(c) => obj::<ffi::ibv_comp_channel>(Verb::CreateCq, c)?,
+            None => ptr::null_mut(),
+        };
+        // SAFETY: the context is open; the channel (if any) is a live channel of it; no CQ
+        // context, completion vector 0.
+        let cq = unsafe { ffi::ibv_create_cq(self.ctx(), depth, ptr::null_mut(), channel, 0) };
         if cq.is_null() {
             return Err(Error::last(Verb::CreateCq));
         }
         Ok(cq as u64)
+    }
+
+    fn create_comp_channel(&self) -> Result<(u64, std::os::fd::RawFd)> {
+        // SAFETY: the context is open.
+        let ch = unsafe { ffi::ibv_create_comp_channel(self.ctx()) };
+        if ch.is_null() {
+            return Err(Error::last(Verb::CreateCompChannel));
+        }
+        // SAFETY: `ch` was just created.
+        let fd = unsafe { (*ch).fd };
+        // Non-blocking, so that taking events never blocks (the async path waits on the fd).
+        // SAFETY: fcntl on a descriptor we own; no pointers.
+        let rc = unsafe {
+            let flags = libc::fcntl(fd, libc::F_GETFL);
+            if flags < 0 {
+                flags
+            } else {
+                libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK)
+            }
+        };
+        if rc < 0 {
+            let e = Error::last(Verb::CreateCompChannel);
+            // SAFETY: `ch` is ours and unused.
+            unsafe { ffi::ibv_destroy_comp_channel(ch) };
+            return Err(e);
+        }
+        Ok((ch as u64, fd))
+    }
+
+    fn destroy_comp_channel(&self, channel: u64) -> Result<()> {
+        let ch = obj::<ffi::ibv_comp_channel>(Verb::CreateCompChannel, channel)?;
+        // SAFETY: `ch` is live, passed here once, and no CQ uses it any more (public layer).
+        check_rc(Verb::CreateCompChannel, unsafe {
+            ffi::ibv_destroy_comp_channel(ch)
+        })
+    }
+
+    fn get_cq_events(&self, channel: u64) -> Result<u64> {
+        let ch = obj::<ffi::ibv_comp_channel>(Verb::GetCqEvent, channel)?;
+        let mut n = 0;
+        loop {
+            let mut cq: *mut ffi::ibv_cq = ptr::null_mut();
+            let mut cq_ctx: *mut std::ffi::c_void = ptr::null_mut();
+            // SAFETY: `ch` is live and non-blocking; the out pointers are ours.
+            let rc = unsafe { ffi::ibv_get_cq_event(ch, &mut cq, &mut cq_ctx) };
+            if rc != 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::WouldBlock {
+                    return Ok(n);
+                }
+                return Err(Error::Verb {
+                    verb: Verb::GetCqEvent,
+                    source: e,
+                });
+            }
+            // Acknowledged at once: `ibv_destroy_cq` waits for every event to be acked.
+            // SAFETY: `cq` is the live CQ the event came from.
+            unsafe { ffi::ibv_ack_cq_events(cq, 1) };
+            n += 1;
+        }
+    }
+
+    fn req_notify_cq(&self, cq: u64, solicited_only: bool) -> Result<()> {
+        let cq = obj::<ffi::ibv_cq>(Verb::ReqNotifyCq, cq)?;
+        // SAFETY: `cq` is live.
+        unsafe { req_notify_cq_raw(cq, solicited_only) }
     }
 
     fn destroy_cq(&self, cq: u64) -> Result<()> {
