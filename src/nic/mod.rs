@@ -53,6 +53,7 @@ mod backend;
 mod buffer;
 mod channel;
 mod error;
+mod foreign;
 mod owned;
 mod post;
 pub mod quirks;
@@ -485,6 +486,7 @@ impl Nic {
                 handle,
                 inflight: owned::Inflight::default(),
                 channel: channel.cloned(),
+                owned: true,
             }),
         })
     }
@@ -837,6 +839,7 @@ impl Pd {
                 handle,
                 qpn,
                 caps,
+                owned: true,
             }),
         })
     }
@@ -1284,10 +1287,15 @@ struct CqInner {
     inflight: owned::Inflight,
     /// The channel it signals when armed (kept alive until the CQ is destroyed).
     channel: Option<CompChannel>,
+    /// False for a CQ adopted with [`Cq::from_raw`]: its owner destroys it.
+    owned: bool,
 }
 
 impl Drop for CqInner {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         let destroyed = self.nic.backend.destroy_cq(self.handle);
         if destroyed.is_err() {
             // A QP whose destruction failed may still write the buffers of its requests.
@@ -1424,10 +1432,15 @@ struct QpInner {
     handle: u64,
     qpn: u32,
     caps: QpCaps,
+    /// False for a QP adopted with [`Qp::from_raw`]: its owner destroys it.
+    owned: bool,
 }
 
 impl Drop for QpInner {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         let destroyed = self.pd.backend().destroy_qp(self.handle);
         // Owned requests: the device can no longer touch their buffers, so they come back
         // flushed (a completion made before the destruction replaces the flush when a poll

@@ -386,21 +386,7 @@ impl Cq {
         let mut kept = 0;
         for i in 0..got {
             let wc = out[i];
-            if wc.wr_id >> 48 == OWNED_TAG {
-                self.inner.inflight.complete(wc);
-            } else if wc.wr_id >> 48 == GRANT_TAG {
-                // A grant's bind or invalidation: never the application's (raw posts refuse
-                // the tag), whether or not its pool still lives.
-                if let Some(sink) = GRANT_SINK.get() {
-                    sink(&wc, &self.inner.nic);
-                }
-            } else {
-                if wc.invalidated_rkey.is_some()
-                    && let Some(sink) = GRANT_SINK.get()
-                {
-                    // The peer may have killed a grant's key: its pool notes it.
-                    sink(&wc, &self.inner.nic);
-                }
+            if !self.route(&wc) {
                 out[kept] = wc;
                 kept += 1;
             }
@@ -410,6 +396,30 @@ impl Cq {
             inflight.emptied(seq);
         }
         Ok((got, kept))
+    }
+
+    /// Route one completion of this CQ: an owned request's to its slot, a grant's to its pool
+    /// (true: the crate's, consumed). An application completion that reports an invalidated
+    /// rkey is shown to the grants too (the peer may have killed a grant's key), and kept.
+    pub(super) fn route(&self, wc: &Completion) -> bool {
+        if wc.wr_id >> 48 == OWNED_TAG {
+            self.inner.inflight.complete(*wc);
+            true
+        } else if wc.wr_id >> 48 == GRANT_TAG {
+            // A grant's bind or invalidation: never the application's (raw posts refuse the
+            // tag), whether or not its pool still lives.
+            if let Some(sink) = GRANT_SINK.get() {
+                sink(wc, &self.inner.nic);
+            }
+            true
+        } else {
+            if wc.invalidated_rkey.is_some()
+                && let Some(sink) = GRANT_SINK.get()
+            {
+                sink(wc, &self.inner.nic);
+            }
+            false
+        }
     }
 
     /// Completions of the application read while an owned request waited, first; the

@@ -54,6 +54,25 @@ mod tests;
 
 pub(crate) use device::device_names;
 
+/// A `struct ibv_wc` another library polled, as a [`Completion`].
+///
+/// # Safety
+/// `wc` points at a readable `struct ibv_wc`.
+pub(crate) unsafe fn completion_from_raw(wc: *const c_void) -> Completion {
+    // SAFETY: forwarded from the caller.
+    inlines::completion(unsafe { &*wc.cast::<ffi::ibv_wc>() })
+}
+
+/// What [`VerbsNic::adopt_qp`] read of a foreign QP.
+pub(crate) struct AdoptedQp {
+    pub(crate) handle: u64,
+    pub(crate) pd: u64,
+    pub(crate) send_cq: u64,
+    pub(crate) recv_cq: u64,
+    pub(crate) qpn: u32,
+    pub(crate) caps: QpCaps,
+}
+
 use super::backend::{Backend, RawBind, RawMr, RawSendWr};
 use super::error::{
     Error, ReregError, ReregErrorKind, Result, Verb, check_rc, last_errno, rc_errno,
@@ -90,6 +109,27 @@ fn qp_state(state: ffi::ibv_qp_state::Type) -> QpState {
         // RESET, INIT, RTR: not ready to send yet.
         _ => QpState::Init,
     }
+}
+
+/// RESET → INIT on port 1 with remote read, write and atomic rights (the responder's
+/// windows and regions decide what a peer may do).
+///
+/// # Safety
+/// `qp` is a live QP in the RESET state.
+unsafe fn to_init(qp: *mut ffi::ibv_qp) -> c_int {
+    use ffi::ibv_qp_attr_mask as m;
+    // SAFETY: all-zero is a valid ibv_qp_attr.
+    let mut attr: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
+    attr.qp_state = ffi::ibv_qp_state::IBV_QPS_INIT;
+    attr.pkey_index = 0;
+    attr.port_num = PORT;
+    attr.qp_access_flags = (ffi::ibv_access_flags::IBV_ACCESS_REMOTE_READ
+        | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE
+        | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC)
+        .0;
+    let mask = m::IBV_QP_STATE | m::IBV_QP_PKEY_INDEX | m::IBV_QP_PORT | m::IBV_QP_ACCESS_FLAGS;
+    // SAFETY: `qp` is live; `attr` outlives the call.
+    unsafe { ffi::ibv_modify_qp(qp, &mut attr, mask.0 as c_int) }
 }
 
 /// The initial PSN of QP `qpn` (24 bits).
@@ -217,6 +257,74 @@ impl VerbsNic {
             return Err(Error::invalid_arg("ibv_pd of another context"));
         }
         Ok(pd as u64)
+    }
+
+    /// Check that `cq` is a `struct ibv_cq *` of this device's context; returns its handle.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a null `cq` or one of another context.
+    ///
+    /// # Safety
+    /// `cq` is null or a live `struct ibv_cq *`.
+    pub(crate) unsafe fn adopt_cq(&self, cq: *mut c_void) -> Result<u64> {
+        let cq = cq.cast::<ffi::ibv_cq>();
+        if cq.is_null() {
+            return Err(Error::invalid_arg("null ibv_cq"));
+        }
+        // SAFETY: `cq` is a live CQ (caller).
+        if unsafe { (*cq).context } != self.ctx() {
+            return Err(Error::invalid_arg("ibv_cq of another context"));
+        }
+        Ok(cq as u64)
+    }
+
+    /// Check that `qp` is an RC `struct ibv_qp *` of this device's context and read what the
+    /// public layer needs: (handle, PD, send CQ, receive CQ, QP number, sizes).
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a null `qp` or one of another context; `Unsupported` for a QP
+    /// that is not RC; the `ibv_query_qp` failure.
+    ///
+    /// # Safety
+    /// `qp` is null or a live `struct ibv_qp *`.
+    pub(crate) unsafe fn adopt_qp(&self, qp: *mut c_void) -> Result<AdoptedQp> {
+        let qp = qp.cast::<ffi::ibv_qp>();
+        if qp.is_null() {
+            return Err(Error::invalid_arg("null ibv_qp"));
+        }
+        // SAFETY: `qp` is a live QP (caller).
+        let q = unsafe { &*qp };
+        if q.context != self.ctx() {
+            return Err(Error::invalid_arg("ibv_qp of another context"));
+        }
+        if q.qp_type != ffi::ibv_qp_type::IBV_QPT_RC {
+            return Err(Error::unsupported(
+                Verb::QueryQp,
+                "only RC queue pairs carry grants and owned posts",
+            ));
+        }
+        // SAFETY: all-zero is valid for both.
+        let (mut attr, mut init): (ffi::ibv_qp_attr, ffi::ibv_qp_init_attr) =
+            unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
+        let mask = ffi::ibv_qp_attr_mask::IBV_QP_CAP.0 as c_int;
+        // SAFETY: `qp` is live; the out structs are ours.
+        check_rc(Verb::QueryQp, unsafe {
+            ffi::ibv_query_qp(qp, &mut attr, mask, &mut init)
+        })?;
+        Ok(AdoptedQp {
+            handle: qp as u64,
+            pd: q.pd as u64,
+            send_cq: q.send_cq as u64,
+            recv_cq: q.recv_cq as u64,
+            qpn: q.qp_num,
+            caps: QpCaps {
+                max_send_wr: init.cap.max_send_wr,
+                max_recv_wr: init.cap.max_recv_wr,
+                max_send_sge: init.cap.max_send_sge,
+                max_recv_sge: init.cap.max_recv_sge,
+                max_inline_data: init.cap.max_inline_data,
+            },
+        })
     }
 
     /// True for a kernel Soft-RoCE device.
@@ -620,19 +728,8 @@ impl Backend for VerbsNic {
             max_inline_data: init.cap.max_inline_data.max(caps.max_inline_data),
         };
 
-        use ffi::ibv_qp_attr_mask as m;
-        // SAFETY: all-zero is a valid ibv_qp_attr.
-        let mut attr: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
-        attr.qp_state = ffi::ibv_qp_state::IBV_QPS_INIT;
-        attr.pkey_index = 0;
-        attr.port_num = PORT;
-        attr.qp_access_flags = (ffi::ibv_access_flags::IBV_ACCESS_REMOTE_READ
-            | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE
-            | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC)
-            .0;
-        let mask = m::IBV_QP_STATE | m::IBV_QP_PKEY_INDEX | m::IBV_QP_PORT | m::IBV_QP_ACCESS_FLAGS;
-        // SAFETY: `qp` is live; `attr` outlives the call.
-        let rc = unsafe { ffi::ibv_modify_qp(qp, &mut attr, mask.0 as c_int) };
+        // SAFETY: `qp` was just created.
+        let rc = unsafe { to_init(qp) };
         if let Err(e) = check_rc(Verb::ModifyQp, rc) {
             // SAFETY: `qp` is ours and unused.
             let rc = unsafe { ffi::ibv_destroy_qp(qp) };
@@ -683,6 +780,12 @@ impl Backend for VerbsNic {
         // SAFETY: `qp` is live.
         let own_psn = psn_for(unsafe { (*qp).qp_num });
         use ffi::ibv_qp_attr_mask as m;
+        // A QP created elsewhere (`Qp::from_raw`) may still be in RESET.
+        // SAFETY: `qp` is live; libibverbs keeps `state` as its last modify set it.
+        if unsafe { (*qp).state } == ffi::ibv_qp_state::IBV_QPS_RESET {
+            // SAFETY: as above.
+            check_rc(Verb::ModifyQp, unsafe { to_init(qp) })?;
+        }
 
         // INIT -> RTR
         // SAFETY: all-zero is a valid ibv_qp_attr.
