@@ -375,3 +375,162 @@ fn a_bad_request_in_a_batch_posts_none_of_it() {
     let ids: Vec<u64> = bed.a.wait_n(3).into_iter().map(|(id, _)| id).collect();
     assert_eq!(ids, [0, 1, 2]);
 }
+
+/// A server side with one SRQ on its CQ, and `n` client QPs connected to server QPs on it.
+fn srq_bed(n: usize, max_wr: u32) -> (Side, Side, Srq, Vec<(Qp, Qp)>) {
+    let (na, nb) = nics();
+    let (server, client) = (Side::new(na), Side::new(nb));
+    let srq = server.pd.create_srq(&server.cq, max_wr, 1).unwrap();
+    let caps = QpCaps {
+        max_inline_data: 64,
+        ..Default::default()
+    };
+    let pairs = (0..n)
+        .map(|_| {
+            let s = server.pd.create_qp_on_srq(&server.cq, &srq, caps).unwrap();
+            let c = client.pd.create_qp(&client.cq, &client.cq, caps).unwrap();
+            link(&s, &c);
+            (s, c)
+        })
+        .collect();
+    (server, client, srq, pairs)
+}
+
+#[test]
+fn an_srq_serves_every_qp_in_posting_order() {
+    let _g = serial();
+    let (server, client, srq, pairs) = srq_bed(3, 16);
+    for i in 0..6 {
+        // SAFETY: no memory: the receives only take immediates.
+        unsafe { srq.post_recv(100 + i, &[]).unwrap() };
+    }
+    // QP 2, then 0, then 1, twice: the SRQ's receives go out in posting order.
+    let order = [2usize, 0, 1, 2, 0, 1];
+    for (n, &q) in order.iter().enumerate() {
+        let imm = (n as u32) << 8 | q as u32;
+        pairs[q]
+            .1
+            .post_inline(n as u64, SendOp::SendWithImm(imm), &[], SendFlags::SIGNALED)
+            .unwrap();
+        let wc = server.wait();
+        assert_eq!(
+            (wc.wr_id, wc.qp_num, wc.imm_data),
+            (100 + n as u64, pairs[q].0.qpn(), Some(imm))
+        );
+        client.wait();
+    }
+}
+
+#[test]
+fn a_message_waits_for_an_srq_receive() {
+    let _g = serial();
+    let (server, client, srq, pairs) = srq_bed(2, 16);
+    pairs[1]
+        .1
+        .post_inline(1, SendOp::SendWithImm(5), &[], SendFlags::SIGNALED)
+        .unwrap();
+    quiet(&client.cq);
+    // SAFETY: no memory.
+    unsafe { srq.post_recv(9, &[]).unwrap() };
+    let wc = server.wait();
+    assert_eq!(
+        (wc.wr_id, wc.qp_num, wc.imm_data),
+        (9, pairs[1].0.qpn(), Some(5))
+    );
+    assert_eq!(client.wait().status, WcStatus::Success);
+}
+
+#[test]
+fn a_destroyed_qp_leaves_the_srq_receives_to_the_others() {
+    let _g = serial();
+    let (server, client, srq, mut pairs) = srq_bed(2, 16);
+    for i in 0..2 {
+        // SAFETY: no memory.
+        unsafe { srq.post_recv(i, &[]).unwrap() };
+    }
+    let (s0, c0) = pairs.remove(0);
+    drop((s0, c0));
+    pairs[0]
+        .1
+        .post_inline(3, SendOp::Send, &[], SendFlags::SIGNALED)
+        .unwrap();
+    let wc = server.wait();
+    assert_eq!((wc.wr_id, wc.status), (0, WcStatus::Success));
+    client.wait();
+}
+
+#[test]
+fn srq_misuse_is_refused() {
+    let _g = serial();
+    let (server, _client, srq, pairs) = srq_bed(1, 4);
+    // A QP on an SRQ has no receive queue of its own.
+    // SAFETY: refused before anything is posted.
+    let e = unsafe { pairs[0].0.post_recv(1, &[]) }.unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+    // An SRQ of another PD.
+    let other = server.nic.alloc_pd().unwrap();
+    let e = other
+        .create_qp_on_srq(&server.cq, &srq, QpCaps::default())
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+    // Too many entries, a reserved wr_id.
+    let (_b, mr) = server.reg_buf(64, 0, Access::LOCAL_WRITE);
+    let two = [mr.sge(0, 8).unwrap(), mr.sge(8, 8).unwrap()];
+    // SAFETY: refused before anything is posted.
+    let e = unsafe { srq.post_recv(1, &two) }.unwrap_err();
+    assert!(matches!(e, Error::Limit { .. }), "{e}");
+    // SAFETY: as above.
+    let e = unsafe { srq.post_recv(0x5251 << 48, &[]) }.unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+    // Full: at least max_wr receives fit, and the queue ends (the device may round up).
+    let mut n = 0;
+    let e = loop {
+        // SAFETY: no memory.
+        match unsafe { srq.post_recv(n, &[]) } {
+            Ok(()) => n += 1,
+            Err(e) => break e,
+        }
+        assert!(n < 1024, "an SRQ of 4 never filled");
+    };
+    assert!(n >= 4, "{n}");
+    assert_eq!(e.errno(), Some(libc::ENOMEM), "{e}");
+}
+
+#[test]
+fn a_recv_ring_refills_from_a_pool_across_qps_and_flushes_on_teardown() {
+    let _g = serial();
+    let (server, client, srq, pairs) = srq_bed(2, 8);
+    let pool: &'static rdma_pool::alloc::Pool =
+        Box::leak(Box::new(rdma_pool::alloc::Pool::new(&server.pd).unwrap()));
+    let mut ring = RecvRing::new(&srq, 4, || allocator_api2::vec![in pool; 0u8; 128]).unwrap();
+    assert_eq!((ring.posted(), ring.deficit()), (4, 0));
+    for i in 0..20u8 {
+        let q = (i % 2) as usize;
+        pairs[q]
+            .1
+            .post_inline(i as u64, SendOp::Send, &[i; 9], SendFlags::SIGNALED)
+            .unwrap();
+        let got = ring.wait(WAIT).unwrap();
+        assert_eq!(&got.buf[..], &[i; 9]);
+        assert_eq!(got.completion.qp_num, pairs[q].0.qpn());
+        assert_eq!(ring.posted(), 4);
+        client.wait();
+    }
+    // The ring is deeper than the SRQ allows: refused.
+    assert!(matches!(
+        RecvRing::new(&srq, 9, || allocator_api2::vec![in pool; 0u8; 8]),
+        Err(Error::Limit { .. })
+    ));
+    // An owned receive outlives the QPs and the SRQ handle: it comes back flushed when the
+    // SRQ is destroyed, after its last QP.
+    let rx = srq
+        .post_recv_owned(77, allocator_api2::vec![in pool; 0u8; 16])
+        .unwrap();
+    drop((ring, pairs, srq));
+    let done = rx.wait(WAIT).unwrap();
+    assert_eq!(
+        (done.completion.wr_id, done.completion.status),
+        (77, WcStatus::WrFlushErr)
+    );
+    drop(server);
+}

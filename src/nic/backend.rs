@@ -150,14 +150,20 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn destroy_cq(&self, cq: u64) -> Result<()>;
     fn poll_cq(&self, cq: u64, out: &mut [Completion]) -> Result<usize>;
 
-    /// Returns (handle, qp number, the sizes granted: at least those asked).
+    /// Returns (handle, qp number, the sizes granted: at least those asked). With `srq`, the
+    /// QP receives through that shared receive queue.
     fn create_qp(
         &self,
         pd: u64,
         send_cq: u64,
         recv_cq: u64,
+        srq: Option<u64>,
         caps: &QpCaps,
     ) -> Result<(u64, u32, QpCaps)>;
+    /// A shared receive queue of `max_wr` receives of up to `max_sge` entries each.
+    fn create_srq(&self, pd: u64, max_wr: u32, max_sge: u32) -> Result<u64>;
+    fn destroy_srq(&self, srq: u64) -> Result<()>;
+    fn post_srq_recv(&self, srq: u64, wr_id: u64, sges: &[Sge]) -> Result<()>;
     fn endpoint(&self, qp: u64) -> Result<Endpoint>;
     fn connect_qp(&self, qp: u64, remote: &Endpoint) -> Result<()>;
     fn qp_state(&self, qp: u64) -> Result<QpState>;

@@ -164,6 +164,7 @@ impl Qp {
                     pd: pd.clone(),
                     _send_cq: send_cq.clone(),
                     _recv_cq: recv_cq.clone(),
+                    _srq: None,
                     handle: q.handle,
                     qpn: q.qpn,
                     caps: q.caps,

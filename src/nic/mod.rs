@@ -59,6 +59,7 @@ mod post;
 pub mod quirks;
 mod registered;
 pub mod soft;
+mod srq;
 mod types;
 #[cfg(feature = "verbs")]
 mod verbs;
@@ -72,6 +73,7 @@ pub use owned::{Done, NicBuf, NicBufMut, PostError, Posted, WaitError, is_reserv
 pub(crate) use owned::{GRANT_TAG, set_grant_sink};
 pub use post::BatchError;
 pub use registered::Registered;
+pub use srq::{RecvRing, Srq};
 pub use types::*;
 #[cfg(feature = "verbs")]
 pub use verbs::VerbsNic;
@@ -802,6 +804,16 @@ impl Pd {
     /// assert!(qp.qpn() > 0);
     /// ```
     pub fn create_qp(&self, send_cq: &Cq, recv_cq: &Cq, caps: QpCaps) -> Result<Qp> {
+        self.create_qp_in(send_cq, recv_cq, None, caps)
+    }
+
+    fn create_qp_in(
+        &self,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        srq: Option<&Srq>,
+        caps: QpCaps,
+    ) -> Result<Qp> {
         if !self.nic().same_device(&send_cq.inner.nic)
             || !self.nic().same_device(&recv_cq.inner.nic)
         {
@@ -829,6 +841,7 @@ impl Pd {
             self.inner.handle,
             send_cq.inner.handle,
             recv_cq.inner.handle,
+            srq.map(|s| s.handle()),
             &caps,
         )?;
         Ok(Qp {
@@ -836,6 +849,7 @@ impl Pd {
                 pd: self.clone(),
                 _send_cq: send_cq.clone(),
                 _recv_cq: recv_cq.clone(),
+                _srq: srq.cloned(),
                 handle,
                 qpn,
                 caps,
@@ -1429,6 +1443,8 @@ struct QpInner {
     pd: Pd,
     _send_cq: Cq,
     _recv_cq: Cq,
+    /// The shared receive queue it receives through (destroyed after the QP).
+    _srq: Option<Srq>,
     handle: u64,
     qpn: u32,
     caps: QpCaps,
@@ -1521,8 +1537,19 @@ impl Qp {
         )
     }
 
+    /// The shared receive queue it receives through, if any.
+    pub fn srq(&self) -> Option<&Srq> {
+        self.inner._srq.as_ref()
+    }
+
     /// Post a receive (any `wr_id`).
     fn post_recv_any(&self, wr_id: u64, sges: &[Sge]) -> Result<()> {
+        if self.inner._srq.is_some() {
+            return Err(Error::invalid(
+                Verb::PostRecv,
+                "the QP receives through its SRQ: post to the SRQ",
+            ));
+        }
         if sges.len() > self.inner.caps.max_recv_sge as usize {
             return Err(Error::Limit {
                 verb: Verb::PostRecv,

@@ -232,7 +232,7 @@ impl Inflight {
         let mut slots = lock(&self.slots);
         let Some(s) = slots
             .get_mut(key)
-            .filter(|s| s.epoch == epoch && s.qpn == wc.qp_num)
+            .filter(|s| s.epoch == epoch && (s.qpn == wc.qp_num || s.qpn >> 24 != 0))
         else {
             return;
         };
@@ -749,20 +749,66 @@ impl Qp {
             OwnedOp::Recv => Verb::PostRecv,
             _ => Verb::PostSend,
         };
-        let sge = match checked_sge(&buf, self.pd().nic(), verb) {
-            Ok(s) => s,
-            Err(error) => return Err(PostError { error, buf }),
-        };
-        let sges: &[Sge] = sge.as_slice();
         let cq = match op {
             OwnedOp::Recv => &self.inner._recv_cq,
             _ => &self.inner._send_cq,
         };
         let read_len = matches!(op, OwnedOp::Read { .. }).then_some(buf.nic_len() as u32);
+        let target = Target {
+            cq,
+            nic: self.pd().nic(),
+            tag: self.qpn(),
+            verb,
+        };
+        target.park_and_post(wr_id, buf, read_len, park, |id, sges| match op {
+            OwnedOp::Recv => self.post_recv_any(id, sges),
+            OwnedOp::Send => self.post(id, sges, super::RawSendOp::Send),
+            OwnedOp::Write { remote_addr, rkey } => {
+                self.post(id, sges, super::RawSendOp::Write { remote_addr, rkey })
+            }
+            OwnedOp::Read { remote_addr, rkey } => {
+                self.post(id, sges, super::RawSendOp::Read { remote_addr, rkey })
+            }
+        })
+    }
+}
+
+/// Where an owned request goes: the CQ it completes on, the device, the tag its slot is
+/// matched and flushed by (a QP number, or an SRQ's tag: see [`srq_tag`]).
+pub(super) struct Target<'a> {
+    pub(super) cq: &'a Cq,
+    pub(super) nic: &'a Nic,
+    pub(super) tag: u32,
+    pub(super) verb: Verb,
+}
+
+/// The slot tag of SRQ number `n`: above every 24-bit QP number, so a QP's destruction never
+/// flushes an SRQ's receives, and a completion of any QP matches them.
+pub(super) fn srq_tag(n: u32) -> u32 {
+    0xff00_0000 | (n & 0xff_ffff)
+}
+
+impl Target<'_> {
+    /// Park `buf` (as `park` wraps it) in a slot of the CQ, then `post` it with the slot's
+    /// `wr_id`; the buffer comes back if either fails.
+    pub(super) fn park_and_post<B: NicBuf + std::fmt::Debug>(
+        &self,
+        wr_id: u64,
+        buf: B,
+        read_len: Option<u32>,
+        park: fn(B) -> Box<dyn Parked>,
+        post: impl FnOnce(u64, &[Sge]) -> Result<()>,
+    ) -> std::result::Result<Posted<B>, PostError<B>> {
+        let (cq, verb) = (self.cq, self.verb);
+        let sge = match checked_sge(&buf, self.nic, verb) {
+            Ok(s) => s,
+            Err(error) => return Err(PostError { error, buf }),
+        };
+        let sges: &[Sge] = sge.as_slice();
         let (key, epoch) = match cq
             .inner
             .inflight
-            .insert(self.qpn(), wr_id, read_len, park(buf))
+            .insert(self.tag, wr_id, read_len, park(buf))
         {
             Ok(k) => k,
             Err(back) => {
@@ -774,18 +820,7 @@ impl Qp {
                 return Err(PostError { error, buf });
             }
         };
-        let id = owned_wr_id(epoch, key);
-        let posted = match op {
-            OwnedOp::Recv => self.post_recv_any(id, sges),
-            OwnedOp::Send => self.post(id, sges, super::RawSendOp::Send),
-            OwnedOp::Write { remote_addr, rkey } => {
-                self.post(id, sges, super::RawSendOp::Write { remote_addr, rkey })
-            }
-            OwnedOp::Read { remote_addr, rkey } => {
-                self.post(id, sges, super::RawSendOp::Read { remote_addr, rkey })
-            }
-        };
-        match posted {
+        match post(owned_wr_id(epoch, key), sges) {
             Ok(()) => Ok(Posted {
                 cq: cq.clone(),
                 key,
@@ -830,7 +865,7 @@ fn checked_sge<B: NicBuf>(buf: &B, nic: &Nic, verb: Verb) -> Result<Option<Sge>>
 }
 
 /// A buffer as a slot holds it: told what arrived, then unwrapped.
-trait Parked: Send {
+pub(super) trait Parked: Send {
     /// A receive or read into it succeeded with `n` bytes.
     fn wrote(&mut self, n: usize);
     /// The buffer itself.
@@ -848,7 +883,7 @@ impl<B: NicBuf> Parked for ReadOnly<B> {
 }
 
 /// A buffer the NIC may write.
-struct Writable<B>(B);
+pub(super) struct Writable<B>(pub(super) B);
 
 impl<B: NicBufMut> Parked for Writable<B> {
     fn wrote(&mut self, n: usize) {

@@ -13,6 +13,7 @@ use super::keys::{KeyObj, MwObj};
 use super::memlock::page_span;
 use super::prefetch::{PrefetchJob, map_cpu_resident, prefetch_now};
 use super::qp::{MAX_INLINE, Port, QpObj};
+use super::srq::SrqObj;
 use super::sync::lock;
 use super::window::release_binding;
 use super::{mem, rereg};
@@ -357,10 +358,19 @@ impl Backend for SoftNic {
         pd: u64,
         send_cq: u64,
         recv_cq: u64,
+        srq: Option<u64>,
         caps: &QpCaps,
     ) -> Result<(u64, u32, QpCaps)> {
         let dev = &self.dev;
         dev.inject(Verb::CreateQp)?;
+        let srq = match srq {
+            None => None,
+            Some(h) => match lock(&dev.srqs).get(h as usize) {
+                // An SRQ of another PD is refused, as the kernel does.
+                Some(s) if s.pd == pd => Some(s.clone()),
+                _ => return Err(Error::from_errno(Verb::CreateQp, libc::EINVAL)),
+            },
+        };
         if caps.max_inline_data > MAX_INLINE {
             return Err(Error::from_errno(Verb::CreateQp, libc::EINVAL));
         }
@@ -385,7 +395,7 @@ impl Backend for SoftNic {
         };
         let qpn = dev.next_qpn.fetch_add(1, Ordering::Relaxed) & 0xff_ffff;
         let h = dev.next_handle.fetch_add(1, Ordering::Relaxed);
-        let qp = Arc::new(QpObj::new(port_of(dev), pd, qpn, scq, rcq, *caps));
+        let qp = Arc::new(QpObj::new(port_of(dev), pd, qpn, scq, rcq, srq, *caps));
         lock(&dev.qpns).insert(qpn, Arc::downgrade(&qp));
         dev.qps.shard(h).insert(h, qp);
         dev.pd_ref(pd, 1);
@@ -441,6 +451,44 @@ impl Backend for SoftNic {
         self.dev.inject(Verb::PostSend)?;
         let q = self.qp(qp, Verb::PostSend)?;
         q.post_send(&*self.dev, wr)
+    }
+
+    fn create_srq(&self, pd: u64, max_wr: u32, max_sge: u32) -> Result<u64> {
+        let dev = &self.dev;
+        dev.inject(Verb::CreateSrq)?;
+        if !dev.pd_exists(pd) || max_sge > dev.caps.max_sge || max_wr > dev.caps.max_qp_wr {
+            return Err(Error::from_errno(Verb::CreateSrq, libc::EINVAL));
+        }
+        let h = lock(&dev.srqs).insert(Arc::new(SrqObj::new(pd, max_wr.max(1), max_sge)));
+        dev.pd_ref(pd, 1);
+        Ok(h as u64)
+    }
+
+    fn destroy_srq(&self, srq: u64) -> Result<()> {
+        let dev = &self.dev;
+        dev.inject(Verb::DestroySrq)?;
+        let mut srqs = lock(&dev.srqs);
+        match srqs.get(srq as usize) {
+            None => Err(Error::from_errno(Verb::DestroySrq, libc::EINVAL)),
+            Some(s) if s.users.load(Ordering::Acquire) > 0 => {
+                Err(Error::from_errno(Verb::DestroySrq, libc::EBUSY))
+            }
+            Some(_) => {
+                let s = srqs.remove(srq as usize);
+                drop(srqs);
+                dev.pd_ref(s.pd, -1);
+                Ok(())
+            }
+        }
+    }
+
+    fn post_srq_recv(&self, srq: u64, wr_id: u64, sges: &[Sge]) -> Result<()> {
+        self.dev.inject(Verb::PostSrqRecv)?;
+        let s = lock(&self.dev.srqs)
+            .get(srq as usize)
+            .cloned()
+            .ok_or_else(|| Error::from_errno(Verb::PostSrqRecv, libc::EINVAL))?;
+        QpObj::post_srq_recv(&s, &*self.dev, wr_id, sges)
     }
 
     fn post_recv(&self, qp: u64, wr_id: u64, sges: &[Sge]) -> Result<()> {

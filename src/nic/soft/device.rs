@@ -21,6 +21,7 @@ use super::pin::PinnedPages;
 use super::prefetch::{Prefetcher, prefetch_now};
 use super::qp::{Port, QpObj};
 use super::rereg::mlx5_cache_entry;
+use super::srq::SrqObj;
 use super::sync::{Sharded, lock};
 use crate::nic::error::{Error, ReregErrorKind, Result, Verb};
 use crate::nic::types::*;
@@ -48,6 +49,8 @@ pub(crate) struct Device {
     pub(super) cqs: Sharded<Arc<CqObj>>,
     /// Completion channels: the slab key is the handle.
     pub(super) channels: Mutex<slab::Slab<Arc<ChannelObj>>>,
+    /// Shared receive queues: the slab key is the handle.
+    pub(super) srqs: Mutex<slab::Slab<Arc<SrqObj>>>,
     pub(super) qps: Sharded<Arc<QpObj>>,
     pub(super) qpns: Mutex<HashMap<u32, Weak<QpObj>>>,
     pub(super) next_qpn: AtomicU32,
@@ -129,6 +132,7 @@ impl Device {
                 next_handle: AtomicU64::new(1),
                 cqs: Sharded::default(),
                 channels: Mutex::new(slab::Slab::new()),
+                srqs: Mutex::new(slab::Slab::new()),
                 qps: Sharded::default(),
                 qpns: Mutex::new(HashMap::new()),
                 next_qpn: AtomicU32::new(0x11),

@@ -59,6 +59,7 @@ mod pin;
 mod prefetch;
 mod qp;
 mod rereg;
+mod srq;
 mod sync;
 mod window;
 

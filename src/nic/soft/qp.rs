@@ -24,6 +24,7 @@ use super::counters::{AtomicCounters, bump};
 use super::cq::CqObj;
 use super::keys::{FaultSink, KeyFault, KeyTable, KeyUse, Requester, check_and_access};
 use super::mem;
+use super::srq::SrqObj;
 use super::sync::lock;
 use super::window::{self, MAX_WINDOW, WindowBind, bind_status};
 use crate::nic::backend::{RawBind, RawSendOp, RawSendWr};
@@ -50,14 +51,14 @@ fn err(verb: Verb, errno: i32) -> Error {
 /// The largest RC message (`max_msg_sz` of RC transports: 2^31 bytes).
 const MAX_MSG: u64 = 1 << 31;
 
-struct Recv {
-    wr_id: u64,
-    sges: Vec<Sge>,
+pub(super) struct Recv {
+    pub(super) wr_id: u64,
+    pub(super) sges: Vec<Sge>,
 }
 
 /// A SEND (or an RDMA WRITE with immediate) that reached the responder before a receive was
 /// posted.
-struct Inbound {
+pub(super) struct Inbound {
     payload: Vec<u8>,
     invalidate: Option<Rkey>,
     imm: Option<u32>,
@@ -121,6 +122,8 @@ pub(super) struct QpObj {
     pub(super) qpn: u32,
     pub(super) send_cq: Arc<CqObj>,
     pub(super) recv_cq: Arc<CqObj>,
+    /// The shared receive queue its messages land in, instead of its own receives.
+    pub(super) srq: Option<Arc<SrqObj>>,
     caps: QpCaps,
     st: Mutex<QpSt>,
     /// Serialises landing messages into receives, so receives complete in posting order.
@@ -164,16 +167,21 @@ impl QpObj {
         qpn: u32,
         send_cq: Arc<CqObj>,
         recv_cq: Arc<CqObj>,
+        srq: Option<Arc<SrqObj>>,
         caps: QpCaps,
     ) -> QpObj {
         send_cq.users.fetch_add(1, Ordering::AcqRel);
         recv_cq.users.fetch_add(1, Ordering::AcqRel);
+        if let Some(srq) = &srq {
+            srq.users.fetch_add(1, Ordering::AcqRel);
+        }
         QpObj {
             dev,
             pd,
             qpn,
             send_cq,
             recv_cq,
+            srq,
             caps,
             st: Mutex::new(QpSt {
                 state: QpState::Init,
@@ -746,8 +754,26 @@ impl QpObj {
 
     /// Responder side of a SEND: into the next receive, or parked until one is posted.
     /// Returns the sender's status when it completed now.
-    fn deliver(&self, dev: &dyn Port, msg: Inbound) -> Option<WcStatus> {
+    fn deliver(self: &Arc<Self>, dev: &dyn Port, msg: Inbound) -> Option<WcStatus> {
         let _rx = lock(&self.rx);
+        if let Some(srq) = &self.srq {
+            let recv = {
+                let mut q = lock(&srq.q);
+                let mut st = lock(&self.st);
+                if st.state != QpState::Ready {
+                    return Some(WcStatus::RetryExcErr);
+                }
+                match q.recvs.pop_front() {
+                    Some(r) => r,
+                    None => {
+                        st.inbound.push_back(msg);
+                        q.waiting.push_back(Arc::downgrade(self));
+                        return None;
+                    }
+                }
+            };
+            return Some(self.land(dev, recv, &msg));
+        }
         let recv = {
             let mut st = lock(&self.st);
             if st.state != QpState::Ready {
@@ -830,7 +856,66 @@ impl QpObj {
         sender_status
     }
 
+    /// `ibv_post_srq_recv`: land the oldest message parked at a QP of `srq`, or queue the
+    /// receive (see `srq.rs`).
+    pub(super) fn post_srq_recv(
+        srq: &SrqObj,
+        dev: &dyn Port,
+        wr_id: u64,
+        sges: &[Sge],
+    ) -> Result<()> {
+        if sges.len() > srq.max_sge as usize {
+            return Err(err(Verb::PostSrqRecv, libc::EINVAL));
+        }
+        loop {
+            let (qp, msg) = {
+                let mut q = lock(&srq.q);
+                loop {
+                    let Some(w) = q.waiting.pop_front() else {
+                        if q.recvs.len() >= srq.max_wr as usize {
+                            return Err(err(Verb::PostSrqRecv, libc::ENOMEM));
+                        }
+                        q.recvs.push_back(SrqObj::recv(wr_id, sges));
+                        return Ok(());
+                    };
+                    let Some(qp) = w.upgrade() else { continue };
+                    let mut st = lock(&qp.st);
+                    if st.state != QpState::Ready {
+                        continue;
+                    }
+                    if let Some(m) = st.inbound.pop_front() {
+                        if !st.inbound.is_empty() {
+                            q.waiting.push_front(w);
+                        }
+                        drop(st);
+                        break (qp, m);
+                    }
+                }
+            };
+            // A SEND of a requester that failed meanwhile was flushed there: drop it.
+            if !msg
+                .sender
+                .upgrade()
+                .is_some_and(|s| s.state() != QpState::Error)
+            {
+                continue;
+            }
+            let status = {
+                let _rx = lock(&qp.rx);
+                qp.land(dev, SrqObj::recv(wr_id, sges), &msg)
+            };
+            if let Some(sender) = msg.sender.upgrade() {
+                sender.parked_done(status);
+            }
+            return Ok(());
+        }
+    }
+
     pub(super) fn post_recv(&self, dev: &dyn Port, wr_id: u64, sges: &[Sge]) -> Result<()> {
+        if self.srq.is_some() {
+            // The QP receives through its SRQ.
+            return Err(err(Verb::PostRecv, libc::EINVAL));
+        }
         if sges.len() > self.caps.max_recv_sge as usize {
             return Err(err(Verb::PostRecv, libc::EINVAL));
         }
@@ -923,6 +1008,9 @@ impl Drop for QpObj {
     fn drop(&mut self) {
         self.send_cq.users.fetch_sub(1, Ordering::AcqRel);
         self.recv_cq.users.fetch_sub(1, Ordering::AcqRel);
+        if let Some(srq) = &self.srq {
+            srq.users.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 }
 

@@ -459,6 +459,37 @@ pub(super) unsafe fn post_recv_raw(qp: *mut ffi::ibv_qp, wr_id: u64, sges: &[Sge
     })
 }
 
+/// `ibv_post_srq_recv` of one work request.
+///
+/// # Safety
+/// `srq` is a live SRQ; the SGEs name registered memory.
+pub(super) unsafe fn post_srq_recv_raw(
+    srq: *mut ffi::ibv_srq,
+    wr_id: u64,
+    sges: &[Sge],
+) -> Result<()> {
+    // SAFETY: `srq` and its context are live.
+    let Some(post) = (unsafe { (*(*srq).context).ops.post_srq_recv }) else {
+        return Err(Error::unsupported(
+            Verb::PostSrqRecv,
+            "the provider has no post_srq_recv",
+        ));
+    };
+    let n = num_sge(Verb::PostSrqRecv, sges.len())?;
+    with_ibv_sges(sges, |list, _| {
+        let mut rwr = ffi::ibv_recv_wr {
+            wr_id,
+            next: ptr::null_mut(),
+            sg_list: list,
+            num_sge: n,
+        };
+        let mut bad: *mut ffi::ibv_recv_wr = ptr::null_mut();
+        // SAFETY: `srq` is live; `rwr` and its SGE list outlive the call.
+        let rc = unsafe { post(srq, &mut rwr, &mut bad) };
+        check_rc(Verb::PostSrqRecv, rc)
+    })
+}
+
 /// `ibv_bind_mw` (type 1), with the checks of the C inline; returns the window's new rkey.
 ///
 /// # Safety

@@ -86,7 +86,7 @@ use conv::{PORT, obj};
 use device::{Context, mtu_bytes};
 use inlines::{
     advise_mr_raw, bind_mw_raw, poll_cq_raw, post_recv_raw, post_send_list_raw, post_send_raw,
-    query_port, req_notify_cq_raw, with_ibv_sges,
+    post_srq_recv_raw, query_port, req_notify_cq_raw, with_ibv_sges,
 };
 use mlx5dv::DevxState;
 use rdma_sys as ffi;
@@ -694,8 +694,13 @@ impl Backend for VerbsNic {
         pd: u64,
         send_cq: u64,
         recv_cq: u64,
+        srq: Option<u64>,
         caps: &QpCaps,
     ) -> Result<(u64, u32, QpCaps)> {
+        let srq = match srq {
+            Some(h) => obj::<ffi::ibv_srq>(Verb::CreateQp, h)?,
+            None => ptr::null_mut(),
+        };
         let pd = obj::<ffi::ibv_pd>(Verb::CreateQp, pd)?;
         let send_cq = obj::<ffi::ibv_cq>(Verb::CreateQp, send_cq)?;
         let recv_cq = obj::<ffi::ibv_cq>(Verb::CreateQp, recv_cq)?;
@@ -703,6 +708,7 @@ impl Backend for VerbsNic {
         let mut init: ffi::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
         init.send_cq = send_cq;
         init.recv_cq = recv_cq;
+        init.srq = srq;
         init.cap = ffi::ibv_qp_cap {
             max_send_wr: caps.max_send_wr,
             max_recv_wr: caps.max_recv_wr,
@@ -879,6 +885,33 @@ impl Backend for VerbsNic {
         }
         // SAFETY: `qp` is a live object of this device (backend contract).
         unsafe { post_send_list_raw(qp, wrs) }
+    }
+
+    fn create_srq(&self, pd: u64, max_wr: u32, max_sge: u32) -> Result<u64> {
+        let pd = obj::<ffi::ibv_pd>(Verb::CreateSrq, pd)?;
+        // SAFETY: all-zero is a valid ibv_srq_init_attr.
+        let mut init: ffi::ibv_srq_init_attr = unsafe { std::mem::zeroed() };
+        init.attr.max_wr = max_wr;
+        init.attr.max_sge = max_sge;
+        // SAFETY: `pd` is a live PD of this device; `init` outlives the call.
+        let srq = unsafe { ffi::ibv_create_srq(pd, &mut init) };
+        if srq.is_null() {
+            return Err(Error::last(Verb::CreateSrq));
+        }
+        Ok(srq as u64)
+    }
+
+    fn destroy_srq(&self, srq: u64) -> Result<()> {
+        let srq = obj::<ffi::ibv_srq>(Verb::DestroySrq, srq)?;
+        // SAFETY: `srq` is live, passed here once, and no QP uses it any more (public layer).
+        check_rc(Verb::DestroySrq, unsafe { ffi::ibv_destroy_srq(srq) })
+    }
+
+    fn post_srq_recv(&self, srq: u64, wr_id: u64, sges: &[Sge]) -> Result<()> {
+        let srq = obj::<ffi::ibv_srq>(Verb::PostSrqRecv, srq)?;
+        self.rxe_odp.check(Verb::PostSrqRecv, sges)?;
+        // SAFETY: `srq` is live.
+        unsafe { post_srq_recv_raw(srq, wr_id, sges) }
     }
 
     fn post_recv(&self, qp: u64, wr_id: u64, sges: &[Sge]) -> Result<()> {
