@@ -31,7 +31,10 @@
 //!   arena cannot grow, every heap is taken) the request is served by the system allocator and
 //!   counted ([`GlobalStats::degraded_allocations`]), or refused under [`OnFailure::Fail`]; so
 //!   `GlobalAlloc` returns null only where the system allocator does. A panic inside
-//!   initialisation is caught and becomes [`GlobalState::Failed`].
+//!   initialisation is caught and becomes [`GlobalState::Failed`]. Why is counted per reason
+//!   ([`GlobalStats::degraded_by`], [`DegradeReason`]) and logged once with `tracing` outside
+//!   the allocation path: by the next method call that is not an allocation, or at exit
+//!   (`exit_report.rs`).
 //! - **Thread-locals** are const-initialised without destructors, and the exit hand-back of a
 //!   thread's heap is a pthread key destructor (see `alloc/tls.rs`): allocation and free work
 //!   while thread-locals are destroyed and after. Supported targets are those where std has
@@ -55,13 +58,14 @@
 mod api2;
 mod bootstrap;
 mod config;
+mod exit_report;
 mod grant;
 mod prefetch;
 mod stats;
 
 pub use bootstrap::BYTES as BOOTSTRAP_BYTES;
 pub use config::{GlobalConfig, OnFailure, Registration};
-pub use stats::{GlobalState, GlobalStats};
+pub use stats::{DegradeReason, DegradedBy, GlobalState, GlobalStats};
 
 use crate::alloc::Pool;
 use crate::arena::os::MmapBox;
@@ -354,7 +358,22 @@ impl GlobalPool {
     /// assert!(pool.stats().arena.reserved_bytes > 0);
     /// ```
     pub fn init(&self) -> Result<&Pool, &Error> {
-        self.published(None).map(|r| &r.pool)
+        let r = self.published(None).map(|r| &r.pool);
+        self.report();
+        r
+    }
+
+    /// Log a degradation not reported yet, once (see `stats.rs`): called by the methods that
+    /// are not allocations, never under a provisioning mark.
+    fn report(&self) {
+        let p = self.counters.load(Acquire);
+        if p.is_null() || provision::active() {
+            return;
+        }
+        // SAFETY: a non-null pointer is a `&'static Counters`.
+        let counters = unsafe { &*p };
+        let error = self.slot().and_then(|s| s.as_ref().err());
+        counters.report(error.map(|e| e as &dyn std::fmt::Display));
     }
 
     /// The published initialisation, initialising first if nobody did: waits for another
@@ -427,10 +446,10 @@ impl GlobalPool {
         }
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.open()))
             .unwrap_or(Err(Error::Config("initialisation panicked")));
-        if let Err(e) = &result {
-            tracing::warn!(error = %e, on_failure = ?self.config.on_failure,
-                "rdma_pool: GlobalPool could not initialise; allocations are not registered");
-        }
+        // A failure is logged outside the allocation path (`report`), with the degradations
+        // it causes, or at exit.
+        // SAFETY: `counters` came from `self.counters()`: a `&'static Counters`.
+        exit_report::register(unsafe { &*counters }, result.as_ref().err());
         let state = if result.is_ok() { READY } else { FAILED };
         if let Ok(ready) = &result {
             // SAFETY: `ready.pool` is never dropped (it is mapped for good), and neither is the
@@ -520,6 +539,7 @@ impl GlobalPool {
 
     /// Why initialisation failed, once it has.
     pub fn init_error(&self) -> Option<&Error> {
+        self.report();
         self.slot().and_then(|s| s.as_ref().err())
     }
 
@@ -544,7 +564,9 @@ impl GlobalPool {
     /// # drop(cq);
     /// ```
     pub fn nic(&self) -> Result<&Nic, &Error> {
-        self.published(None).map(|r| &r.nic)
+        let r = self.published(None).map(|r| &r.nic);
+        self.report();
+        r
     }
 
     /// The protection domain of the pool's registrations: create QPs on it, so that the
@@ -553,7 +575,9 @@ impl GlobalPool {
     /// # Errors
     /// As [`GlobalPool::init`].
     pub fn pd(&self) -> Result<&Pd, &Error> {
-        self.published(None).map(|r| &r.pd)
+        let r = self.published(None).map(|r| &r.pd);
+        self.report();
+        r
     }
 
     /// The keys of the registration covering `p`, if the pool handed it out (bootstrap and
@@ -637,6 +661,7 @@ impl GlobalPool {
     /// A snapshot of the statistics (no lock, no allocation). The bootstrap region's figures
     /// are process-wide (one region serves every pool); the rest are this pool's.
     pub fn stats(&self) -> GlobalStats {
+        self.report();
         let p = self.counters.load(Acquire);
         // SAFETY: a non-null pointer is a `&'static Counters`.
         let counters = if p.is_null() { &ZERO } else { unsafe { &*p } };
@@ -672,15 +697,20 @@ impl GlobalPool {
         if provision::active() {
             return self.alloc_reentrant(layout, zero);
         }
+        let mut why = DegradeReason::PoolRefused;
         if ready.is_none() {
-            if let Some(pool) = self.get_cold() {
-                let p = pool.alloc_with(layout, zero);
-                if !p.is_null() {
-                    return p;
+            match self.get_cold() {
+                Some(pool) => {
+                    let p = pool.alloc_with(layout, zero);
+                    if !p.is_null() {
+                        return p;
+                    }
                 }
+                None if self.state.load(Acquire) == FAILED => why = DegradeReason::InitFailed,
+                None => why = DegradeReason::InitPending,
             }
         }
-        self.alloc_degraded(layout, zero)
+        self.alloc_degraded(layout, zero, why)
     }
 
     /// An allocation made while this thread calls into the NIC: bootstrap region, then malloc.
@@ -696,7 +726,8 @@ impl GlobalPool {
     }
 
     /// The pool could not serve `layout`: the system allocator, or null under `Fail`.
-    fn alloc_degraded(&self, layout: Layout, zero: bool) -> *mut u8 {
+    fn alloc_degraded(&self, layout: Layout, zero: bool, why: DegradeReason) -> *mut u8 {
+        self.counters().degraded_for(why);
         if self.config.on_failure == OnFailure::Fail {
             Counters::bump(&self.counters().failed);
             return null_mut();
@@ -902,6 +933,9 @@ pub fn stats() -> Option<GlobalStats> {
     } else {
         unsafe { &*counters }
     };
+    if !provision::active() {
+        exit_report::report(counters);
+    }
     Some(counters.snapshot(state, instance().map(|r| r.pool.stats())))
 }
 

@@ -4,13 +4,64 @@
 //! Contract: counters are relaxed atomics bumped on the cold paths only; a snapshot
 //! ([`GlobalStats`]) is read without a lock and without allocating.
 //!
-//! Invariant (at quiescence): `reentrant_allocations == bootstrap_blocks + bootstrap_overflow`
+//! Why a pool degraded is counted per reason ([`DegradedBy`]); the first reason is kept, and
+//! reported once with `tracing` outside the allocation path ([`Counters::report`]): on the
+//! next call of a `GlobalPool` method that is not an allocation, or at process exit — never
+//! from inside `alloc`, where the subscriber may not exist yet and logging would allocate.
+//!
+//! Invariants (at quiescence): `reentrant_allocations == bootstrap_blocks + bootstrap_overflow`
 //! — every allocation made while the pool provisions is served by the bootstrap region or,
-//! once that is full, by `malloc`.
+//! once that is full, by `malloc`; `degraded_allocations + failed_allocations ==
+//! degraded_by.init_failed + degraded_by.init_pending + degraded_by.pool_refused` (every such
+//! allocation went through the degraded path, with its reason).
 
 use super::bootstrap;
 use crate::alloc::PoolStats;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering::Relaxed};
+
+/// Why an allocation was served by the system allocator (or refused under `Fail`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DegradeReason {
+    /// Initialisation failed ([`GlobalPool::init_error`](super::GlobalPool::init_error)).
+    InitFailed,
+    /// Another thread was still initialising the pool after
+    /// [`INIT_WAIT`](super::INIT_WAIT).
+    InitPending,
+    /// The ready pool could not serve it: the arena could not grow (reservation or memlock
+    /// exhausted, a registration refused), or the request is beyond what it serves.
+    PoolRefused,
+}
+
+impl DegradeReason {
+    fn from_code(c: u8) -> Option<DegradeReason> {
+        match c {
+            1 => Some(DegradeReason::InitFailed),
+            2 => Some(DegradeReason::InitPending),
+            3 => Some(DegradeReason::PoolRefused),
+            _ => None,
+        }
+    }
+
+    fn code(self) -> u8 {
+        match self {
+            DegradeReason::InitFailed => 1,
+            DegradeReason::InitPending => 2,
+            DegradeReason::PoolRefused => 3,
+        }
+    }
+}
+
+/// Degraded or refused allocations by [`DegradeReason`] (their sum is
+/// `degraded_allocations + failed_allocations`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DegradedBy {
+    /// ... because initialisation failed.
+    pub init_failed: u64,
+    /// ... because initialisation was still running elsewhere.
+    pub init_pending: u64,
+    /// ... because the ready pool could not serve them.
+    pub pool_refused: u64,
+}
 
 /// Where the global pool is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -59,6 +110,10 @@ pub struct GlobalStats {
     pub healed_reallocations: u64,
     /// Environment overrides set to a value that was not understood (and ignored).
     pub env_ignored: u64,
+    /// Degraded or refused allocations, by reason.
+    pub degraded_by: DegradedBy,
+    /// Why the first one was.
+    pub first_degradation: Option<DegradeReason>,
 }
 
 /// The counters behind [`GlobalStats`].
@@ -71,6 +126,9 @@ pub(crate) struct Counters {
     pub(crate) overflow: AtomicU64,
     pub(crate) healed: AtomicU64,
     pub(crate) env_ignored: AtomicU64,
+    by: [AtomicU64; 3],
+    first: AtomicU8,
+    reported: AtomicBool,
 }
 
 impl Counters {
@@ -83,6 +141,32 @@ impl Counters {
             overflow: AtomicU64::new(0),
             healed: AtomicU64::new(0),
             env_ignored: AtomicU64::new(0),
+            by: [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)],
+            first: AtomicU8::new(0),
+            reported: AtomicBool::new(false),
+        }
+    }
+
+    /// Count an allocation that was degraded (or refused) for `why`: no lock, no allocation.
+    pub(crate) fn degraded_for(&self, why: DegradeReason) {
+        self.by[why.code() as usize - 1].fetch_add(1, Relaxed);
+        let _ = self.first.compare_exchange(0, why.code(), Relaxed, Relaxed);
+    }
+
+    /// Log the first degradation, once, with `tracing` (call outside the allocation path).
+    pub(crate) fn report(&self, init_error: Option<&dyn std::fmt::Display>) {
+        let Some(why) = DegradeReason::from_code(self.first.load(Relaxed)) else {
+            return;
+        };
+        if self.reported.swap(true, Relaxed) {
+            return;
+        }
+        let n = self.degraded.load(Relaxed) + self.failed.load(Relaxed);
+        match init_error {
+            Some(e) => tracing::warn!(reason = ?why, allocations = n, error = %e,
+                "rdma_pool: the global pool degraded: these allocations are not NIC-registered"),
+            None => tracing::warn!(reason = ?why, allocations = n,
+                "rdma_pool: the global pool degraded: these allocations are not NIC-registered"),
         }
     }
 
@@ -105,6 +189,12 @@ impl Counters {
             bootstrap_used_bytes: used,
             healed_reallocations: self.healed.load(Relaxed),
             env_ignored: self.env_ignored.load(Relaxed),
+            degraded_by: DegradedBy {
+                init_failed: self.by[0].load(Relaxed),
+                init_pending: self.by[1].load(Relaxed),
+                pool_refused: self.by[2].load(Relaxed),
+            },
+            first_degradation: DegradeReason::from_code(self.first.load(Relaxed)),
         }
     }
 }

@@ -134,3 +134,116 @@ fn a_missing_device_in_rdma_pool_nic_is_named_with_the_variable() {
     let why = G.init_error().map(|e| e.to_string()).unwrap_or_default();
     assert!(why.contains("RDMA_POOL_NIC=\"mlx5_9\""), "{why}");
 }
+
+/// Run test `name` of this binary in a child with `env`; its stdout and stderr.
+fn run_child(name: &str, env: &[(&str, &str)]) -> (bool, String, String) {
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", name, "--nocapture", "--test-threads=1"]);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A pool that opens its NIC from `RDMA_POOL_NIC` (which names no device in these children).
+static DEGRADED: GlobalPool = GlobalPool::with_config(GlobalConfig {
+    reserve: 1 << 30,
+    chunk: 1 << 24,
+    hugepages: Hugepages::Off,
+    ..GlobalConfig::DEFAULT
+});
+
+/// Allocate and free through `DEGRADED` as `#[global_allocator]` would.
+fn allocate_through_degraded(n: usize) {
+    let layout = std::alloc::Layout::from_size_align(64, 8).unwrap();
+    for _ in 0..n {
+        // SAFETY: a non-zero layout; freed with it at once.
+        unsafe {
+            let p = std::alloc::GlobalAlloc::alloc(&DEGRADED, layout);
+            assert!(!p.is_null());
+            std::alloc::GlobalAlloc::dealloc(&DEGRADED, p, layout);
+        }
+    }
+}
+
+fn stderr_subscriber() {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_max_level(tracing::Level::WARN)
+        .init();
+}
+
+const REPORT: &str = "the global pool degraded";
+
+/// Why a pool degraded is counted per reason at the allocation, and logged once, by the next
+/// method that is not an allocation — with the error naming `RDMA_POOL_NIC` and its value.
+#[test]
+fn a_degradation_is_counted_by_reason_and_logged_once_outside_the_allocation_path() {
+    if std::env::var_os("RDMA_POOL_DEGRADE_CHILD").is_none() {
+        let _env = serial();
+        let (ok, out, err) = run_child(
+            "env::a_degradation_is_counted_by_reason_and_logged_once_outside_the_allocation_path",
+            &[
+                ("RDMA_POOL_DEGRADE_CHILD", "1"),
+                ("RDMA_POOL_NIC", "mlx5_9"),
+            ],
+        );
+        assert!(ok && out.contains("1 passed"), "{out}\n{err}");
+        assert_eq!(err.matches(REPORT).count(), 1, "{err}");
+        let line = err.lines().find(|l| l.contains(REPORT)).unwrap();
+        assert!(
+            line.contains("InitFailed")
+                && line.contains("RDMA_POOL_NIC")
+                && line.contains("mlx5_9"),
+            "{line}"
+        );
+        assert!(line.contains("allocations=3"), "{line}");
+        return;
+    }
+    stderr_subscriber();
+    allocate_through_degraded(3);
+    // The allocations logged nothing themselves (the report comes from a method call).
+    let s = DEGRADED.stats();
+    assert_eq!(
+        s.first_degradation,
+        Some(rdma_pool::global::DegradeReason::InitFailed)
+    );
+    assert_eq!(s.degraded_by.init_failed, 3);
+    assert_eq!(s.degraded_by.init_pending + s.degraded_by.pool_refused, 0);
+    assert_eq!(
+        s.degraded_by.init_failed,
+        s.degraded_allocations + s.failed_allocations
+    );
+    // Again: logged once only.
+    let _ = DEGRADED.stats();
+    let _ = DEGRADED.init_error();
+}
+
+/// A program that never asks: the report comes at exit.
+#[test]
+fn a_degradation_nobody_asked_about_is_logged_at_exit() {
+    if std::env::var_os("RDMA_POOL_DEGRADE_CHILD").is_none() {
+        let _env = serial();
+        let (ok, out, err) = run_child(
+            "env::a_degradation_nobody_asked_about_is_logged_at_exit",
+            &[
+                ("RDMA_POOL_DEGRADE_CHILD", "1"),
+                ("RDMA_POOL_NIC", "mlx5_9"),
+            ],
+        );
+        assert!(ok && out.contains("1 passed"), "{out}\n{err}");
+        assert_eq!(err.matches(REPORT).count(), 1, "{err}");
+        assert!(err.contains("mlx5_9"), "{err}");
+        // The report came after the test harness printed its result.
+        assert!(!out.contains(REPORT));
+        return;
+    }
+    stderr_subscriber();
+    allocate_through_degraded(2);
+}

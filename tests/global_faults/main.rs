@@ -51,6 +51,9 @@ fn an_exhausted_reservation_degrades_to_unregistered_memory_and_recovers() {
     assert!(unregistered >= 4, "{unregistered} unregistered of 12");
     assert!(after.degraded_allocations >= before.degraded_allocations + unregistered);
     assert!(after.degraded_bytes >= before.degraded_bytes + unregistered * (8 << 20));
+    // Why: the ready pool refused them (its reservation is full).
+    assert!(after.degraded_by.pool_refused >= before.degraded_by.pool_refused + unregistered);
+    assert_eq!(after.degraded_by.init_failed, 0);
     let pool = after.pool.expect("ready");
     assert!(pool.failed_allocations > 0);
     // Degraded blocks are freed (to the system allocator) like any other.
