@@ -20,12 +20,12 @@ cargo fmt --all -- --check
 # The `tokio` feature (async completions) is on for the lints and the tests, so its code and
 # tests/async_completions.rs are checked too; the default build has it off.
 echo "== cargo clippy"
-cargo clippy --workspace --exclude rdma-pool-allocator-api --all-targets --features rdma-pool/tokio -- -D warnings
+cargo clippy --workspace --exclude rdma-pool-allocator-api --all-targets --features rdma-pool/tokio,rdma-pool/serde -- -D warnings
 echo "== allocator-api (nightly std::alloc::Allocator, RUSTC_BOOTSTRAP=1): clippy and tests"
 RUSTC_BOOTSTRAP=1 cargo clippy -p rdma-pool-allocator-api --all-targets -- -D warnings
 RUSTC_BOOTSTRAP=1 cargo test -p rdma-pool-allocator-api
 echo "== cargo test (soft NIC)"
-cargo test --workspace --exclude rdma-pool-allocator-api --features rdma-pool/tokio
+cargo test --workspace --exclude rdma-pool-allocator-api --features rdma-pool/tokio,rdma-pool/serde
 echo "== cargo test --no-default-features (without the verbs backend)"
 cargo test --no-default-features --lib --tests
 
@@ -39,7 +39,7 @@ target/debug/compare --repeats 1 --scale 0.01 > /dev/null
 
 echo "== Soft-RoCE (rxe) scenario suite in a QEMU guest"
 # cargo prints "Executable tests/scenarios.rs (target/debug/deps/scenarios-HASH)".
-bins=$(cargo test --no-run --features tokio --test async_completions --test scenarios --test pinning --test arena --test alloc --test global --test global_faults --test grant --test prefetch --test queue_mem --test rails --test numa --test hardening --test stress --test fork --test events --test spawn --test owned --test mlx5_model --test soft_rules --test send_queue --test foreign 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p')
+bins=$(cargo test --no-run --features tokio,serde --test async_completions --test scenarios --test pinning --test arena --test alloc --test global --test global_faults --test grant --test prefetch --test queue_mem --test rails --test numa --test hardening --test stress --test fork --test events --test spawn --test owned --test mlx5_model --test soft_rules --test send_queue --test foreign 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p')
 [ -n "$bins" ] || { echo "could not find the scenario test binaries" >&2; exit 1; }
 # The memory-checker tests (feature `memcheck`, without ASan): rxe DMA into live blocks, the fill
 # of freed ones.

@@ -534,3 +534,86 @@ fn a_recv_ring_refills_from_a_pool_across_qps_and_flushes_on_teardown() {
     );
     drop(server);
 }
+
+#[test]
+fn connect_options_are_applied_and_checked() {
+    let _g = serial();
+    let (na, nb) = nics();
+    let (a, b) = (Side::new(na), Side::new(nb));
+    let (qa, qb) = (a.qp(), b.qp());
+    // Out of range: refused before the device sees them.
+    for bad in [
+        ConnectOptions {
+            path_mtu: Some(1000),
+            ..Default::default()
+        },
+        ConnectOptions {
+            timeout: 32,
+            ..Default::default()
+        },
+        ConnectOptions {
+            retry_cnt: 8,
+            ..Default::default()
+        },
+    ] {
+        let e = qa.connect_with(&qb.endpoint().unwrap(), &bad).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument { .. }), "{e}");
+    }
+    assert_eq!(qa.state().unwrap(), QpState::Init);
+    // A GID index the port does not have.
+    assert!(qa.endpoint_with(200).is_err());
+    // Path MTU 1024: a 16 KiB message crosses in 16 packets (rxe) and arrives whole.
+    let opts = ConnectOptions {
+        path_mtu: Some(1024),
+        timeout: 12,
+        retry_cnt: 5,
+        rnr_retry: 7,
+        min_rnr_timer: 8,
+        ..Default::default()
+    };
+    // Endpoints cross "the network" as bytes.
+    let ea = Endpoint::from_bytes(&qa.endpoint().unwrap().to_bytes()).unwrap();
+    let eb = Endpoint::from_bytes(&qb.endpoint().unwrap().to_bytes()).unwrap();
+    qa.connect_with(&eb, &opts).unwrap();
+    qb.connect_with(&ea, &opts).unwrap();
+    let (_src, smr) = a.reg_buf(16384, 0x6b, Access::LOCAL_WRITE);
+    let (dst, dmr) = b.reg_buf(16384, 0, RW);
+    assert_eq!(
+        write(
+            &Bed { a, b, qa, qb },
+            &smr,
+            16384,
+            dmr.addr() as u64,
+            dmr.rkey()
+        ),
+        WcStatus::Success
+    );
+    assert!(dst.as_slice().iter().all(|&x| x == 0x6b));
+}
+
+#[cfg(feature = "serde")]
+#[test]
+fn wire_types_round_trip_through_serde() {
+    let e = Endpoint {
+        gid: [9; 16],
+        qpn: 0x12_3456,
+        lid: 7,
+        psn: 0x65_4321,
+    };
+    let json = serde_json::to_string(&e).unwrap();
+    assert_eq!(serde_json::from_str::<Endpoint>(&json).unwrap(), e);
+    let w = rdma_pool::grant::GrantWire {
+        addr: 0x7f00_0000_1000,
+        len: 4096,
+        rkey: Rkey(0x1234),
+    };
+    let json = serde_json::to_string(&w).unwrap();
+    assert_eq!(
+        serde_json::from_str::<rdma_pool::grant::GrantWire>(&json).unwrap(),
+        w
+    );
+    // Out-of-range numbers in the byte form are refused.
+    let mut b = e.to_bytes();
+    b[19] = 1;
+    assert_eq!(Endpoint::from_bytes(&b), None);
+}

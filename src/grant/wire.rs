@@ -15,6 +15,7 @@ use crate::nic::Rkey;
 /// assert_eq!(GrantWire::from_bytes(&bytes[..19]), None);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct GrantWire {
     /// First byte the peer may reach (the remote address of its work requests).
     pub addr: u64,

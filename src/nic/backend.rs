@@ -164,8 +164,8 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn create_srq(&self, pd: u64, max_wr: u32, max_sge: u32) -> Result<u64>;
     fn destroy_srq(&self, srq: u64) -> Result<()>;
     fn post_srq_recv(&self, srq: u64, wr_id: u64, sges: &[Sge]) -> Result<()>;
-    fn endpoint(&self, qp: u64) -> Result<Endpoint>;
-    fn connect_qp(&self, qp: u64, remote: &Endpoint) -> Result<()>;
+    fn endpoint(&self, qp: u64, gid_index: u8) -> Result<Endpoint>;
+    fn connect_qp(&self, qp: u64, remote: &Endpoint, opts: &ConnectOptions) -> Result<()>;
     fn qp_state(&self, qp: u64) -> Result<QpState>;
     fn destroy_qp(&self, qp: u64) -> Result<()>;
     fn post_send(&self, qp: u64, wr: &RawSendWr<'_>) -> Result<()>;

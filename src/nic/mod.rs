@@ -1496,15 +1496,49 @@ impl Qp {
     /// # Errors
     /// The port/GID query failure.
     pub fn endpoint(&self) -> Result<Endpoint> {
-        self.backend().endpoint(self.inner.handle)
+        self.endpoint_with(0)
     }
 
-    /// Connect to `remote` (INIT → RTR → RTS).
+    /// What the peer needs to connect to this QP, with the GID at `gid_index` (RoCE v2 over
+    /// IPv4: the index of the address's GID).
+    ///
+    /// # Errors
+    /// The port/GID query failure (`ENODATA` for an empty GID; the soft NIC has index 0
+    /// only).
+    pub fn endpoint_with(&self, gid_index: u8) -> Result<Endpoint> {
+        self.backend().endpoint(self.inner.handle, gid_index)
+    }
+
+    /// Connect to `remote` (INIT → RTR → RTS) with the default [`ConnectOptions`].
     ///
     /// # Errors
     /// The `ibv_modify_qp` failure; on the soft NIC, `EINVAL` when no such peer QP exists.
     pub fn connect(&self, remote: &Endpoint) -> Result<()> {
-        self.backend().connect_qp(self.inner.handle, remote)
+        self.connect_with(remote, &ConnectOptions::default())
+    }
+
+    /// Connect to `remote` with `opts`: GID index, path MTU (capped at the port's), ACK
+    /// timeout, retry and RNR counts.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for an option out of range ([`ConnectOptions::check`]); as
+    /// [`Qp::connect`].
+    ///
+    /// # Examples
+    /// ```
+    /// use rdma_pool::nic::{ConnectOptions, Nic, QpCaps};
+    /// let (a, b) = (Nic::soft(), Nic::soft());
+    /// let (ca, cb) = (a.create_cq(4)?, b.create_cq(4)?);
+    /// let qa = a.alloc_pd()?.create_qp(&ca, &ca, QpCaps::default())?;
+    /// let qb = b.alloc_pd()?.create_qp(&cb, &cb, QpCaps::default())?;
+    /// let opts = ConnectOptions { path_mtu: Some(1024), retry_cnt: 3, rnr_retry: 0, ..ConnectOptions::default() };
+    /// qa.connect_with(&qb.endpoint()?, &opts)?;
+    /// qb.connect_with(&qa.endpoint()?, &opts)?;
+    /// # Ok::<(), rdma_pool::nic::Error>(())
+    /// ```
+    pub fn connect_with(&self, remote: &Endpoint, opts: &ConnectOptions) -> Result<()> {
+        opts.check()?;
+        self.backend().connect_qp(self.inner.handle, remote, opts)
     }
 
     /// The QP's state.

@@ -40,6 +40,7 @@ pub struct Lkey(pub u32);
 /// assert_eq!(Rkey(0x01ff).next_variant(), Rkey(0x0100));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Rkey(pub u32);
 
 macro_rules! key_methods {
@@ -610,8 +611,19 @@ impl Default for QpCaps {
     }
 }
 
-/// What a peer needs to connect its QP to ours (exchanged out of band).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// What a peer needs to connect its QP to ours (exchanged out of band: [`Endpoint::to_bytes`],
+/// or serde with the `serde` feature).
+///
+/// # Examples
+/// ```
+/// use rdma_pool::nic::Endpoint;
+/// let e = Endpoint { gid: [7; 16], qpn: 0x11, lid: 3, psn: 0x42 };
+/// let b = e.to_bytes();
+/// assert_eq!(Endpoint::from_bytes(&b), Some(e));
+/// assert_eq!(Endpoint::from_bytes(&b[..25]), None);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct Endpoint {
     /// Port GID (RoCE: the IPv6 link-local GID at index 0).
     pub gid: [u8; 16],
@@ -621,6 +633,108 @@ pub struct Endpoint {
     pub lid: u16,
     /// Initial packet sequence number.
     pub psn: u32,
+}
+
+impl Endpoint {
+    /// Bytes of the wire form.
+    pub const BYTES: usize = 26;
+
+    /// The wire form: the GID, then QP number, LID and PSN little-endian.
+    pub fn to_bytes(&self) -> [u8; Self::BYTES] {
+        let mut b = [0u8; Self::BYTES];
+        b[..16].copy_from_slice(&self.gid);
+        b[16..20].copy_from_slice(&self.qpn.to_le_bytes());
+        b[20..22].copy_from_slice(&self.lid.to_le_bytes());
+        b[22..].copy_from_slice(&self.psn.to_le_bytes());
+        b
+    }
+
+    /// Parse the wire form; `None` when `b` is not exactly [`Endpoint::BYTES`] long or a
+    /// number is out of range (QP number and PSN are 24 bits).
+    pub fn from_bytes(b: &[u8]) -> Option<Endpoint> {
+        let b: &[u8; Self::BYTES] = b.try_into().ok()?;
+        let qpn = u32::from_le_bytes(b[16..20].try_into().ok()?);
+        let psn = u32::from_le_bytes(b[22..26].try_into().ok()?);
+        if qpn >> 24 != 0 || psn >> 24 != 0 {
+            return None;
+        }
+        Some(Endpoint {
+            gid: b[..16].try_into().ok()?,
+            qpn,
+            lid: u16::from_le_bytes(b[20..22].try_into().ok()?),
+            psn,
+        })
+    }
+}
+
+/// How [`Qp::connect_with`](crate::nic::Qp::connect_with) connects (`ibv_modify_qp` to RTR
+/// and RTS). The defaults are what [`Qp::connect`](crate::nic::Qp::connect) uses.
+///
+/// # Examples
+/// ```
+/// use rdma_pool::nic::ConnectOptions;
+/// let o = ConnectOptions { path_mtu: Some(1024), retry_cnt: 3, ..ConnectOptions::default() };
+/// assert!(o.check().is_ok());
+/// assert!(ConnectOptions { rnr_retry: 8, ..o }.check().is_err());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ConnectOptions {
+    /// The local GID index the connection's packets carry (RoCE: 0 is the IPv6 link-local
+    /// GID; RoCE v2 over IPv4 uses the index of the address's GID).
+    pub gid_index: u8,
+    /// Path MTU in bytes (256, 512, 1024, 2048, 4096); `None`: the port's active MTU.
+    pub path_mtu: Option<u32>,
+    /// Local ACK timeout, `4.096 µs × 2^timeout` (0..=31; 0 waits forever).
+    pub timeout: u8,
+    /// Transport retries (0..=7).
+    pub retry_cnt: u8,
+    /// Receiver-not-ready retries (0..=7; 7 retries forever).
+    pub rnr_retry: u8,
+    /// The RNR NAK timer this side asks of senders (0..=31, the IB encoding).
+    pub min_rnr_timer: u8,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        ConnectOptions {
+            gid_index: 0,
+            path_mtu: None,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 12,
+        }
+    }
+}
+
+impl ConnectOptions {
+    /// Refuse values outside their ranges.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`](crate::nic::Error::InvalidArgument) naming the field.
+    pub fn check(&self) -> Result<(), crate::nic::Error> {
+        let bad = |detail| {
+            Err(crate::nic::Error::invalid(
+                crate::nic::Verb::ModifyQp,
+                detail,
+            ))
+        };
+        if let Some(m) = self.path_mtu
+            && ![256, 512, 1024, 2048, 4096].contains(&m)
+        {
+            return bad("path_mtu must be 256, 512, 1024, 2048 or 4096");
+        }
+        if self.timeout > 31 {
+            return bad("timeout must be 0..=31");
+        }
+        if self.retry_cnt > 7 || self.rnr_retry > 7 {
+            return bad("retry_cnt and rnr_retry must be 0..=7");
+        }
+        if self.min_rnr_timer > 31 {
+            return bad("min_rnr_timer must be 0..=31");
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -402,8 +402,12 @@ impl Backend for SoftNic {
         Ok((h, qpn, *caps))
     }
 
-    fn endpoint(&self, qp: u64) -> Result<Endpoint> {
+    fn endpoint(&self, qp: u64, gid_index: u8) -> Result<Endpoint> {
         let q = self.qp(qp, Verb::ModifyQp)?;
+        // One GID per soft port.
+        if gid_index != 0 {
+            return Err(Error::from_errno(Verb::QueryGid, libc::EINVAL));
+        }
         Ok(Endpoint {
             gid: fabric::soft_gid(self.dev.id),
             qpn: q.qpn,
@@ -412,8 +416,12 @@ impl Backend for SoftNic {
         })
     }
 
-    fn connect_qp(&self, qp: u64, remote: &Endpoint) -> Result<()> {
+    fn connect_qp(&self, qp: u64, remote: &Endpoint, opts: &ConnectOptions) -> Result<()> {
         self.dev.inject(Verb::ModifyQp)?;
+        // One GID per soft port; the wire-level settings have nothing to act on.
+        if opts.gid_index != 0 {
+            return Err(Error::from_errno(Verb::ModifyQp, libc::EINVAL));
+        }
         let q = self.qp(qp, Verb::ModifyQp)?;
         let peer_dev = fabric::device_of(&remote.gid)
             .ok_or_else(|| Error::from_errno(Verb::ModifyQp, libc::EINVAL))?;
