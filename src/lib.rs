@@ -77,6 +77,8 @@
 
 pub mod alloc;
 pub mod arena;
+#[cfg(feature = "verbs")]
+pub mod cm;
 pub mod global;
 pub mod grant;
 pub mod nic;

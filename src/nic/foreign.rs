@@ -114,6 +114,40 @@ impl Completion {
 }
 
 impl Qp {
+    /// A QP rdma_cm created for this crate (`rdma_create_qp` in `pd` on these CQs): owned,
+    /// destroyed with `ibv_destroy_qp` when the last handle is dropped.
+    ///
+    /// # Safety
+    /// `qp` is a live RC QP of `pd`'s context, created in `pd` on `send_cq`/`recv_cq` (and
+    /// `srq`), that nothing else destroys.
+    #[cfg(feature = "verbs")]
+    pub(crate) unsafe fn adopt_owned(
+        pd: &Pd,
+        qp: *mut c_void,
+        send_cq: &Cq,
+        recv_cq: &Cq,
+        srq: Option<&super::Srq>,
+    ) -> Result<Qp> {
+        let verbs = pd
+            .nic()
+            .as_verbs()
+            .ok_or_else(|| Error::invalid_arg("rdma_cm needs a verbs NIC"))?;
+        // SAFETY: forwarded from the caller.
+        let q = unsafe { verbs.adopt_qp(qp) }?;
+        Ok(Qp {
+            inner: Arc::new(QpInner {
+                pd: pd.clone(),
+                _send_cq: send_cq.clone(),
+                _recv_cq: recv_cq.clone(),
+                _srq: srq.cloned(),
+                handle: q.handle,
+                qpn: q.qpn,
+                caps: q.caps,
+                owned: true,
+            }),
+        })
+    }
+
     /// A QP for an RC `struct ibv_qp *` created by someone else (rdma_cm, `sideway`, C code)
     /// in `pd`, completing on `send_cq` and `recv_cq` (the wrappers of its CQs, see the
     /// module contract). Non-owning. Its sizes are read from the device (`ibv_query_qp`).

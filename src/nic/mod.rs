@@ -1322,6 +1322,11 @@ impl Drop for CqInner {
 debug_fields!(Cq, |s| { "handle": s.inner.handle });
 
 impl Cq {
+    /// The backend's handle (`struct ibv_cq *` on verbs).
+    pub fn as_raw(&self) -> u64 {
+        self.inner.handle
+    }
+
     /// Poll up to `out.len()` of the application's completions; returns how many were
     /// written. Completions of owned requests ([`Qp::post_recv_owned`] and siblings) go to
     /// their [`Posted`] handles instead; the application's completions read while a handle

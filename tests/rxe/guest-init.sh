@@ -55,8 +55,9 @@ echo "== guest package versions:"
 cat /etc/rxe-versions
 
 # --- network + Soft-RoCE setup -------------------------------------------------------------
-# ib_uverbs gives /dev/infiniband/uverbsN (on a normal system udev/rdma-core loads it).
-for m in veth rdma_rxe ib_uverbs; do
+# ib_uverbs gives /dev/infiniband/uverbsN, rdma_ucm /dev/infiniband/rdma_cm (on a normal
+# system udev/rdma-core loads them).
+for m in veth rdma_rxe ib_uverbs rdma_ucm; do
 	modprobe "$m" || fail_setup "modprobe $m"
 done
 
@@ -73,6 +74,10 @@ for d in veth0 veth1; do
 	/usr/bin/ip link set "$d" mtu 9000 || fail_setup "mtu $d"
 done
 for d in veth0 veth1; do /usr/bin/ip link set "$d" up || fail_setup "up $d"; done
+# IPv4 addresses for rdma_cm (tests/cm.rs, the cm examples): 10.77.0.1 on rxe0's netdev,
+# 10.77.0.2 on rxe1's. The verbs tests use GID 0 (IPv6 link-local), unchanged by these.
+/usr/bin/ip addr add 10.77.0.1/24 dev veth0 || fail_setup "addr veth0"
+/usr/bin/ip addr add 10.77.0.2/24 dev veth1 || fail_setup "addr veth1"
 /usr/bin/rdma link add rxe0 type rxe netdev veth0 || fail_setup "rdma link add rxe0"
 /usr/bin/rdma link add rxe1 type rxe netdev veth1 || fail_setup "rdma link add rxe1"
 

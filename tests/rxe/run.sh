@@ -75,7 +75,7 @@ USER_PKGS=(
 	libzstd1=1.5.7+dfsg-4      # libelf
 )
 # Kernel modules loaded by /init (their dependencies are found through modules.dep).
-MODULES=(veth rdma_rxe ib_uverbs)
+MODULES=(veth rdma_rxe ib_uverbs rdma_ucm)
 HOST_PKGS=(qemu-system-x86 busybox-static cpio kmod)
 CACHE_FORMAT=1 # bump when the layout of the cached guest root changes
 
