@@ -48,8 +48,10 @@ memcheck_bin=$(cargo test --no-run --features memcheck --test memcheck 2>&1 | se
 bins="$bins $memcheck_bin"
 # The grants and two_rails examples run there too (they ignore the test harness's arguments;
 # two_rails on rxe0 and rxe1, RDMA_POOL_RAILS below).
-cargo build --example grants --example two_rails
-bins="$bins target/debug/examples/grants target/debug/examples/two_rails"
+# The rdma_cm tokio server runs as a server and two clients (three processes, on 10.77.0.2).
+# Same features as the test binaries above: no second build of the crate.
+cargo build --features tokio,serde --example grants --example two_rails --example cm_server
+bins="$bins target/debug/examples/grants target/debug/examples/two_rails target/debug/examples/cm_server"
 # The proptest models (the allocator's, and the whole pool's in tests/hardening) run on the
 # soft NIC in either place: a few cases in the emulated guest, the full 100k operations each
 # on the host above. The guest has 2 NUMA nodes

@@ -356,3 +356,167 @@ fn misuse_is_refused_with_an_error_not_a_panic() {
         }
     });
 }
+
+/// Every future of the async layer can be spawned on a multi-threaded runtime.
+#[test]
+fn the_async_futures_are_send() {
+    fn send<T: Send>(_: &T) {}
+    let nic = Nic::soft();
+    let rt = runtime();
+    let _e = rt.enter();
+    let cq = AsyncCq::new(&nic, 4).unwrap();
+    send(&cq.next());
+    let mut out = [Completion::default(); 1];
+    send(&cq.poll(&mut out));
+    let pd = nic.alloc_pd().unwrap();
+    let pool = Pool::new(&pd).unwrap();
+    let qp = pd.create_qp(cq.cq(), cq.cq(), QpCaps::default()).unwrap();
+    let peer = nic
+        .alloc_pd()
+        .unwrap()
+        .create_qp(cq.cq(), cq.cq(), QpCaps::default())
+        .unwrap();
+    link(&qp, &peer);
+    let buf = allocator_api2::vec![in &pool; 0u8; 64];
+    let mut grant = pool.grant(&buf, &qp).unwrap();
+    send(&grant.wait_async(&cq, |_| {}));
+    send(&grant.revoke_async(&cq, |_| {}));
+    let leaked: &'static Pool = Box::leak(Box::new(Pool::new(&pd).unwrap()));
+    let rx = peer
+        .post_recv_owned(1, allocator_api2::vec![in leaked; 0u8; 8])
+        .unwrap();
+    send(&rx.wait_async(&cq));
+}
+
+// Regression tests from the hostile review (#40): waits that the channel does not report.
+
+fn leak_pool(pd: &Pd) -> &'static Pool {
+    Box::leak(Box::new(Pool::new(pd).unwrap()))
+}
+
+/// Two sides whose QPs complete on shared async CQs (for spawned tasks).
+struct AB {
+    a: Side,
+    b: Side,
+    acq: Arc<AsyncCq>,
+    bcq: Arc<AsyncCq>,
+    qa: Qp,
+    qb: Qp,
+}
+
+fn ab(depth: u32, caps: QpCaps) -> AB {
+    let (na, nb) = nics();
+    let (a, b) = (Side::new(na), Side::new(nb));
+    let acq = Arc::new(AsyncCq::new(&a.nic, depth).unwrap());
+    let bcq = Arc::new(AsyncCq::new(&b.nic, depth).unwrap());
+    let qa = a.pd.create_qp(acq.cq(), acq.cq(), caps).unwrap();
+    let qb = b.pd.create_qp(bcq.cq(), bcq.cq(), caps).unwrap();
+    link(&qa, &qb);
+    AB {
+        a,
+        b,
+        acq,
+        bcq,
+        qa,
+        qb,
+    }
+}
+
+/// A receive awaited with `Posted::ready`; its QP is destroyed meanwhile: the handle holds a
+/// flush at once (`Posted::take` gives it), so the waiting task must wake.
+#[test]
+fn a_task_awaiting_an_owned_request_wakes_when_its_qp_is_destroyed() {
+    let _g = serial();
+    runtime().block_on(async {
+        let AB { b, bcq, qb, qa, .. } = ab(64, QpCaps::default());
+        let pool = leak_pool(&b.pd);
+        let mut rx = qb
+            .post_recv_owned(1, allocator_api2::vec![in pool; 0u8; 64])
+            .unwrap();
+        let cq = bcq.clone();
+        let waiter = tokio::spawn(async move {
+            rx.ready(&cq).await.unwrap();
+            rx.take().unwrap()
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        drop(qb);
+        let done = timeout(Duration::from_secs(3), waiter)
+            .await
+            .expect("the waiter woke after its QP's destruction flushed the request")
+            .unwrap();
+        assert_eq!(done.completion.status, WcStatus::WrFlushErr);
+        drop(qa);
+    });
+}
+
+/// The same through an SRQ: all QPs and the SRQ are dropped while a task awaits an owned
+/// SRQ receive.
+#[test]
+fn a_task_awaiting_an_srq_receive_wakes_when_the_srq_is_destroyed() {
+    let _g = serial();
+    runtime().block_on(async {
+        let (na, _nb) = nics();
+        let pd = na.alloc_pd().unwrap();
+        let acq = Arc::new(AsyncCq::new(&na, 64).unwrap());
+        let srq = pd.create_srq(acq.cq(), 8, 1).unwrap();
+        let pool = leak_pool(&pd);
+        let mut rx = srq
+            .post_recv_owned(1, allocator_api2::vec![in pool; 0u8; 64])
+            .unwrap();
+        let cq = acq.clone();
+        let waiter = tokio::spawn(async move {
+            rx.ready(&cq).await.unwrap();
+            rx.take().unwrap()
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        drop(srq);
+        let done = timeout(Duration::from_secs(3), waiter)
+            .await
+            .expect("the waiter woke after the SRQ's destruction flushed the receive")
+            .unwrap();
+        assert_eq!(done.completion.status, WcStatus::WrFlushErr);
+    });
+}
+
+/// A synchronous `Cq::wait_one` on the AsyncCq's own CQ (documented: "for synchronous polls")
+/// from another thread consumes the channel event; the task awaiting its owned request on the
+/// same CQ is never woken although the request completed.
+#[test]
+fn a_blocking_wait_on_the_same_cq_does_not_steal_a_tasks_wakeup() {
+    let _g = serial();
+    runtime().block_on(async {
+        let AB {
+            a, b, acq, qa, qb, ..
+        } = ab(64, QpCaps::default());
+        let pa = leak_pool(&a.pd);
+        let pb = leak_pool(&b.pd);
+        // No receive yet: the SEND parks at the responder.
+        let mut tx = qa
+            .post_send_owned(1, allocator_api2::vec![in pa; 7u8; 16])
+            .unwrap();
+        let cq = acq.clone();
+        let waiter = tokio::spawn(async move {
+            tx.ready(&cq).await.unwrap();
+            tx.take().unwrap()
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await; // the task sleeps, armed
+        let sync_cq = acq.cq().clone();
+        let t = std::thread::spawn(move || sync_cq.wait_one(Duration::from_millis(300)));
+        std::thread::sleep(Duration::from_millis(100)); // it sleeps on the channel too
+        // The runtime thread is busy here (not in epoll_wait) while the completion comes.
+        let rx = qb
+            .post_recv_owned(2, allocator_api2::vec![in pb; 0u8; 64])
+            .unwrap();
+        let sync = t.join().unwrap();
+        assert!(
+            sync.is_err(),
+            "the sync waiter only saw the owned completion"
+        );
+        let done = timeout(Duration::from_secs(3), waiter)
+            .await
+            .expect("the awaiting task woke: its request completed")
+            .unwrap();
+        assert_eq!(done.completion.status, WcStatus::Success);
+        drop(rx);
+    });
+}

@@ -612,6 +612,20 @@ fn wire_types_round_trip_through_serde() {
         serde_json::from_str::<rdma_pool::grant::GrantWire>(&json).unwrap(),
         w
     );
+    // Out-of-range numbers are refused in JSON as in the byte form (hardware would take the
+    // low 24 bits: another QP), and by connect_with.
+    let hostile = r#"{"gid":[0,0,0,0,0,0,0,0,0,0,0,0,0,0,0,0],"qpn":4294967295,"lid":0,"psn":1}"#;
+    assert!(serde_json::from_str::<Endpoint>(hostile).is_err());
+    let nic = Nic::soft();
+    let cq = nic.create_cq(4).unwrap();
+    let qp = nic
+        .alloc_pd()
+        .unwrap()
+        .create_qp(&cq, &cq, QpCaps::default())
+        .unwrap();
+    let wide = Endpoint { qpn: 1 << 24, ..e };
+    let err = qp.connect(&wide).unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument { .. }), "{err}");
     // Out-of-range numbers in the byte form are refused.
     let mut b = e.to_bytes();
     b[19] = 1;

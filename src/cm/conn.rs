@@ -166,6 +166,11 @@ fn ms(d: std::time::Duration) -> i32 {
 
 /// An established RC connection: its QP (an ordinary [`Qp`] for grants, owned and raw
 /// posts) and what the peer sent with it. Dropping it disconnects.
+///
+/// rdma_cm moves this side's QP to the error state (flushing its receives) when this side
+/// reads the peer's disconnect: await [`Connection::disconnected`] (or call
+/// [`Connection::wait_disconnected`]) alongside the receives, or a receive posted for a peer
+/// that left waits for good.
 pub struct Connection {
     id: Id,
     qp: Qp,

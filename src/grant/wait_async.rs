@@ -63,10 +63,12 @@ impl Grant<'_> {
         self.until(cq, &mut other, Grant::dead).await
     }
 
-    async fn until(
+    /// Generic over `other` (no `dyn`): the future is `Send` when `other` is, so it can run
+    /// in a spawned task.
+    async fn until<F: FnMut(Completion)>(
         &self,
         cq: &AsyncCq,
-        other: &mut dyn FnMut(Completion),
+        other: &mut F,
         done: impl Fn(&Self) -> Option<Result<(), GrantError>>,
     ) -> Result<(), GrantError> {
         cq.until(|c| {

@@ -3,15 +3,17 @@
 //!
 //! Contract: every wait is the same loop ([`AsyncCq::until`]): check the condition (which may
 //! poll the CQ), arm the CQ, check again (a completion may have come before the arm), then
-//! sleep until the channel's descriptor is readable or another waiter of this `AsyncCq` took
-//! completions from the device (which may be the ones this waiter wanted: routed to a grant
-//! or an owned request, or kept for the application); woken, take the channel's events until
-//! none is left, clear tokio's readiness, and loop. Nothing spins, and every wait is
-//! cancel-safe: a condition that took something (a completion, a buffer) returns it in the
-//! same poll, with no await between.
+//! sleep until the channel's descriptor is readable or the CQ's state moved in a way the
+//! channel does not report (`owned::Wake`): any poll took completions from the device (they
+//! may be this waiter's: routed to a grant or an owned request, or kept for the
+//! application), a blocking wait took the channel's events, or a QP's or SRQ's destruction
+//! flushed owned requests. Woken, take the channel's events until none is left, clear
+//! tokio's readiness, and loop. Nothing spins, and every wait is cancel-safe: a condition
+//! that took something (a completion, a buffer) returns it in the same poll, with no await
+//! between.
 //!
-//! Invariant: whenever a waiter's check moved [`Cq`]'s count of completions taken from the
-//! device, every other waiter of this `AsyncCq` is woken.
+//! Invariant: while a wait is in progress, every change that could satisfy it either makes
+//! the channel readable or wakes it through `Wake`.
 
 use super::error::{Error, Result, Verb};
 use super::{CompChannel, Completion, Cq, Nic};
@@ -20,7 +22,6 @@ use std::pin::pin;
 use std::task::Poll;
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
-use tokio::sync::Notify;
 
 /// A CQ whose completions can be awaited (feature `tokio`): for the application's own
 /// completions ([`AsyncCq::next`]), owned requests ([`Posted::ready`](super::Posted::ready))
@@ -50,7 +51,6 @@ use tokio::sync::Notify;
 pub struct AsyncCq {
     cq: Cq,
     fd: AsyncFd<CompChannel>,
-    took: Notify,
 }
 
 impl std::fmt::Debug for AsyncCq {
@@ -109,11 +109,7 @@ impl AsyncCq {
             verb: Verb::ReqNotifyCq,
             source: e.into(),
         })?;
-        Ok(AsyncCq {
-            cq,
-            fd,
-            took: Notify::new(),
-        })
+        Ok(AsyncCq { cq, fd })
     }
 
     /// The CQ (for creating QPs on it, and for synchronous polls).
@@ -148,14 +144,16 @@ impl AsyncCq {
     /// # Errors
     /// `check`'s error, or an arm or channel failure.
     pub async fn until<T>(&self, mut check: impl FnMut(&Cq) -> Result<Option<T>>) -> Result<T> {
+        let wake = &self.cq.inner.inflight.wake;
+        let _waiting = wake.enter();
         loop {
-            let mut took = pin!(self.took.notified());
+            let mut took = pin!(wake.notified());
             took.as_mut().enable();
-            if let Some(t) = self.check(&mut check)? {
+            if let Some(t) = check(&self.cq)? {
                 return Ok(t);
             }
             self.cq.req_notify(false)?;
-            if let Some(t) = self.check(&mut check)? {
+            if let Some(t) = check(&self.cq)? {
                 return Ok(t);
             }
             let mut readable = pin!(self.fd.readable());
@@ -171,19 +169,12 @@ impl AsyncCq {
             .await;
             if let Some(guard) = woke {
                 let mut guard = guard.map_err(io_error(Verb::GetCqEvent))?;
-                self.fd.get_ref().take_events()?;
+                if self.fd.get_ref().take_events()? > 0 {
+                    // Another waiter may have been woken by these events too, or not yet.
+                    wake.changed();
+                }
                 guard.clear_ready();
             }
         }
-    }
-
-    /// Run `check`; wake the other waiters when it took completions from the device.
-    fn check<T>(&self, check: &mut impl FnMut(&Cq) -> Result<Option<T>>) -> Result<Option<T>> {
-        let before = self.cq.completions_seen();
-        let r = check(&self.cq);
-        if self.cq.completions_seen() != before {
-            self.took.notify_waiters();
-        }
-        r
     }
 }

@@ -193,8 +193,9 @@ impl Cq {
             if left.is_zero() {
                 return Err(Error::Timeout(timeout));
             }
-            if channel.wait_readable(left.min(SLICE))? {
-                channel.take_events()?;
+            if channel.wait_readable(left.min(SLICE))? && channel.take_events()? > 0 {
+                // The events may be an async waiter's too: it will not see them now.
+                self.inner.inflight.wake.changed();
             }
         }
     }

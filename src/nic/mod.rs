@@ -1526,8 +1526,8 @@ impl Qp {
     /// timeout, retry and RNR counts.
     ///
     /// # Errors
-    /// `InvalidArgument` for an option out of range ([`ConnectOptions::check`]); as
-    /// [`Qp::connect`].
+    /// `InvalidArgument` for an option out of range ([`ConnectOptions::check`]) or an
+    /// endpoint whose numbers are ([`Endpoint::check`]); as [`Qp::connect`].
     ///
     /// # Examples
     /// ```
@@ -1543,6 +1543,9 @@ impl Qp {
     /// ```
     pub fn connect_with(&self, remote: &Endpoint, opts: &ConnectOptions) -> Result<()> {
         opts.check()?;
+        remote
+            .check()
+            .map_err(|detail| Error::invalid(Verb::ModifyQp, detail))?;
         self.backend().connect_qp(self.inner.handle, remote, opts)
     }
 

@@ -145,8 +145,60 @@ pub(super) struct Inflight {
     polls: AtomicU64,
     /// Slots kept as tombstones (see [`Slot::tomb`]).
     tombs: AtomicU64,
-    /// Completions taken from the device so far (async waiters re-check when it moves).
-    seen: AtomicU64,
+    /// Wakes async waiters when the CQ's state moved without their channel firing.
+    pub(super) wake: Wake,
+}
+
+/// Async waiters of a CQ (feature `tokio`; nothing without it): [`Wake::changed`] wakes them
+/// whenever something they may wait for happened that their completion channel does not
+/// report — completions taken from the device by any poll (which may be theirs: routed to a
+/// slot, kept in the backlog), channel events taken by a blocking wait, slots flushed by a
+/// QP's or SRQ's destruction.
+#[derive(Default)]
+pub(super) struct Wake {
+    #[cfg(feature = "tokio")]
+    notify: tokio::sync::Notify,
+    /// Async waits in progress (no notification is sent while there is none).
+    #[cfg(feature = "tokio")]
+    waiters: std::sync::atomic::AtomicUsize,
+}
+
+impl Wake {
+    /// Something moved: wake every async waiter to re-check.
+    #[inline]
+    pub(super) fn changed(&self) {
+        #[cfg(feature = "tokio")]
+        if self.waiters.load(std::sync::atomic::Ordering::Acquire) > 0 {
+            self.notify.notify_waiters();
+        }
+    }
+
+    /// Count an async wait in while the guard lives.
+    #[cfg(feature = "tokio")]
+    pub(super) fn enter(&self) -> WakeGuard<'_> {
+        self.waiters
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        WakeGuard(self)
+    }
+
+    /// The notification to await (enable it before checking).
+    #[cfg(feature = "tokio")]
+    pub(super) fn notified(&self) -> tokio::sync::futures::Notified<'_> {
+        self.notify.notified()
+    }
+}
+
+/// An async wait in progress ([`Wake::enter`]).
+#[cfg(feature = "tokio")]
+pub(super) struct WakeGuard<'a>(&'a Wake);
+
+#[cfg(feature = "tokio")]
+impl Drop for WakeGuard<'_> {
+    fn drop(&mut self) {
+        self.0
+            .waiters
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
 }
 
 struct Slot {
@@ -170,6 +222,17 @@ static KEPT_FOR_THE_DEVICE: Mutex<Vec<Box<dyn Parked>>> = Mutex::new(Vec::new())
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Calls [`Wake::changed`] when dropped, if armed.
+struct WakeOnDrop<'a>(&'a Wake, bool);
+
+impl Drop for WakeOnDrop<'_> {
+    fn drop(&mut self) {
+        if self.1 {
+            self.0.changed();
+        }
+    }
 }
 
 /// Bits of a slot's key in its `wr_id`: at most this many owned requests per CQ at once.
@@ -339,6 +402,8 @@ impl Inflight {
             }
         }
         drop(dropped);
+        // No completion will tell the async waiters: wake them to find the flush.
+        self.wake.changed();
     }
 
     /// A device poll numbered `seq` found the CQ empty: the tombstones of QPs destroyed before
@@ -380,9 +445,8 @@ impl Cq {
         let inflight = &self.inner.inflight;
         let seq = inflight.polls.fetch_add(1, Relaxed) + 1;
         let got = self.inner.nic.backend.poll_cq(self.inner.handle, out)?;
-        if got > 0 {
-            inflight.seen.fetch_add(got as u64, Relaxed);
-        }
+        // After routing (below), async waiters re-check: these may be theirs.
+        let _wake = WakeOnDrop(&inflight.wake, got > 0);
         let mut kept = 0;
         for i in 0..got {
             let wc = out[i];
@@ -434,12 +498,6 @@ impl Cq {
             *slot = wc;
         }
         (n, backlog)
-    }
-
-    /// Completions taken from the device so far, by any poll of this CQ.
-    #[cfg_attr(not(feature = "tokio"), allow(dead_code))]
-    pub(super) fn completions_seen(&self) -> u64 {
-        self.inner.inflight.seen.load(Relaxed)
     }
 
     /// Poll the device for the owned requests waiting on this CQ; keep the application's

@@ -377,8 +377,10 @@ impl<B: NicBufMut + std::fmt::Debug, F: FnMut() -> B> RecvRing<B, F> {
                     if let Some(d) = self.try_next()? {
                         return Ok(d);
                     }
-                    if ch.wait_readable(left.min(Duration::from_millis(50)))? {
-                        ch.take_events()?;
+                    if ch.wait_readable(left.min(Duration::from_millis(50)))?
+                        && ch.take_events()? > 0
+                    {
+                        cq.inner.inflight.wake.changed();
                     }
                 }
                 None => std::thread::yield_now(),

@@ -623,7 +623,11 @@ impl Default for QpCaps {
 /// assert_eq!(Endpoint::from_bytes(&b[..25]), None);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(try_from = "EndpointFields")
+)]
 pub struct Endpoint {
     /// Port GID (RoCE: the IPv6 link-local GID at index 0).
     pub gid: [u8; 16],
@@ -635,9 +639,48 @@ pub struct Endpoint {
     pub psn: u32,
 }
 
+/// What serde reads of an [`Endpoint`], before the range check.
+#[cfg(feature = "serde")]
+#[derive(serde::Deserialize)]
+struct EndpointFields {
+    gid: [u8; 16],
+    qpn: u32,
+    lid: u16,
+    psn: u32,
+}
+
+#[cfg(feature = "serde")]
+impl TryFrom<EndpointFields> for Endpoint {
+    type Error = &'static str;
+    fn try_from(f: EndpointFields) -> Result<Endpoint, &'static str> {
+        let e = Endpoint {
+            gid: f.gid,
+            qpn: f.qpn,
+            lid: f.lid,
+            psn: f.psn,
+        };
+        e.check().map(|()| e)
+    }
+}
+
 impl Endpoint {
     /// Bytes of the wire form.
     pub const BYTES: usize = 26;
+
+    /// Refuse a QP number or PSN wider than their 24 bits (hardware would silently take the
+    /// low bits: another QP).
+    ///
+    /// # Errors
+    /// What is out of range.
+    pub fn check(&self) -> Result<(), &'static str> {
+        if self.qpn >> 24 != 0 {
+            return Err("QP number wider than 24 bits");
+        }
+        if self.psn >> 24 != 0 {
+            return Err("PSN wider than 24 bits");
+        }
+        Ok(())
+    }
 
     /// The wire form: the GID, then QP number, LID and PSN little-endian.
     pub fn to_bytes(&self) -> [u8; Self::BYTES] {
@@ -653,17 +696,13 @@ impl Endpoint {
     /// number is out of range (QP number and PSN are 24 bits).
     pub fn from_bytes(b: &[u8]) -> Option<Endpoint> {
         let b: &[u8; Self::BYTES] = b.try_into().ok()?;
-        let qpn = u32::from_le_bytes(b[16..20].try_into().ok()?);
-        let psn = u32::from_le_bytes(b[22..26].try_into().ok()?);
-        if qpn >> 24 != 0 || psn >> 24 != 0 {
-            return None;
-        }
-        Some(Endpoint {
+        let e = Endpoint {
             gid: b[..16].try_into().ok()?,
-            qpn,
+            qpn: u32::from_le_bytes(b[16..20].try_into().ok()?),
             lid: u16::from_le_bytes(b[20..22].try_into().ok()?),
-            psn,
-        })
+            psn: u32::from_le_bytes(b[22..26].try_into().ok()?),
+        };
+        e.check().ok().map(|()| e)
     }
 }
 
