@@ -4,8 +4,9 @@
 set -euo pipefail
 pkgs=(libibverbs-dev librdmacm-dev libclang-dev pkg-config)
 if [ "${1:-}" = "--vm" ]; then
-    # The Soft-RoCE test bed (tests/rxe/run.sh) boots a QEMU guest.
-    pkgs+=(qemu-system-x86 busybox-static cpio kmod)
+    # The Soft-RoCE test bed (tests/rxe/run.sh) boots a QEMU guest; the sideway interop
+    # example (interop/) builds sideway's C shim with cmake.
+    pkgs+=(qemu-system-x86 busybox-static cpio kmod cmake)
 fi
 missing=()
 for p in "${pkgs[@]}"; do

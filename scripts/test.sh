@@ -52,6 +52,10 @@ bins="$bins $memcheck_bin"
 # Same features as the test binaries above: no second build of the crate.
 cargo build --features tokio,serde --example grants --example two_rails --example cm_server
 bins="$bins target/debug/examples/grants target/debug/examples/two_rails target/debug/examples/cm_server"
+# The sideway interop example (interop/): sideway owns the device, QPs and connection, rdma-pool
+# the memory and the grant; a server and a client process on rxe0 and rxe1.
+cargo build -p rdma-pool-interop
+bins="$bins target/debug/sideway_interop"
 # The proptest models (the allocator's, and the whole pool's in tests/hardening) run on the
 # soft NIC in either place: a few cases in the emulated guest, the full 100k operations each
 # on the host above. The guest has 2 NUMA nodes
