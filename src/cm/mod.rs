@@ -26,6 +26,54 @@
 //! Invariant: a `Connection` exists only in the ESTABLISHED state; its id's `qp` is the
 //! QP it holds.
 
+//! # Examples
+//! A tokio server (feature `tokio`) whose buffers all come from the `GlobalPool`: each client
+//! gets one page of the server's heap granted to it alone, and upper-cased replies to its
+//! requests (`examples/cm_server.rs` is the same, with its client and a three-process demo).
+//! ```no_run
+//! # #[cfg(feature = "tokio")] mod demo {
+//! use rdma_pool::cm::{self, CmListener, CmOptions, Connection, QpSpec};
+//! use rdma_pool::{GlobalPool, global::GlobalConfig, nic::{AsyncCq, WcStatus}};
+//! type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
+//!
+//! #[global_allocator] // every Vec below is NIC-registered, on rdma_cm's device context
+//! static A: GlobalPool =
+//!     GlobalPool::with_config(GlobalConfig { open: Some(cm::open_default), ..GlobalConfig::DEFAULT });
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<()> {
+//!     let listener = CmListener::bind("10.0.0.1:7471".parse()?)?;
+//!     loop {
+//!         let cq = AsyncCq::new(A.nic()?, 64)?;
+//!         let spec = QpSpec::new(A.pd()?, cq.cq());
+//!         let conn = listener.accept_async(&spec, b"", &CmOptions::default()).await?;
+//!         tokio::spawn(serve(conn, cq));
+//!     }
+//! }
+//!
+//! async fn serve(mut conn: Connection, cq: AsyncCq) -> Result<()> {
+//!     let page = vec![b'#'; 4096]; // this client's page, in the server's heap
+//!     let mut grant = A.grant(&page, conn.qp())?; // a key only this client's QP can use
+//!     grant.wait_async(&cq, |_| {}).await?;
+//!     let wire = grant.wire().to_bytes().to_vec();
+//!     conn.qp().post_send_owned(0, wire)?.wait_async(&cq).await?;
+//!     loop {
+//!         let mut req = conn.qp().post_recv_owned(1, vec![0u8; 256])?;
+//!         tokio::select! { r = req.ready(&cq) => r?, r = conn.disconnected() => break r? }
+//!         let req = req.take().map_err(|_| "in flight")?;
+//!         if req.completion.status != WcStatus::Success {
+//!             break; // flushed: the client is gone
+//!         }
+//!         let reply = req.buf.to_ascii_uppercase();
+//!         conn.qp().post_send_owned(2, reply)?.wait_async(&cq).await?;
+//!     }
+//!     grant.revoke_async(&cq, |_| {}).await?; // the key dies before the page is freed
+//!     Ok(())
+//! }
+//! # }
+//! # fn main() {}
+//! ```
+
 mod conn;
 mod event;
 
