@@ -3,6 +3,8 @@
 //! threads, private data both ways, a grant over the connection, the async calls, and the
 //! refusals. On a machine without RDMA devices only the refusals run.
 
+#![cfg(feature = "verbs")]
+
 mod common;
 
 use common::*;

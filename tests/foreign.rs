@@ -4,6 +4,8 @@
 //! `Cq::deliver`. On the soft NIC (`cargo test`) only the refusals run; the verbs paths run in
 //! the rxe guest (`RDMA_POOL_TEST_NIC=verbs`).
 
+#![cfg_attr(not(feature = "verbs"), allow(unused_imports))]
+
 mod common;
 
 use common::*;
