@@ -631,3 +631,30 @@ fn wire_types_round_trip_through_serde() {
     b[19] = 1;
     assert_eq!(Endpoint::from_bytes(&b), None);
 }
+
+#[test]
+fn a_receive_posted_to_a_failed_qp_is_flushed_where_the_device_does_it() {
+    let _g = serial();
+    let bed = bed();
+    let (_src, smr) = bed.a.reg_buf(64, 1, Access::LOCAL_WRITE);
+    // A WRITE through a bad key fails both QPs (the responder too, IB class C error).
+    assert_eq!(
+        write(&bed, &smr, 8, 0x1000, Rkey(0xdead_beef)),
+        WcStatus::RemAccessErr
+    );
+    let start = Instant::now();
+    while bed.qb.state().unwrap() != QpState::Error {
+        assert!(start.elapsed() < WAIT, "the responder never failed");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Drain what the failure flushed at the responder (nothing was posted there).
+    while bed.b.cq.poll_one().unwrap().is_some() {}
+    // SAFETY: no memory.
+    unsafe { bed.qb.post_recv(5, &[]).unwrap() };
+    if applies(bed.b.nic.caps(), Quirk::RecvAfterErrorWaits) {
+        quiet(&bed.b.cq);
+    } else {
+        let wc = bed.b.wait();
+        assert_eq!((wc.wr_id, wc.status), (5, WcStatus::WrFlushErr));
+    }
+}

@@ -55,6 +55,26 @@ impl Id {
     /// `rdma_create_qp` in the spec's PD on its CQs, as an owned [`Qp`].
     fn create_qp(&self, spec: &QpSpec<'_>) -> Result<Qp, CmError> {
         self.check_device(spec)?;
+        // The CQs and SRQ must be the PD's device's: a handle of another context would name
+        // another object there.
+        let nic = spec.pd.nic();
+        if !nic.same_device(spec.send_cq.nic()) || !nic.same_device(spec.recv_cq.nic()) {
+            return Err(CmError::Nic(crate::nic::Error::invalid_arg(
+                "a CQ of another device than the PD's",
+            )));
+        }
+        if let Some(srq) = spec.srq {
+            if srq.pd() != spec.pd {
+                return Err(CmError::Nic(crate::nic::Error::invalid_arg(
+                    "an SRQ of another PD",
+                )));
+            }
+            if srq.cq().as_raw() != spec.recv_cq.as_raw() {
+                return Err(CmError::Nic(crate::nic::Error::invalid_arg(
+                    "with an SRQ, recv_cq must be the SRQ's CQ",
+                )));
+            }
+        }
         // SAFETY: all-zero is a valid ibv_qp_init_attr.
         let mut init: ffi::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
         init.send_cq = spec.send_cq.as_raw() as usize as *mut ffi::ibv_cq;
@@ -167,17 +187,16 @@ fn ms(d: std::time::Duration) -> i32 {
 /// An established RC connection: its QP (an ordinary [`Qp`] for grants, owned and raw
 /// posts) and what the peer sent with it. Dropping it disconnects.
 ///
-/// rdma_cm moves this side's QP to the error state (flushing its receives) when this side
-/// reads the peer's disconnect: await [`Connection::disconnected`] (or call
-/// [`Connection::wait_disconnected`]) alongside the receives, or a receive posted for a peer
-/// that left waits for good.
+/// A peer's disconnect reaches this side as an rdma_cm event: when
+/// [`Connection::disconnected`] (or [`Connection::wait_disconnected`]) reads it, the crate
+/// answers it and the QP moves to the error state, flushing every receive and send still
+/// posted. Await it alongside the receives: until it is read, a receive posted for a peer that
+/// left waits.
 pub struct Connection {
     id: Id,
     qp: Qp,
     peer_data: Vec<u8>,
     disconnected: bool,
-    #[cfg(feature = "tokio")]
-    afd: Option<AsyncChannel>,
     channel: Channel,
 }
 
@@ -236,12 +255,20 @@ impl Connection {
     /// [`CmError::Timeout`]; a channel failure.
     pub fn wait_disconnected(&mut self, timeout: std::time::Duration) -> Result<(), CmError> {
         let end = deadline(timeout);
-        loop {
+        while !self.disconnected {
             let e = self.channel.wait(end)?;
-            if e.kind == ev::RDMA_CM_EVENT_DISCONNECTED {
-                self.disconnected = true;
-                return Ok(());
-            }
+            self.on_event(&e);
+        }
+        Ok(())
+    }
+
+    /// The peer left: answer its disconnect, which also moves the QP to the error state, so
+    /// every receive and send still posted comes back flushed.
+    fn on_event(&mut self, e: &Event) {
+        if e.kind == ev::RDMA_CM_EVENT_DISCONNECTED && !self.disconnected {
+            self.disconnected = true;
+            // SAFETY: the id is live.
+            unsafe { ffi::rdma_disconnect(self.id.0) };
         }
     }
 
@@ -251,17 +278,16 @@ impl Connection {
     /// A channel failure.
     #[cfg(feature = "tokio")]
     pub async fn disconnected(&mut self) -> Result<(), CmError> {
-        if self.afd.is_none() {
-            self.afd = Some(AsyncChannel::new(&self.channel)?);
+        if self.disconnected {
+            return Ok(());
         }
-        let afd = self.afd.as_ref().expect("just set");
-        loop {
-            let e = self.channel.wait_async(afd).await?;
-            if e.kind == ev::RDMA_CM_EVENT_DISCONNECTED {
-                self.disconnected = true;
-                return Ok(());
-            }
+        // Registered for this call only: the next one may run on another runtime.
+        let afd = AsyncChannel::new(&self.channel)?;
+        while !self.disconnected {
+            let e = self.channel.wait_async(&afd).await?;
+            self.on_event(&e);
         }
+        Ok(())
     }
 
     /// Disconnect now (`rdma_disconnect`; the QP moves to the error state and flushes).
@@ -359,8 +385,6 @@ impl Resolved {
             qp,
             peer_data: e.private_data,
             disconnected: false,
-            #[cfg(feature = "tokio")]
-            afd: None,
             channel: self.channel,
         }
     }
@@ -378,8 +402,18 @@ impl Resolved {
         private_data: &[u8],
         opts: &CmOptions,
     ) -> Result<Connection, CmError> {
+        self.connect_until(spec, private_data, opts, deadline(opts.timeout))
+    }
+
+    fn connect_until(
+        self,
+        spec: &QpSpec<'_>,
+        private_data: &[u8],
+        opts: &CmOptions,
+        end: std::time::Instant,
+    ) -> Result<Connection, CmError> {
         let qp = self.post_connect(spec, private_data, opts)?;
-        let e = self.channel.wait(deadline(opts.timeout))?;
+        let e = self.channel.wait(end)?;
         let e = expect(e, ev::RDMA_CM_EVENT_ESTABLISHED, "ESTABLISHED")?;
         Ok(self.established(qp, e))
     }
@@ -398,10 +432,9 @@ impl Resolved {
         let qp = self.post_connect(spec, private_data, opts)?;
         let afd = AsyncChannel::new(&self.channel)?;
         let e = self.channel.wait_async(&afd).await?;
+        drop(afd);
         let e = expect(e, ev::RDMA_CM_EVENT_ESTABLISHED, "ESTABLISHED")?;
-        let mut c = self.established(qp, e);
-        c.afd = Some(afd);
-        Ok(c)
+        Ok(self.established(qp, e))
     }
 }
 
@@ -412,7 +445,14 @@ impl Resolved {
 /// [`CmError::Unexpected`] for an address or route error (its errno in `status`: no route,
 /// no RDMA device on it); [`CmError::Timeout`] after `opts.timeout`.
 pub fn resolve(addr: SocketAddr, opts: &CmOptions) -> Result<Resolved, CmError> {
-    let end = deadline(opts.timeout);
+    resolve_until(addr, opts, deadline(opts.timeout))
+}
+
+fn resolve_until(
+    addr: SocketAddr,
+    opts: &CmOptions,
+    end: std::time::Instant,
+) -> Result<Resolved, CmError> {
     let r = Resolved::start(&addr, opts)?;
     expect(
         r.channel.wait(end)?,
@@ -459,7 +499,9 @@ pub fn connect(
     opts: &CmOptions,
 ) -> Result<Connection, CmError> {
     check_len(private_data, MAX_CONNECT_DATA)?;
-    resolve(addr, opts)?.connect(spec, private_data, opts)
+    // One deadline for the whole set-up.
+    let end = deadline(opts.timeout);
+    resolve_until(addr, opts, end)?.connect_until(spec, private_data, opts, end)
 }
 
 /// [`connect`], awaited (feature `tokio`). Dropping the future destroys what it created.
@@ -495,8 +537,6 @@ pub async fn connect_async(
 /// ```
 pub struct CmListener {
     id: Id,
-    #[cfg(feature = "tokio")]
-    afd: std::sync::OnceLock<AsyncChannel>,
     channel: Channel,
 }
 
@@ -553,8 +593,6 @@ impl Passive {
             qp,
             peer_data: self.data,
             disconnected: false,
-            #[cfg(feature = "tokio")]
-            afd: None,
             channel: self.channel,
         }
     }
@@ -578,12 +616,7 @@ impl CmListener {
         if unsafe { ffi::rdma_listen(id.0, 64) } != 0 {
             return Err(CmError::os("rdma_listen"));
         }
-        Ok(CmListener {
-            id,
-            #[cfg(feature = "tokio")]
-            afd: std::sync::OnceLock::new(),
-            channel,
-        })
+        Ok(CmListener { id, channel })
     }
 
     /// The address it listens on (with the port chosen for port 0).
@@ -663,12 +696,10 @@ impl CmListener {
         opts: &CmOptions,
     ) -> Result<Connection, CmError> {
         check_len(private_data, MAX_ACCEPT_DATA)?;
-        if self.afd.get().is_none() {
-            let _ = self.afd.set(AsyncChannel::new(&self.channel)?);
-        }
-        let afd = self.afd.get().expect("just set");
+        // Registered for this call only: the next one may run on another runtime.
+        let afd = AsyncChannel::new(&self.channel)?;
         let e = loop {
-            let e = self.channel.wait_async(afd).await?;
+            let e = self.channel.wait_async(&afd).await?;
             match e.kind {
                 ev::RDMA_CM_EVENT_CONNECT_REQUEST => break e,
                 ev::RDMA_CM_EVENT_DEVICE_REMOVAL => {
@@ -682,14 +713,11 @@ impl CmListener {
         };
         let p = Passive::take(e, spec)?;
         let qp = p.accept(spec, private_data, opts)?;
+        drop(afd);
         let pafd = AsyncChannel::new(&p.channel)?;
-        expect(
-            p.channel.wait_async(&pafd).await?,
-            ev::RDMA_CM_EVENT_ESTABLISHED,
-            "ESTABLISHED",
-        )?;
-        let mut c = p.established(qp);
-        c.afd = Some(pafd);
-        Ok(c)
+        let e = p.channel.wait_async(&pafd).await?;
+        drop(pafd);
+        expect(e, ev::RDMA_CM_EVENT_ESTABLISHED, "ESTABLISHED")?;
+        Ok(p.established(qp))
     }
 }

@@ -1327,6 +1327,11 @@ impl Cq {
         self.inner.handle
     }
 
+    /// The device.
+    pub fn nic(&self) -> &Nic {
+        &self.inner.nic
+    }
+
     /// Poll up to `out.len()` of the application's completions; returns how many were
     /// written. Completions of owned requests ([`Qp::post_recv_owned`] and siblings) go to
     /// their [`Posted`] handles instead; the application's completions read while a handle

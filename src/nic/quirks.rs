@@ -66,6 +66,10 @@ pub enum Quirk {
     /// (its completer advances the queue for every WQE); hardware (mlx5) frees it only when a
     /// later signaled completion is polled, as the soft NIC does at that completion.
     UnsignaledSlotsFreedEarly,
+    /// A receive posted to a QP already in the error state stays queued on rxe (its user-space
+    /// receive queue has no doorbell; the kernel flushes only what was there when the QP
+    /// failed); hardware and the soft NIC complete it at once with `WR_FLUSH_ERR`.
+    RecvAfterErrorWaits,
 }
 
 /// One row of the difference table.
@@ -190,6 +194,12 @@ pub const RXE: &[Difference] = &[
         soft: "max_send_wr unsignaled requests fill the send queue until a signaled one completes: ENOMEM",
         rxe: "every completed request frees its slot, signaled or not",
         reason: "mlx5 reclaims send-queue slots only up to the last polled completion; code written against rxe deadlocks there",
+    },
+    Difference {
+        quirk: Quirk::RecvAfterErrorWaits,
+        soft: "a receive posted to a QP in the error state completes at once with WR_FLUSH_ERR",
+        rxe: "it stays queued and never completes",
+        reason: "the IB spec flushes work requests posted in the error state, as mlx5 does; a receive waiting forever hides a dead connection",
     },
 ];
 

@@ -158,6 +158,11 @@ impl Srq {
         self.inner.handle
     }
 
+    /// The PD.
+    pub fn pd(&self) -> &Pd {
+        &self.inner.pd
+    }
+
     /// The CQ its QPs' receives complete on.
     pub fn cq(&self) -> &Cq {
         &self.inner.cq
