@@ -23,10 +23,16 @@ fn a_soft_nic_refuses_raw_objects() {
     // SAFETY: a soft NIC refuses before reading the pointer.
     let e = unsafe { Cq::from_raw(&nic, fake) }.unwrap_err();
     // Without the verbs backend there is no raw object at all: NoDevice.
-    assert!(matches!(e, Error::InvalidArgument { .. } | Error::NoDevice), "{e}");
+    assert!(
+        matches!(e, Error::InvalidArgument { .. } | Error::NoDevice),
+        "{e}"
+    );
     // SAFETY: as above.
     let e = unsafe { Qp::from_raw(&pd, fake, &cq, &cq) }.unwrap_err();
-    assert!(matches!(e, Error::InvalidArgument { .. } | Error::NoDevice), "{e}");
+    assert!(
+        matches!(e, Error::InvalidArgument { .. } | Error::NoDevice),
+        "{e}"
+    );
 }
 
 /// Raw verbs objects of `nic`'s context, destroyed on drop (the "other library").

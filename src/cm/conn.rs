@@ -220,6 +220,17 @@ impl Drop for Connection {
 }
 
 impl Connection {
+    /// An established connection of `id` (reporting to `channel`) with its QP.
+    fn new(id: Id, qp: Qp, peer_data: Vec<u8>, channel: Channel) -> Connection {
+        Connection {
+            id,
+            qp,
+            peer_data,
+            disconnected: false,
+            channel,
+        }
+    }
+
     /// The connection's QP.
     pub fn qp(&self) -> &Qp {
         &self.qp
@@ -380,13 +391,7 @@ impl Resolved {
     }
 
     fn established(self, qp: Qp, e: Event) -> Connection {
-        Connection {
-            id: self.id,
-            qp,
-            peer_data: e.private_data,
-            disconnected: false,
-            channel: self.channel,
-        }
+        Connection::new(self.id, qp, e.private_data, self.channel)
     }
 
     /// Connect with a QP as `spec` says (in a PD of [`Resolved::nic`]), sending
@@ -588,13 +593,7 @@ impl Passive {
     }
 
     fn established(self, qp: Qp) -> Connection {
-        Connection {
-            id: self.id,
-            qp,
-            peer_data: self.data,
-            disconnected: false,
-            channel: self.channel,
-        }
+        Connection::new(self.id, qp, self.data, self.channel)
     }
 }
 

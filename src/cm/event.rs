@@ -59,19 +59,10 @@ impl Channel {
             return Err(CmError::os("rdma_create_event_channel"));
         }
         let ch = Channel { raw };
-        let fd = ch.fd();
-        // SAFETY: fcntl on the channel's own descriptor.
-        let rc = unsafe {
-            let flags = libc::fcntl(fd, libc::F_GETFL);
-            if flags < 0 {
-                flags
-            } else {
-                libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK)
-            }
-        };
-        if rc < 0 {
-            return Err(CmError::os("fcntl(O_NONBLOCK) on the rdma_cm channel"));
-        }
+        crate::nic::set_nonblocking(ch.fd()).map_err(|source| CmError::Os {
+            call: "fcntl(O_NONBLOCK) on the rdma_cm channel",
+            source,
+        })?;
         Ok(ch)
     }
 

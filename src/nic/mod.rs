@@ -77,6 +77,8 @@ pub use srq::{RecvRing, Srq};
 pub use types::*;
 #[cfg(feature = "verbs")]
 pub use verbs::VerbsNic;
+#[cfg(feature = "verbs")]
+pub(crate) use verbs::set_nonblocking;
 
 use backend::{Backend, RawBind, RawMr, RawSendOp, RawSendWr};
 use std::ffi::c_void;

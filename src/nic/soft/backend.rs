@@ -311,13 +311,7 @@ impl Backend for SoftNic {
 
     fn req_notify_cq(&self, cq: u64, solicited_only: bool) -> Result<()> {
         self.dev.inject(Verb::ReqNotifyCq)?;
-        let c = self
-            .dev
-            .cqs
-            .shard(cq)
-            .get(&cq)
-            .cloned()
-            .ok_or_else(|| Error::from_errno(Verb::ReqNotifyCq, libc::EINVAL))?;
+        let c = self.cq(cq, Verb::ReqNotifyCq)?;
         if c.arm(solicited_only) {
             Ok(())
         } else {
@@ -343,14 +337,7 @@ impl Backend for SoftNic {
 
     fn poll_cq(&self, cq: u64, out: &mut [Completion]) -> Result<usize> {
         self.dev.inject(Verb::PollCq)?;
-        let c = self
-            .dev
-            .cqs
-            .shard(cq)
-            .get(&cq)
-            .cloned()
-            .ok_or_else(|| Error::from_errno(Verb::PollCq, libc::EINVAL))?;
-        Ok(c.poll(out))
+        Ok(self.cq(cq, Verb::PollCq)?.poll(out))
     }
 
     fn create_qp(
@@ -564,6 +551,15 @@ impl Backend for SoftNic {
 
 impl SoftNic {
     /// The QP behind handle `qp`.
+    fn cq(&self, cq: u64, verb: Verb) -> Result<Arc<CqObj>> {
+        self.dev
+            .cqs
+            .shard(cq)
+            .get(&cq)
+            .cloned()
+            .ok_or_else(|| Error::from_errno(verb, libc::EINVAL))
+    }
+
     fn qp(&self, qp: u64, verb: Verb) -> Result<Arc<QpObj>> {
         self.dev
             .qps

@@ -432,6 +432,27 @@ pub(super) unsafe fn req_notify_cq_raw(cq: *mut ffi::ibv_cq, solicited_only: boo
     })
 }
 
+/// One receive work request of `sges`, posted by `post` (the provider's `post_recv` or
+/// `post_srq_recv` bound to its queue).
+fn post_one_recv(
+    verb: Verb,
+    wr_id: u64,
+    sges: &[Sge],
+    post: impl FnOnce(*mut ffi::ibv_recv_wr, *mut *mut ffi::ibv_recv_wr) -> c_int,
+) -> Result<()> {
+    let n = num_sge(verb, sges.len())?;
+    with_ibv_sges(sges, |list, _| {
+        let mut rwr = ffi::ibv_recv_wr {
+            wr_id,
+            next: ptr::null_mut(),
+            sg_list: list,
+            num_sge: n,
+        };
+        let mut bad: *mut ffi::ibv_recv_wr = ptr::null_mut();
+        check_rc(verb, post(&mut rwr, &mut bad))
+    })
+}
+
 /// `ibv_post_recv` of one work request.
 ///
 /// # Safety
@@ -444,18 +465,9 @@ pub(super) unsafe fn post_recv_raw(qp: *mut ffi::ibv_qp, wr_id: u64, sges: &[Sge
             "the provider has no post_recv",
         ));
     };
-    let n = num_sge(Verb::PostRecv, sges.len())?;
-    with_ibv_sges(sges, |list, _| {
-        let mut rwr = ffi::ibv_recv_wr {
-            wr_id,
-            next: ptr::null_mut(),
-            sg_list: list,
-            num_sge: n,
-        };
-        let mut bad: *mut ffi::ibv_recv_wr = ptr::null_mut();
-        // SAFETY: `qp` is live; `rwr` and its SGE list outlive the call.
-        let rc = unsafe { post(qp, &mut rwr, &mut bad) };
-        check_rc(Verb::PostRecv, rc)
+    // SAFETY: `qp` is live; the request and its SGE list outlive the call.
+    post_one_recv(Verb::PostRecv, wr_id, sges, |wr, bad| unsafe {
+        post(qp, wr, bad)
     })
 }
 
@@ -475,18 +487,9 @@ pub(super) unsafe fn post_srq_recv_raw(
             "the provider has no post_srq_recv",
         ));
     };
-    let n = num_sge(Verb::PostSrqRecv, sges.len())?;
-    with_ibv_sges(sges, |list, _| {
-        let mut rwr = ffi::ibv_recv_wr {
-            wr_id,
-            next: ptr::null_mut(),
-            sg_list: list,
-            num_sge: n,
-        };
-        let mut bad: *mut ffi::ibv_recv_wr = ptr::null_mut();
-        // SAFETY: `srq` is live; `rwr` and its SGE list outlive the call.
-        let rc = unsafe { post(srq, &mut rwr, &mut bad) };
-        check_rc(Verb::PostSrqRecv, rc)
+    // SAFETY: `srq` is live; the request and its SGE list outlive the call.
+    post_one_recv(Verb::PostSrqRecv, wr_id, sges, |wr, bad| unsafe {
+        post(srq, wr, bad)
     })
 }
 

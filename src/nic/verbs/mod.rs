@@ -54,6 +54,24 @@ mod tests;
 
 pub(crate) use device::device_names;
 
+/// Make `fd` non-blocking (`O_NONBLOCK`): the event descriptors of completion channels and
+/// rdma_cm, read until `EAGAIN`.
+pub(crate) fn set_nonblocking(fd: std::os::fd::RawFd) -> std::io::Result<()> {
+    // SAFETY: fcntl on a descriptor the caller owns; no pointers.
+    let rc = unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        if flags < 0 {
+            flags
+        } else {
+            libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK)
+        }
+    };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// A `struct ibv_wc` another library polled, as a [`Completion`].
 ///
 /// # Safety
@@ -629,17 +647,11 @@ impl Backend for VerbsNic {
         // SAFETY: `ch` was just created.
         let fd = unsafe { (*ch).fd };
         // Non-blocking, so that taking events never blocks (the async path waits on the fd).
-        // SAFETY: fcntl on a descriptor we own; no pointers.
-        let rc = unsafe {
-            let flags = libc::fcntl(fd, libc::F_GETFL);
-            if flags < 0 {
-                flags
-            } else {
-                libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK)
-            }
-        };
-        if rc < 0 {
-            let e = Error::last(Verb::CreateCompChannel);
+        if let Err(source) = set_nonblocking(fd) {
+            let e = Error::Verb {
+                verb: Verb::CreateCompChannel,
+                source,
+            };
             // SAFETY: `ch` is ours and unused.
             unsafe { ffi::ibv_destroy_comp_channel(ch) };
             return Err(e);
