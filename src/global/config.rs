@@ -83,6 +83,10 @@ pub struct GlobalConfig {
     /// runs inside the allocator, on the thread of the first allocation: its own allocations
     /// are served from the bootstrap region.
     pub open: Option<fn() -> nic::Result<Nic>>,
+    /// Where what the pool cannot serve goes: the system allocator (default), or anonymous
+    /// mappings that never call `malloc`, for a pool that is the process's `malloc` itself
+    /// ([`Fallback`](super::Fallback)).
+    pub fallback: super::Fallback,
 }
 
 impl GlobalConfig {
@@ -99,6 +103,7 @@ impl GlobalConfig {
         purge_delay: Some(Duration::from_secs(1)),
         numa: NumaPolicy::Any,
         open: None,
+        fallback: super::Fallback::System,
     };
 
     /// This configuration with the environment's overrides applied; the second value counts

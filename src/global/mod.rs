@@ -59,12 +59,14 @@ mod api2;
 mod bootstrap;
 mod config;
 mod exit_report;
+mod fallback;
 mod grant;
 mod prefetch;
 mod stats;
 
 pub use bootstrap::BYTES as BOOTSTRAP_BYTES;
 pub use config::{GlobalConfig, OnFailure, Registration};
+pub use fallback::Fallback;
 pub use stats::{DegradeReason, DegradedBy, GlobalState, GlobalStats};
 
 use crate::alloc::Pool;
@@ -73,7 +75,7 @@ use crate::arena::provision::{self, Provisioning};
 use crate::arena::{Error, Keys};
 use crate::nic::{Nic, Pd, Sge};
 use stats::Counters;
-use std::alloc::{GlobalAlloc, Layout, System};
+use std::alloc::{GlobalAlloc, Layout};
 use std::cell::UnsafeCell;
 use std::mem::{ManuallyDrop, MaybeUninit};
 use std::ptr::{self, null_mut};
@@ -722,7 +724,7 @@ impl GlobalPool {
         }
         Counters::bump(&self.counters().overflow);
         // SAFETY: `layout` has a non-zero size (the `GlobalAlloc` contract).
-        unsafe { system_alloc(layout, zero) }
+        unsafe { fallback::fallback_alloc(self.config.fallback, layout, zero) }
     }
 
     /// The pool could not serve `layout`: the system allocator, or null under `Fail`.
@@ -733,7 +735,7 @@ impl GlobalPool {
             return null_mut();
         }
         // SAFETY: `layout` has a non-zero size (the `GlobalAlloc` contract).
-        let p = unsafe { system_alloc(layout, zero) };
+        let p = unsafe { fallback::fallback_alloc(self.config.fallback, layout, zero) };
         if p.is_null() {
             // The system refused it too (larger than memory, say): a failure, not a
             // degradation — nothing was served.
@@ -754,8 +756,8 @@ impl GlobalPool {
         if bootstrap::contains(p) {
             bootstrap::free(p, layout);
         } else {
-            // SAFETY: neither pool nor bootstrap: a block of the system allocator with `layout`.
-            unsafe { System.dealloc(p, layout) };
+            // SAFETY: neither pool nor bootstrap: a fallback block with `layout`.
+            unsafe { fallback::fallback_dealloc(self.config.fallback, p, layout) };
         }
     }
 
@@ -776,8 +778,10 @@ impl GlobalPool {
         }
         if !in_pool && !bootstrap::contains(p) && provision::active() {
             // A system block while provisioning: stay there.
-            // SAFETY: forwarded from the caller; a system block with `layout`.
-            return unsafe { System.realloc(p, layout, new_size) };
+            // SAFETY: forwarded from the caller; a fallback block with `layout`.
+            return unsafe {
+                fallback::fallback_realloc(self.config.fallback, p, layout, new_size)
+            };
         }
         // Move: into the pool when possible (healing a degraded block), else wherever the
         // allocation path sends it.
@@ -794,21 +798,6 @@ impl GlobalPool {
             }
         }
         q
-    }
-}
-
-/// The system allocator, zeroed or not.
-///
-/// # Safety
-/// `layout` has a non-zero size.
-unsafe fn system_alloc(layout: Layout, zero: bool) -> *mut u8 {
-    // SAFETY: forwarded from the caller.
-    unsafe {
-        if zero {
-            System.alloc_zeroed(layout)
-        } else {
-            System.alloc(layout)
-        }
     }
 }
 

@@ -317,3 +317,59 @@ fn a_request_the_system_refuses_too_is_a_failure_not_a_degradation() {
     assert_eq!(after.degraded_bytes, before.degraded_bytes, "{after:?}");
     assert!(round_trip(&P, ok));
 }
+
+/// `Fallback::Mmap` (for a pool that is the process's `malloc`): degraded blocks are
+/// anonymous mappings of their own — never `malloc` — unmapped when freed, grown in place or
+/// moved with their bytes.
+#[test]
+fn the_mmap_fallback_never_calls_malloc_and_gives_every_page_back() {
+    // Alone in a child process: another thread's mmap could take a page just unmapped.
+    if std::env::var_os("RDMA_POOL_MMAP_CHILD").is_none() {
+        crate::common::run_alone(
+            "statics::the_mmap_fallback_never_calls_malloc_and_gives_every_page_back",
+            "RDMA_POOL_MMAP_CHILD",
+        );
+        return;
+    }
+    static P: GlobalPool = GlobalPool::with_config(GlobalConfig {
+        open: Some(no_device),
+        fallback: rdma_pool::global::Fallback::Mmap,
+        ..SMALL
+    });
+    let maps = || std::fs::read_to_string("/proc/self/maps").unwrap();
+    let mapped = |p: *mut u8| {
+        maps().lines().any(|l| {
+            let r = l.split_whitespace().next().unwrap();
+            let (a, b) = r.split_once('-').unwrap();
+            let (a, b) = (
+                usize::from_str_radix(a, 16).unwrap(),
+                usize::from_str_radix(b, 16).unwrap(),
+            );
+            a <= p as usize && (p as usize) < b
+        })
+    };
+    for (size, align) in [(24usize, 8usize), (4000, 16), (70_000, 64), (100, 1 << 14)] {
+        let layout = Layout::from_size_align(size, align).unwrap();
+        // SAFETY: a non-zero layout; freed below with the layout it has then.
+        unsafe {
+            let p = P.alloc_zeroed(layout);
+            assert!(!p.is_null());
+            assert_eq!(p as usize % 4096, 0, "a mapping of its own");
+            assert!(mapped(p));
+            assert!(std::slice::from_raw_parts(p, size).iter().all(|&b| b == 0));
+            p.write_bytes(9, size);
+            let q = P.realloc(p, layout, size * 5);
+            assert!(!q.is_null());
+            assert!(std::slice::from_raw_parts(q, size).iter().all(|&b| b == 9));
+            let grown = Layout::from_size_align(size * 5, align).unwrap();
+            P.dealloc(q, grown);
+            assert!(!mapped(q), "unmapped");
+        }
+    }
+    let s = P.stats();
+    assert_eq!(
+        s.first_degradation,
+        Some(rdma_pool::global::DegradeReason::InitFailed)
+    );
+    assert!(s.degraded_by.init_failed >= 4, "{:?}", s.degraded_by);
+}
