@@ -150,7 +150,7 @@ fn waiters_on_one_cq_wake_each_other_when_one_takes_the_others_completion() {
     let _g = serial();
     runtime().block_on(async {
         let bed = Arc::new(async_bed());
-        let pool: &'static Pool = Box::leak(Box::new(Pool::new(&bed.b.pd).unwrap()));
+        let pool: &'static Pool = keep_pool(Pool::new(&bed.b.pd).unwrap());
         for round in 0..20u64 {
             // A raw receive (the application's completion) and an owned one, awaited by two
             // tasks; whichever runs first after the event takes both completions from the
@@ -192,8 +192,8 @@ fn owned_posts_are_awaited() {
     let _g = serial();
     runtime().block_on(async {
         let bed = async_bed();
-        let pool_b: &'static Pool = Box::leak(Box::new(Pool::new(&bed.b.pd).unwrap()));
-        let pool_a: &'static Pool = Box::leak(Box::new(Pool::new(&bed.a.pd).unwrap()));
+        let pool_b: &'static Pool = keep_pool(Pool::new(&bed.b.pd).unwrap());
+        let pool_a: &'static Pool = keep_pool(Pool::new(&bed.a.pd).unwrap());
         let rx = bed
             .qb
             .post_recv_owned(1, allocator_api2::vec![in pool_b; 0u8; 256])
@@ -381,7 +381,7 @@ fn the_async_futures_are_send() {
     let mut grant = pool.grant(&buf, &qp).unwrap();
     send(&grant.wait_async(&cq, |_| {}));
     send(&grant.revoke_async(&cq, |_| {}));
-    let leaked: &'static Pool = Box::leak(Box::new(Pool::new(&pd).unwrap()));
+    let leaked: &'static Pool = keep_pool(Pool::new(&pd).unwrap());
     let rx = peer
         .post_recv_owned(1, allocator_api2::vec![in leaked; 0u8; 8])
         .unwrap();
@@ -391,7 +391,7 @@ fn the_async_futures_are_send() {
 // Regression tests from the hostile review (#40): waits that the channel does not report.
 
 fn leak_pool(pd: &Pd) -> &'static Pool {
-    Box::leak(Box::new(Pool::new(pd).unwrap()))
+    keep_pool(Pool::new(pd).unwrap())
 }
 
 /// Two sides whose QPs complete on shared async CQs (for spawned tasks).

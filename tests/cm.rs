@@ -229,7 +229,7 @@ fn async_accept_and_connect_with_async_completions() {
             ..QpSpec::new(&pd, cq.cq())
         };
         let conn = resolved.connect_async(&spec, b"", &opts()).await.unwrap();
-        let pool: &'static Pool = Box::leak(Box::new(Pool::new(&pd).unwrap()));
+        let pool: &'static Pool = keep_pool(Pool::new(&pd).unwrap());
         let rx = conn
             .qp()
             .post_recv_owned(3, allocator_api2::vec![in pool; 0u8; 64])

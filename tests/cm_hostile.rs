@@ -392,7 +392,7 @@ fn grants_and_owned_posts_after_the_peer_left_fail_instead_of_hanging() {
     });
     let pd = snic.alloc_pd().unwrap();
     let cq = snic.create_cq(64).unwrap();
-    let pool: &'static Pool = Box::leak(Box::new(Pool::new(&pd).unwrap()));
+    let pool: &'static Pool = keep_pool(Pool::new(&pd).unwrap());
     let spec = QpSpec {
         caps: caps(),
         ..QpSpec::new(&pd, &cq)
@@ -503,7 +503,7 @@ fn fifty_sequential_and_ten_concurrent_connections_leak_nothing() {
     let cnic = cm::open("rxe1").unwrap();
     let cpd = cnic.alloc_pd().unwrap();
     let ccq = cnic.create_cq(256).unwrap();
-    let pool: &'static Pool = Box::leak(Box::new(Pool::new(&spd).unwrap()));
+    let pool: &'static Pool = keep_pool(Pool::new(&spd).unwrap());
     let round = |n: usize| {
         let l2 = l.clone();
         let (spd, scq) = (spd.clone(), scq.clone());
@@ -730,7 +730,7 @@ fn recv_ring_over_an_srq_shared_by_three_cm_connections() {
     let spd = snic.alloc_pd().unwrap();
     let scq = snic.create_cq(256).unwrap();
     let send_cq = snic.create_cq(256).unwrap();
-    let pool: &'static Pool = Box::leak(Box::new(Pool::new(&spd).unwrap()));
+    let pool: &'static Pool = keep_pool(Pool::new(&spd).unwrap());
     let srq = spd.create_srq(&scq, 32, 1).unwrap();
     let mut ring = RecvRing::new(&srq, 16, || allocator_api2::vec![in pool; 0u8; 64]).unwrap();
     let clients = std::thread::spawn(move || {
@@ -833,7 +833,7 @@ fn a_spec_whose_recv_cq_is_not_the_srqs_is_refused() {
     let spd = snic.alloc_pd().unwrap();
     let scq = snic.create_cq(64).unwrap();
     let other = snic.create_cq(64).unwrap();
-    let pool: &'static Pool = Box::leak(Box::new(Pool::new(&spd).unwrap()));
+    let pool: &'static Pool = keep_pool(Pool::new(&spd).unwrap());
     let srq = spd.create_srq(&scq, 8, 1).unwrap();
     let mut ring = RecvRing::new(&srq, 4, || allocator_api2::vec![in pool; 0u8; 64]).unwrap();
     let client = std::thread::spawn(move || {
@@ -897,7 +897,7 @@ fn one_async_cq_shared_by_tasks_with_connections_coming_and_going() {
     const MSGS: u8 = 20;
     let res = rt.block_on(async move {
         let spd = snic.alloc_pd().unwrap();
-        let pool: &'static Pool = Box::leak(Box::new(Pool::new(&spd).unwrap()));
+        let pool: &'static Pool = keep_pool(Pool::new(&spd).unwrap());
         let acq = Arc::new(AsyncCq::new(&snic, 512).unwrap());
         let server = {
             let acq = acq.clone();
@@ -948,7 +948,7 @@ fn one_async_cq_shared_by_tasks_with_connections_coming_and_going() {
             clients.push(tokio::spawn(async move {
                 let nic = cm::open("rxe1").unwrap();
                 let pd = nic.alloc_pd().unwrap();
-                let cpool: &'static Pool = Box::leak(Box::new(Pool::new(&pd).unwrap()));
+                let cpool: &'static Pool = keep_pool(Pool::new(&pd).unwrap());
                 let cq = AsyncCq::new(&nic, 64).unwrap();
                 let spec = QpSpec {
                     caps: caps(),
@@ -1167,7 +1167,7 @@ fn recv_ring_next_cancelled_over_and_over_loses_nothing() {
     let snic = l.nic().unwrap();
     rt.block_on(async move {
         let spd = snic.alloc_pd().unwrap();
-        let pool: &'static Pool = Box::leak(Box::new(Pool::new(&spd).unwrap()));
+        let pool: &'static Pool = keep_pool(Pool::new(&spd).unwrap());
         let acq = AsyncCq::new(&snic, 256).unwrap();
         let send_cq = snic.create_cq(64).unwrap();
         let srq = spd.create_srq(acq.cq(), 64, 1).unwrap();
@@ -1246,7 +1246,7 @@ fn the_peers_disconnect_flushes_posted_receives() {
         });
         let pd = snic.alloc_pd().unwrap();
         let cq = snic.create_cq(64).unwrap();
-        let pool: &'static Pool = Box::leak(Box::new(Pool::new(&pd).unwrap()));
+        let pool: &'static Pool = keep_pool(Pool::new(&pd).unwrap());
         let mut c = l.accept(&QpSpec::new(&pd, &cq), b"", &opts(10)).unwrap();
         if late_post {
             std::thread::sleep(Duration::from_millis(300));

@@ -192,7 +192,7 @@ fn grants_and_owned_posts_work_on_foreign_objects() {
     let qp2 = unsafe { Qp::from_raw(&pd2, raw2.qp.cast(), &cq2, &cq2) }.unwrap();
     let pqp2 = peer.qp();
     link(&qp2, &pqp2);
-    let pool2: &'static Pool = Box::leak(Box::new(Pool::new(&pd2).unwrap()));
+    let pool2: &'static Pool = keep_pool(Pool::new(&pd2).unwrap());
     let rx = qp2
         .post_recv_owned(3, allocator_api2::vec![in pool2; 0u8; 64])
         .unwrap();
