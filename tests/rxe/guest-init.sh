@@ -110,6 +110,10 @@ if [ -x /usr/bin/ibv_devinfo ]; then
 	echo "== ibv_devinfo -v -d rxe0 (odp/mtu/max_mr/max_mw):"
 	ibv_devinfo -v -d rxe0 | grep -i -E 'odp|mtu|max_mr|max_mw'
 fi
+# No automatic NUMA balancing: it migrates pages between the guest's two nodes, and the soft
+# NIC (which cannot pin pages for real, as a device's long-term pin does) then sees a pinned
+# region's pages replaced and refuses the access, a failure no device would have.
+echo 0 >/proc/sys/kernel/numa_balancing 2>/dev/null || true
 # Reserve a few 2 MiB huge pages so the hugetlb scenarios register real hugetlb memory.
 echo 8 >/proc/sys/vm/nr_hugepages 2>/dev/null || true
 echo "== huge pages reserved: $(cat /proc/sys/vm/nr_hugepages 2>/dev/null)"

@@ -16,7 +16,7 @@
 #   RXE_BIN_ARGS   the first args of every binary (default "--test-threads=1"; "--bench" runs a
 #                  criterion bench binary from `cargo bench --no-run`)
 #   RXE_GUEST_ENV  extra VAR=value words for the guest test environment (e.g. "RUST_LOG=debug")
-#   RXE_MEM / RXE_SMP   guest memory / CPUs     (default: 3G / 2)
+#   RXE_MEM / RXE_SMP   guest memory / CPUs     (default: 2G / 2)
 #   RXE_NUMA       NUMA nodes of the guest      (default: 2 when RXE_SMP >= 2: one CPU and an
 #                                                equal share of memory each; 1: no NUMA)
 #   RXE_ACCEL      QEMU accelerator             (default: tcg; "kvm" where KVM works)
@@ -38,7 +38,7 @@ REPO_ROOT=$(git -C "$HERE" rev-parse --show-toplevel 2>/dev/null || (cd "$HERE/.
 CACHE=${RXE_CACHE:-$HOME/.cache/rdma-pool-rxe}
 WORK=${RXE_WORK:-$REPO_ROOT/target/rxe}
 TIMEOUT=${RXE_TIMEOUT:-2400}
-MEM=${RXE_MEM:-3G}
+MEM=${RXE_MEM:-2G}
 SMP=${RXE_SMP:-2}
 ACCEL=${RXE_ACCEL:-tcg}
 NUMA=${RXE_NUMA:-2}
