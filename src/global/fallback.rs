@@ -10,7 +10,8 @@
 //! whole pages: an emergency path, not a heap.
 //!
 //! Invariant: `fallback_alloc` → `fallback_dealloc` with the same layout releases every page
-//! mapped for the block.
+//! mapped for the block; a live `Mmap` block is in the registry (`registry`), which gives its
+//! size to size-less frees (C's `free`) and tells it from a pointer nobody here handed out.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::ptr::null_mut;
@@ -52,7 +53,69 @@ pub(super) unsafe fn fallback_alloc(how: Fallback, layout: Layout, zero: bool) -
                 System.alloc(layout)
             }
         },
-        Fallback::Mmap => map(layout),
+        Fallback::Mmap => {
+            let p = map(layout);
+            if !p.is_null() && !registry::insert(p as usize, layout.size()) {
+                // The registry is full: a block it cannot find again is not handed out.
+                // SAFETY: the mapping just made, exactly.
+                unsafe { unmap(p, layout.size()) };
+                return null_mut();
+            }
+            p
+        }
+    }
+}
+
+/// Unmap the `Mmap` block `p` of `size` bytes (not the registry's entry).
+///
+/// # Safety
+/// `p` is a live `Mmap` block of `size` bytes.
+unsafe fn unmap(p: *mut u8, size: usize) {
+    if let Some(len) = pages(size) {
+        // SAFETY: the block's own mapping, exactly (module contract).
+        unsafe { libc::munmap(p.cast(), len) };
+    }
+}
+
+/// The size of a live block `fallback_alloc(how, ..)` returned (what was asked for); `None`
+/// when `p` is not one (under `System`, any pointer is taken for one of `malloc`'s).
+pub(super) fn size_of(how: Fallback, p: *const u8) -> Option<usize> {
+    match how {
+        // SAFETY: under `System` the caller passes only `malloc`'s blocks or null.
+        Fallback::System => Some(unsafe { libc::malloc_usable_size(p as *mut libc::c_void) }),
+        Fallback::Mmap => registry::find(p as usize).map(|(_, size)| size),
+    }
+}
+
+/// Bytes usable in the block `p` of [`size_of`] `size`: its whole pages under `Mmap`.
+pub(super) fn usable(how: Fallback, size: usize) -> usize {
+    match how {
+        Fallback::System => size,
+        Fallback::Mmap => pages(size).unwrap_or(size),
+    }
+}
+
+/// Free a block without its layout: a fallback block, or (`false`) a pointer that is not one
+/// (ignored; under `System` every pointer is passed to `free`).
+///
+/// # Safety
+/// `p` is null, a live fallback block freed once, or a pointer nobody here handed out.
+pub(super) unsafe fn free_unsized(how: Fallback, p: *mut u8) -> bool {
+    match how {
+        Fallback::System => {
+            // SAFETY: forwarded from the caller.
+            unsafe { libc::free(p.cast()) };
+            true
+        }
+        Fallback::Mmap => match registry::find(p as usize) {
+            Some((slot, size)) => {
+                registry::remove(slot);
+                // SAFETY: a live block of `size` bytes (the registry says so).
+                unsafe { unmap(p, size) };
+                true
+            }
+            None => false,
+        },
     }
 }
 
@@ -104,10 +167,11 @@ pub(super) unsafe fn fallback_dealloc(how: Fallback, p: *mut u8, layout: Layout)
         // SAFETY: forwarded from the caller.
         Fallback::System => unsafe { System.dealloc(p, layout) },
         Fallback::Mmap => {
-            if let Some(len) = pages(layout.size()) {
-                // SAFETY: the block's own mapping, exactly (module contract).
-                unsafe { libc::munmap(p.cast(), len) };
+            if let Some((slot, _)) = registry::find(p as usize) {
+                registry::remove(slot);
             }
+            // SAFETY: forwarded from the caller.
+            unsafe { unmap(p, layout.size()) };
         }
     }
 }
@@ -131,21 +195,32 @@ pub(super) unsafe fn fallback_realloc(
                 return null_mut();
             };
             if old == new {
+                if let Some((slot, _)) = registry::find(p as usize) {
+                    registry::set_size(slot, new_size);
+                }
                 return p;
             }
             if layout.align() <= page() {
                 // SAFETY: the block's own mapping; the kernel moves it whole if it must.
                 let q = unsafe { libc::mremap(p.cast(), old, new, libc::MREMAP_MAYMOVE) };
-                return if q == libc::MAP_FAILED {
-                    null_mut()
-                } else {
-                    q.cast()
-                };
+                if q == libc::MAP_FAILED {
+                    return null_mut();
+                }
+                if let Some((slot, _)) = registry::find(p as usize) {
+                    registry::remove(slot);
+                }
+                if !registry::insert(q as usize, new_size) {
+                    // SAFETY: the moved mapping, exactly; nobody else knows it.
+                    unsafe { unmap(q.cast(), new_size) };
+                    return null_mut();
+                }
+                return q.cast();
             }
             let Ok(to) = Layout::from_size_align(new_size, layout.align()) else {
                 return null_mut();
             };
-            let q = map(to);
+            // SAFETY: `to` has a non-zero size (`new_size`, the caller's contract).
+            let q = unsafe { fallback_alloc(how, to, false) };
             if !q.is_null() {
                 // SAFETY: distinct live mappings, both valid for the copied length.
                 unsafe {
@@ -155,6 +230,71 @@ pub(super) unsafe fn fallback_realloc(
             }
             q
         }
+    }
+}
+
+/// The live `Mmap` blocks: a lock-free open-addressing table of `address → size` in `.bss`
+/// (untouched slots cost nothing). Insertions claim an empty or dead slot by CAS; a removal
+/// marks it dead. Nothing here allocates.
+///
+/// Invariant: a live block's address is in exactly one slot, found by probing from its hash
+/// before any empty slot.
+mod registry {
+    use std::sync::atomic::{AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::Release};
+
+    const SLOTS: usize = 1 << 14;
+    const EMPTY: usize = 0;
+    /// A removed entry (blocks are page-aligned: never 1).
+    const DEAD: usize = 1;
+
+    static KEYS: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(EMPTY) }; SLOTS];
+    static SIZES: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
+
+    fn hash(addr: usize) -> usize {
+        ((addr >> 12).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 17) % SLOTS
+    }
+
+    /// Record a new block; false when the table is full.
+    pub(super) fn insert(addr: usize, size: usize) -> bool {
+        let h = hash(addr);
+        for i in 0..SLOTS {
+            let slot = (h + i) % SLOTS;
+            let k = KEYS[slot].load(Relaxed);
+            if (k == EMPTY || k == DEAD)
+                && KEYS[slot]
+                    .compare_exchange(k, addr, Relaxed, Relaxed)
+                    .is_ok()
+            {
+                SIZES[slot].store(size, Release);
+                return true;
+            }
+        }
+        false
+    }
+
+    /// The slot and size of the live block at `addr`.
+    pub(super) fn find(addr: usize) -> Option<(usize, usize)> {
+        if addr <= DEAD {
+            return None;
+        }
+        let h = hash(addr);
+        for i in 0..SLOTS {
+            let slot = (h + i) % SLOTS;
+            match KEYS[slot].load(Acquire) {
+                EMPTY => return None,
+                k if k == addr => return Some((slot, SIZES[slot].load(Acquire))),
+                _ => {}
+            }
+        }
+        None
+    }
+
+    pub(super) fn set_size(slot: usize, size: usize) {
+        SIZES[slot].store(size, Release);
+    }
+
+    pub(super) fn remove(slot: usize) {
+        KEYS[slot].store(DEAD, Release);
     }
 }
 
@@ -174,6 +314,25 @@ mod tests {
             );
             (a <= p as usize && (p as usize) < b).then_some((a, b))
         })
+    }
+
+    #[test]
+    fn mmap_blocks_free_without_their_layout_and_strangers_are_left_alone() {
+        let layout = Layout::from_size_align(10_000, 16).unwrap();
+        // SAFETY: a non-zero layout.
+        let p = unsafe { fallback_alloc(Fallback::Mmap, layout, true) };
+        assert_eq!(size_of(Fallback::Mmap, p), Some(10_000));
+        assert_eq!(usable(Fallback::Mmap, 10_000), pages(10_000).unwrap());
+        let stranger = Box::new(5u64);
+        let s = &*stranger as *const u64 as *mut u8;
+        assert_eq!(size_of(Fallback::Mmap, s), None);
+        // SAFETY: not ours: ignored.
+        assert!(!unsafe { free_unsized(Fallback::Mmap, s) });
+        // SAFETY: a live block, freed once.
+        assert!(unsafe { free_unsized(Fallback::Mmap, p) });
+        assert_eq!(size_of(Fallback::Mmap, p), None);
+        assert!(mapping_at(p).is_none_or(|(s, e)| !(s <= p as usize && p as usize + 10_000 <= e)));
+        assert_eq!(*stranger, 5);
     }
 
     #[test]
@@ -206,8 +365,10 @@ mod tests {
                     .all(|&b| b == 7)
             );
             let grown = Layout::from_size_align(size * 3, align).unwrap();
+            assert_eq!(size_of(Fallback::Mmap, q), Some(size * 3));
             // SAFETY: the block `q` with its new layout.
             unsafe { fallback_dealloc(Fallback::Mmap, q, grown) };
+            assert_eq!(size_of(Fallback::Mmap, q), None);
             let len = pages(size * 3).unwrap();
             if let Some((s, e)) = mapping_at(q) {
                 // Another mapping may sit next to where it was, never over it whole.

@@ -110,6 +110,10 @@ pub struct GlobalStats {
     pub healed_reallocations: u64,
     /// Environment overrides set to a value that was not understood (and ignored).
     pub env_ignored: u64,
+    /// Size-less frees ([`GlobalPool::free_unsized`](super::GlobalPool::free_unsized), C's
+    /// `free`) of pointers this pool did not hand out — memory of the allocator that ran
+    /// before it became the process's `malloc` (ld.so's start-up allocator): ignored.
+    pub foreign_frees: u64,
     /// Degraded or refused allocations, by reason.
     pub degraded_by: DegradedBy,
     /// Why the first one was.
@@ -126,6 +130,7 @@ pub(crate) struct Counters {
     pub(crate) overflow: AtomicU64,
     pub(crate) healed: AtomicU64,
     pub(crate) env_ignored: AtomicU64,
+    pub(crate) foreign: AtomicU64,
     by: [AtomicU64; 3],
     first: AtomicU8,
     reported: AtomicBool,
@@ -141,6 +146,7 @@ impl Counters {
             overflow: AtomicU64::new(0),
             healed: AtomicU64::new(0),
             env_ignored: AtomicU64::new(0),
+            foreign: AtomicU64::new(0),
             by: [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)],
             first: AtomicU8::new(0),
             reported: AtomicBool::new(false),
@@ -189,6 +195,7 @@ impl Counters {
             bootstrap_used_bytes: used,
             healed_reallocations: self.healed.load(Relaxed),
             env_ignored: self.env_ignored.load(Relaxed),
+            foreign_frees: self.foreign.load(Relaxed),
             degraded_by: DegradedBy {
                 init_failed: self.by[0].load(Relaxed),
                 init_pending: self.by[1].load(Relaxed),

@@ -102,6 +102,34 @@ impl<'a> Grant<'a> {
         }
     }
 
+    /// Where the bind stands, without waiting: `None` while its completion has not reached
+    /// the pool, `Some(Ok(()))` once it succeeded (the key works), `Some(Err(_))` when it
+    /// failed ([`GrantError::BindFailed`]; the grant is then revoked) or the grant was revoked
+    /// ([`GrantError::Revoked`]). For code that polls the CQ itself and hands the pool its
+    /// completions ([`Pool::on_completion`]), such as the C API.
+    ///
+    /// # Examples
+    /// ```
+    /// # use rdma_pool::nic::{Nic, QpCaps};
+    /// # let nic = Nic::soft();
+    /// # let pd = nic.alloc_pd()?;
+    /// # let pool = rdma_pool::alloc::Pool::new(&pd)?;
+    /// # let cq = nic.create_cq(64)?;
+    /// # let (a, b) = (pd.create_qp(&cq, &cq, QpCaps::default())?, nic.alloc_pd()?.create_qp(&cq, &cq, QpCaps::default())?);
+    /// # a.connect(&b.endpoint()?)?;
+    /// # b.connect(&a.endpoint()?)?;
+    /// let buf = allocator_api2::vec![in &pool; 0u8; 64];
+    /// let grant = pool.grant(&buf, &a)?;
+    /// while grant.bind_state().is_none() {
+    ///     cq.poll_one()?; // the pool takes its own completions
+    /// }
+    /// assert!(grant.bind_state().unwrap().is_ok());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn bind_state(&self) -> Option<Result<(), GrantError>> {
+        self.bound()
+    }
+
     /// Whether the revocation completed (the key is dead).
     pub fn is_revoked(&self) -> bool {
         self.pool

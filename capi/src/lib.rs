@@ -1,0 +1,47 @@
+//! `librdma_pool.so` / `librdma_pool.a`: rdma-pool as the `malloc` of C and C++ programs, so
+//! that every heap byte of a service is NIC-registered, with a C API (`rdma_pool.h`) for the
+//! keys of any heap pointer, the pool's verbs objects, statistics and grants.
+//!
+//! ```c
+//! // cc app.c $(pkg-config --cflags --libs rdma_pool)   or   LD_PRELOAD=librdma_pool.so ./app
+//! char *buf = malloc(4096);
+//! uint32_t lkey, rkey;
+//! if (rdma_pool_keys_of(buf, 4096, &lkey, &rkey) == 0)
+//!     post_send(qp, buf, 4096, lkey);          // no ibv_reg_mr
+//! ```
+//!
+//! Contract:
+//! - **One pool per process**, [`POOL`]: a [`GlobalPool`] with [`Fallback::Mmap`], which is
+//!   also this library's own Rust global allocator, so nothing in it ever calls the system
+//!   `malloc` (which would be this library again). What the pool cannot serve — while it calls
+//!   into the NIC (opening the device: libibverbs and its providers allocate), while it
+//!   initialises, or when it degrades — comes from its bootstrap region and then from whole-page
+//!   anonymous mappings, as `GlobalPool`'s contract says.
+//! - **Lazy and cheap initialisation**: nothing happens when the library is loaded; the first
+//!   allocation opens the NIC the environment names (`RDMA_POOL_NIC`, else the first verbs
+//!   device, else the soft NIC) and reserves the arena.
+//! - **Every `free` finds its block by address** (`GlobalPool::free_unsized`): the pool's,
+//!   the bootstrap region's, a fallback mapping; a pointer none of them handed out — memory
+//!   ld.so allocated before the library was the process's `malloc` — is ignored and counted.
+//! - `malloc` and friends follow POSIX and glibc: 16-byte alignment (`max_align_t`), `errno`
+//!   set to `ENOMEM`/`EINVAL` on failure, `free` preserves `errno`, `realloc(p, 0)` frees `p` and
+//!   returns NULL (glibc's choice).
+//! - **Never panic across the C ABI**: the C API catches panics and reports `EIO`; the malloc
+//!   family does not panic (the pool's allocation paths never do).
+//!
+//! Build and install: `bash scripts/install-capi.sh [PREFIX]` (README, "C and C++").
+
+#![warn(missing_docs, unreachable_pub)]
+
+pub mod api;
+pub mod malloc;
+
+use pool::GlobalPool;
+use pool::global::{Fallback, GlobalConfig};
+
+/// The process's pool: its `malloc` and this library's Rust global allocator.
+#[global_allocator]
+pub static POOL: GlobalPool = GlobalPool::with_config(GlobalConfig {
+    fallback: Fallback::Mmap,
+    ..GlobalConfig::DEFAULT
+});
