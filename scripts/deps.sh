@@ -7,6 +7,9 @@ if [ "${1:-}" = "--vm" ]; then
     # The Soft-RoCE test bed (tests/rxe/run.sh) boots a QEMU guest; the sideway interop
     # example (interop/) builds sideway's C shim with cmake.
     pkgs+=(qemu-system-x86 busybox-static cpio kmod cmake)
+    # The C library's tests (capi/tests/c_programs.rs) compile C programs and run real ones
+    # under LD_PRELOAD.
+    pkgs+=(gcc libc6-dev python3 sqlite3)
 fi
 missing=()
 for p in "${pkgs[@]}"; do

@@ -25,6 +25,9 @@ echo "== allocator-api (nightly std::alloc::Allocator, RUSTC_BOOTSTRAP=1): clipp
 RUSTC_BOOTSTRAP=1 cargo clippy -p rdma-pool-allocator-api --all-targets -- -D warnings
 RUSTC_BOOTSTRAP=1 cargo test -p rdma-pool-allocator-api
 echo "== cargo test (soft NIC)"
+# The C library's tests (capi/tests/c_programs.rs) run the librdma_pool.so that cargo test does
+# not build (a cdylib is no dependency of a test): built first, with the same features.
+cargo build -p rdma-pool-capi --features pool/tokio,pool/serde
 cargo test --workspace --exclude rdma-pool-allocator-api --features rdma-pool/tokio,rdma-pool/serde
 echo "== cargo test --no-default-features (without the verbs backend)"
 cargo test --no-default-features --lib --tests
@@ -32,6 +35,15 @@ cargo test --no-default-features --lib --tests
 # Memory-checker mode: the fill and counters on stable, then every test binary under
 # AddressSanitizer with the pool poisoning its freed blocks (RUSTC_BOOTSTRAP=1).
 bash scripts/memcheck.sh
+
+echo "== the C library installs, and a C program builds against it with pkg-config"
+capi_prefix=$(mktemp -d)
+RDMA_POOL_CAPI_CARGO_FLAGS="--features pool/tokio,pool/serde" bash scripts/install-capi.sh --debug "$capi_prefix"
+PKG_CONFIG_PATH=$capi_prefix/lib/pkgconfig cc -O1 -Wall -Werror -pthread -o "$capi_prefix/malloc_family" \
+    capi/tests/c/malloc_family.c $(PKG_CONFIG_PATH=$capi_prefix/lib/pkgconfig pkg-config --cflags --libs rdma_pool) \
+    -Wl,-rpath,"$capi_prefix/lib"
+"$capi_prefix/malloc_family"
+rm -rf "$capi_prefix"
 
 echo "== comparison suite, smoke run (debug build, scale 0.01): every allocator computes the same results"
 cargo build -p rdma-pool-comparison --bins
@@ -56,6 +68,13 @@ bins="$bins target/debug/examples/grants target/debug/examples/two_rails target/
 # the memory and the grant; a server and a client process on rxe0 and rxe1.
 cargo build -p rdma-pool-interop
 bins="$bins target/debug/sideway_interop"
+# The C library's RDMA programs (capi/tests/c/): statically linked with librdma_pool.a, so the
+# guest needs no library path; they ignore the harness's arguments.
+for c in rdma_app readme; do
+    cc -O1 -Wall -Werror -pthread -I capi -o "target/debug/c_$c" "capi/tests/c/$c.c" target/debug/librdma_pool.a \
+        -libverbs -lrdmacm -lgcc_s -lutil -lrt -lpthread -lm -ldl
+    bins="$bins target/debug/c_$c"
+done
 # The proptest models (the allocator's, and the whole pool's in tests/hardening) run on the
 # soft NIC in either place: a few cases in the emulated guest, the full 100k operations each
 # on the host above. The guest has 2 NUMA nodes

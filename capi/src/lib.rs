@@ -37,11 +37,20 @@ pub mod api;
 pub mod malloc;
 
 use pool::GlobalPool;
+use pool::arena::Hugepages;
 use pool::global::{Fallback, GlobalConfig};
 
 /// The process's pool: its `malloc` and this library's Rust global allocator.
+///
+/// On 4 KiB pages by default ([`Hugepages::Off`]), unlike a Rust program's `GlobalPool`:
+/// every process a preloaded service starts (a shell, `gcc` → `cc1`, `as`, `ld`) loads the
+/// library, and with transparent huge pages each slab a small process touches is 2 MiB of
+/// resident memory — measured: `python3 -c pass` at 40 MB instead of 17 MB (13 MB under
+/// glibc). `RDMA_POOL_HUGEPAGES=transparent` (or `prefer`) gives a NIC-heavy service fewer
+/// translations for the device to cache.
 #[global_allocator]
 pub static POOL: GlobalPool = GlobalPool::with_config(GlobalConfig {
     fallback: Fallback::Mmap,
+    hugepages: Hugepages::Off,
     ..GlobalConfig::DEFAULT
 });

@@ -274,7 +274,8 @@ pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> size_t {
     if p.is_null() {
         return 0;
     }
-    POOL.usable_size(p.cast()).unwrap_or(0)
+    // SAFETY: forwarded.
+    unsafe { POOL.usable_size(p.cast()) }.unwrap_or(0)
 }
 
 /// `malloc_trim(3)`: returns every idle slab to the system now; 1 when some memory was

@@ -170,11 +170,11 @@ fn threads_thread_exit_fork_and_exec() {
     }
 }
 
-#[test]
-fn the_rdma_program_answers_enodev_on_the_soft_nic() {
-    // On a verbs device (the rxe guest) it must pass whole; here, without one, it reports
-    // that the pool has no verbs objects (exit 3) — never a crash or a silent success.
-    let exe = compile("rdma_app", Link::Static);
+/// Run a program that needs a verbs device: on one (the rxe guest runs these programs too) it
+/// must pass whole; here, without one, it must say the pool has no verbs objects (exit 3) —
+/// never crash or pass silently.
+fn run_verbs_program(name: &str) {
+    let exe = compile(name, Link::Static);
     let verbs = std::fs::read_dir("/sys/class/infiniband").is_ok_and(|mut d| d.next().is_some());
     let soft = std::env::var("RDMA_POOL_NIC").is_ok_and(|v| v == "soft");
     let o = Command::new(&exe).output().unwrap();
@@ -189,6 +189,22 @@ fn the_rdma_program_answers_enodev_on_the_soft_nic() {
         assert_eq!(o.status.code(), Some(3), "{out}");
         assert!(out.contains("no verbs device"), "{out}");
     }
+}
+
+#[test]
+fn the_rdma_program_answers_enodev_on_the_soft_nic() {
+    run_verbs_program("rdma_app");
+}
+
+#[test]
+fn the_readme_example_is_this_program() {
+    let readme = std::fs::read_to_string(capi_dir().join("../README.md")).unwrap();
+    let src = std::fs::read_to_string(capi_dir().join("tests/c/readme.c")).unwrap();
+    assert!(
+        readme.contains(&format!("```c\n{src}```")),
+        "README.md's C example differs from capi/tests/c/readme.c"
+    );
+    run_verbs_program("readme");
 }
 
 /// A Python workload, its buffers checked through the C API from inside Python.

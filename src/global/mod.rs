@@ -857,12 +857,17 @@ impl GlobalPool {
     /// Bytes usable in the live block `p` (at least what was asked for), wherever it came
     /// from; `None` for a pointer this pool did not hand out (or not a block's start).
     ///
+    /// # Safety
+    /// `p` is null, a live block of this `GlobalPool`, or a pointer it did not hand out (a
+    /// freed bootstrap block's header may be gone: its answer would be made up).
+    ///
     /// # Examples
     /// ```
     /// static POOL: rdma_pool::GlobalPool = rdma_pool::GlobalPool::new();
-    /// assert_eq!(POOL.usable_size(&0u8), None);
+    /// // SAFETY: not a block of the pool.
+    /// assert_eq!(unsafe { POOL.usable_size(&0u8) }, None);
     /// ```
-    pub fn usable_size(&self, p: *const u8) -> Option<usize> {
+    pub unsafe fn usable_size(&self, p: *const u8) -> Option<usize> {
         if let Some(pool) = self.owner_of(p) {
             return pool.usable_size(p);
         }
@@ -870,8 +875,8 @@ impl GlobalPool {
             return None;
         }
         if bootstrap::contains(p) {
-            // SAFETY: a pointer into the region is one of its live blocks (this method's
-            // callers pass live blocks or strangers, and strangers are not in the region).
+            // SAFETY: a pointer into the region is one of its live blocks (the caller's
+            // contract: strangers are not in the region).
             return Some(unsafe { bootstrap::size_of(p) });
         }
         fallback::size_of(self.config.fallback, p)
@@ -917,7 +922,8 @@ impl GlobalPool {
             // SAFETY: as above; moved wherever the allocation path serves it (degraded).
             return unsafe { self.move_unsized(p, old, new) };
         }
-        let Some(old) = self.usable_size(p) else {
+        // SAFETY: forwarded from the caller.
+        let Some(old) = (unsafe { self.usable_size(p) }) else {
             return null_mut();
         };
         let Ok(layout) = Layout::from_size_align(old.max(1), bootstrap::MIN_ALIGN) else {
