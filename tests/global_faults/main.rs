@@ -10,6 +10,7 @@ mod common;
 
 mod env;
 mod statics;
+mod r#unsized;
 
 use rdma_pool::GlobalPool;
 use rdma_pool::arena::Hugepages;
