@@ -15,6 +15,14 @@
 //!
 //! The binaries (`with_<allocator>`) are looked for next to this one: `cargo build --bins`
 //! puts them all in the same target directory (`target/debug` or `target/release`).
+//!
+//! With `--c-dir DIR` the table also has the C programs of `comparison/c` (built into `DIR` by
+//! `scripts/compare-c.sh`), as rows `c/<name>`: each runs once per allocator, with its library
+//! from `--preload ALLOCATOR=PATH` in `LD_PRELOAD` (the system allocator without one unless
+//! given), measured and checked the same way. An allocator whose library is not given or not
+//! there (rdma-pool's `librdma_pool.so` before it is built) is shown as "not built" in those
+//! rows, not as a failure. `--c-only` leaves the Rust workloads out; `--note TEXT` adds a line
+//! under the table's header (the allocators' versions, say).
 
 use plotters::prelude::*;
 use std::collections::{BTreeMap, BTreeSet};
@@ -62,6 +70,28 @@ const SUITE: [(&str, &str, Option<usize>); 20] = [
     ("overaligned", "overaligned", Some(1)),
 ];
 
+/// The C programs (`comparison/c`, with `--c-dir`), labelled as mimalloc-bench labels them,
+/// after `c/`: label, program, thread count (`None`: `--threads`; `sh6bench` runs two threads
+/// per one asked for, as mimalloc-bench runs it).
+const C_SUITE: [(&str, &str, Option<usize>); 11] = [
+    ("c/alloc-test1", "alloc-test", Some(1)),
+    ("c/alloc-testN", "alloc-test", None),
+    ("c/larsonN", "larson", None),
+    ("c/xmalloc-testN", "xmalloc-test", None),
+    ("c/cache-scratch1", "cache-scratch", Some(1)),
+    ("c/cache-scratchN", "cache-scratch", None),
+    ("c/mstressN", "mstress", None),
+    ("c/glibc-simple", "glibc-simple", Some(1)),
+    ("c/glibc-thread", "glibc-thread", None),
+    ("c/sh6benchN", "sh6bench", None),
+    ("c/rptestN", "rptest", None),
+];
+
+/// Whether a suite label is one of the C programs.
+fn is_c(label: &str) -> bool {
+    label.starts_with("c/")
+}
+
 struct Args {
     threads: usize,
     repeats: usize,
@@ -70,6 +100,13 @@ struct Args {
     timeout: Option<f64>,
     out: Option<PathBuf>,
     readme: Option<PathBuf>,
+    /// Where the C programs are (`--c-dir`), and whether to run only them (`--c-only`).
+    c_dir: Option<PathBuf>,
+    c_only: bool,
+    /// The library each allocator's column preloads for the C programs (`--preload`).
+    preload: BTreeMap<String, PathBuf>,
+    /// Lines for the header (`--note`).
+    notes: Vec<String>,
 }
 
 fn parse() -> Args {
@@ -81,6 +118,10 @@ fn parse() -> Args {
         timeout: None,
         out: None,
         readme: None,
+        c_dir: None,
+        c_only: false,
+        preload: BTreeMap::new(),
+        notes: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -98,8 +139,24 @@ fn parse() -> Args {
             }
             "--out" => a.out = Some(value().into()),
             "--readme" => a.readme = Some(value().into()),
+            "--c-dir" => a.c_dir = Some(value().into()),
+            "--c-only" => a.c_only = true,
+            "--preload" => {
+                let v = value();
+                let Some((alloc, path)) = v.split_once('=').filter(|(a, _)| ALLOCATORS.contains(a))
+                else {
+                    fail(&format!(
+                        "--preload ALLOCATOR=PATH, ALLOCATOR one of {ALLOCATORS:?}"
+                    ))
+                };
+                a.preload.insert(alloc.to_string(), path.into());
+            }
+            "--note" => a.notes.push(value()),
             _ => fail(&format!("unknown argument {flag}")),
         }
+    }
+    if a.c_only && a.c_dir.is_none() {
+        fail("--c-only needs --c-dir");
     }
     if a.threads == 0 || a.repeats == 0 || a.scale <= 0.0 || a.timeout.is_some_and(|t| t <= 0.0) {
         fail("threads, repeats, scale and timeout must be positive");
@@ -168,19 +225,50 @@ fn status_failure(status: std::process::ExitStatus) -> Option<String> {
     }
 }
 
-/// Run one workload with one allocator, in its own process group, for at most `timeout`.
-fn run_one(
+/// The command that runs workload `label` (`name`) with `alloc`: the Rust binary
+/// `with_<alloc>`, or the C program with the allocator's library preloaded; `None` for a C
+/// program when the allocator has no library (not built).
+fn command(
+    args: &Args,
     dir: &Path,
+    alloc: &str,
+    (label, name, threads): (&str, &str, usize),
+) -> Option<Command> {
+    let (threads, scale) = (threads.to_string(), args.scale.to_string());
+    if !is_c(label) {
+        let mut cmd = Command::new(dir.join(format!("with_{alloc}")));
+        cmd.args([name, &threads, &scale]);
+        return Some(cmd);
+    }
+    let c_dir = args.c_dir.as_deref().expect("C rows come with --c-dir");
+    let mut cmd = Command::new(c_dir.join(name));
+    cmd.args(["--threads", &threads, "--scale", &scale])
+        .env("COMPARE_ALLOCATOR", alloc)
+        .env_remove("LD_PRELOAD");
+    match args.preload.get(alloc) {
+        Some(lib) if lib.as_os_str().is_empty() => {}
+        Some(lib) if lib.is_file() => {
+            let lib = std::path::absolute(lib).unwrap_or_else(|_| lib.clone());
+            cmd.env("LD_PRELOAD", lib);
+        }
+        None if alloc == "system" => {}
+        _ => return None,
+    }
+    Some(cmd)
+}
+
+/// Run one workload with one allocator (`cmd`, from [`command`]), in its own process group,
+/// for at most `timeout`.
+fn run_one(
+    mut cmd: Command,
     alloc: &str,
     name: &str,
     threads: usize,
     scale: f64,
     timeout: Duration,
 ) -> Run {
-    let bin = dir.join(format!("with_{alloc}"));
-    let mut cmd = Command::new(&bin);
-    cmd.args([name, &threads.to_string(), &scale.to_string()])
-        .stdin(Stdio::null())
+    let bin = PathBuf::from(cmd.get_program());
+    cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
@@ -200,7 +288,8 @@ fn run_one(
     }
     let mut child = cmd.spawn().unwrap_or_else(|e| {
         fail(&format!(
-            "cannot run {} ({e}); build the binaries with `cargo build -p rdma-pool-comparison --bins`",
+            "cannot run {} ({e}); build the binaries with `cargo build -p rdma-pool-comparison --bins` \
+             (the C programs with scripts/compare-c.sh)",
             bin.display()
         ))
     });
@@ -323,8 +412,15 @@ fn main() {
         .ok()
         .and_then(|p| p.parent().map(PathBuf::from))
         .unwrap_or_else(|| fail("cannot find the directory of the binaries"));
-    let suite: Vec<(&str, &str, usize)> = SUITE
+    let c_suite = if args.c_dir.is_some() {
+        &C_SUITE[..]
+    } else {
+        &[]
+    };
+    let rust_suite = if args.c_only { &[] } else { &SUITE[..] };
+    let suite: Vec<(&str, &str, usize)> = rust_suite
         .iter()
+        .chain(c_suite)
         .filter(|(label, name, _)| {
             args.only
                 .as_ref()
@@ -335,16 +431,30 @@ fn main() {
     if suite.is_empty() {
         fail("--only matched no workload");
     }
+    if let Some(&first_c) = suite.iter().find(|w| is_c(w.0)) {
+        for a in ALLOCATORS {
+            if command(&args, &dir, a, first_c).is_none() {
+                let lib = args
+                    .preload
+                    .get(a)
+                    .map_or("none given".to_string(), |p| p.display().to_string());
+                eprintln!("compare: {a}: no library for the C programs ({lib}): \"not built\"");
+            }
+        }
+    }
     let timeout = Duration::from_secs_f64(args.timeout.unwrap_or((300.0 * args.scale).max(60.0)));
-    let mut results: Results = BTreeMap::new();
+    let mut results: Results = suite.iter().map(|s| (s.0, BTreeMap::new())).collect();
     for r in 0..args.repeats {
         for &(label, name, threads) in &suite {
             for i in 0..ALLOCATORS.len() {
                 // Rotate the order so that no allocator always runs first (or after a warm cache).
                 let alloc = ALLOCATORS[(i + r) % ALLOCATORS.len()];
-                let run = run_one(&dir, alloc, name, threads, args.scale, timeout);
+                let Some(cmd) = command(&args, &dir, alloc, (label, name, threads)) else {
+                    continue; // a C row's allocator without its library: "not built"
+                };
+                let run = run_one(cmd, alloc, name, threads, args.scale, timeout);
                 eprintln!(
-                    "[{}/{}] {label:<15} {alloc:<10} {:>9.3} s {:>8} KiB peak {:>8} KiB final {}{}",
+                    "[{}/{}] {label:<16} {alloc:<10} {:>9.3} s {:>8} KiB peak {:>8} KiB final {}{}",
                     r + 1,
                     args.repeats,
                     run.secs,
@@ -448,7 +558,9 @@ fn failures(suite: &[(&str, &str, usize)], results: &Results) -> Vec<String> {
     let mut v = Vec::new();
     for &(label, _, _) in suite {
         for a in ALLOCATORS {
-            let runs = &results[label][a];
+            let Some(runs) = results.get(label).and_then(|row| row.get(a)) else {
+                continue;
+            };
             let failed: BTreeSet<&str> = runs.iter().filter_map(|r| r.failure.as_deref()).collect();
             let n = runs.iter().filter(|r| r.failure.is_some()).count();
             if n > 0 {
@@ -485,12 +597,23 @@ fn report(
          Machine: {}.\n\
          Peak memory is `VmHWM + HugetlbPages` (hugetlb pages counted; rdma-pool prefers them); \
          final memory is `VmRSS + HugetlbPages` when the workload has returned and freed \
-         everything (what the allocator keeps).\n\n",
+         everything (what the allocator keeps).\n",
         args.repeats,
         args.scale,
         args.threads,
         machine()
     );
+    if suite.iter().any(|w| is_c(w.0)) {
+        s += "Rows `c/…` are the C programs of `comparison/c` (mimalloc-bench's benchmarks, \
+              re-written to do a fixed amount of work), each a process of its own with the \
+              allocator's shared library in `LD_PRELOAD` (the system allocator without one), \
+              measuring itself the same way; \"not built\": that allocator's library was not \
+              there.\n";
+    }
+    for note in &args.notes {
+        s += &format!("{note}\n");
+    }
+    s += "\n";
     s += "| workload |";
     for what in ["", " peak", " final"] {
         for a in ALLOCATORS {
@@ -525,12 +648,18 @@ fn report(
         let (best_t, best_m, best_f) = (best(&time), best(&mem), best(&fin));
         s += &format!("| {label} |");
         let failed = |a: &str| {
-            let why: BTreeSet<&str> = row[a].iter().filter_map(|r| r.failure.as_deref()).collect();
+            let why: BTreeSet<&str> = row
+                .get(a)
+                .into_iter()
+                .flatten()
+                .filter_map(|r| r.failure.as_deref())
+                .collect();
             why.into_iter().collect::<Vec<_>>().join(", ")
         };
         for a in ALLOCATORS {
             s += &match time.get(a) {
                 Some(t) => format!(" {t:.3} s ({:.2}×) |", t / best_t),
+                None if !row.contains_key(a) => " not built |".to_string(),
                 None => format!(" **failed**: {} |", failed(a)),
             };
         }
@@ -590,7 +719,7 @@ fn report(
     let notes: Vec<String> = suite
         .iter()
         .filter_map(|&(label, _, _)| {
-            let n = &results[label]["rdma_pool"].last()?.notes;
+            let n = &results[label].get("rdma_pool")?.last()?.notes;
             (!n.is_empty()).then(|| format!("{label}: {n}"))
         })
         .collect();
@@ -615,7 +744,10 @@ fn phases_report(label: &str, row: &BTreeMap<&str, Vec<Run>>, image: Option<&str
          | allocator | most, blocks live | mean, freed | last, freed |\n|---|---|---|---|\n"
     );
     for a in ALLOCATORS {
-        let Some(run) = row[a].iter().rev().find(|r| !r.series.is_empty()) else {
+        let Some(run) = row
+            .get(a)
+            .and_then(|runs| runs.iter().rev().find(|r| !r.series.is_empty()))
+        else {
             s += &format!("| {a} | – | – | – |\n");
             continue;
         };
