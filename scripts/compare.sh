@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The comparison suite (README, "Comparison suite"): builds the workload binaries in release mode
 # — one per allocator as #[global_allocator]: rdma-pool's GlobalPool on the soft NIC, mimalloc,
-# jemalloc, glibc — runs every workload with every allocator back to back, repeated, and writes
-# the markdown table (with the machine it ran on: time, peak and final memory per allocator) to
-# comparison/RESULTS.md and into the README, and the resident memory over the `phases` workload to
+# jemalloc, glibc — and, through scripts/compare-c.sh, the C programs of comparison/c with each
+# allocator's shared library in LD_PRELOAD (rows `c/…`; rdma-pool's librdma_pool.so from
+# $RDMA_POOL_SO, "not built" when it is not there), runs every workload with every allocator back
+# to back, repeated, and writes the markdown table (with the machine it ran on and the
+# allocators' versions: time, peak and final memory per allocator) to comparison/RESULTS.md and
+# into the README, and the resident memory over the `phases` workload to
 # comparison/rss-phases.png. Full scale is for here only: CI runs the suite at scale 0.01 in a
 # debug build (scripts/test.sh). A run that crashes, hangs past the timeout or computes another
 # result than the other allocators is a failure of its allocator in the table (the rest still
@@ -19,4 +22,8 @@ if [ "$(id -u)" -eq 0 ] && [ -w /proc/sys/vm/nr_hugepages ]; then
     [ "$(cat /proc/sys/vm/nr_hugepages)" -ge 8 ] || echo 8 > /proc/sys/vm/nr_hugepages || true
 fi
 cargo build --release -p rdma-pool-comparison --bins
-exec target/release/compare --out comparison/RESULTS.md --readme README.md "$@"
+# The C programs, mimalloc v3's and jemalloc's libraries, the versions: sets C_ARGS and C_TARGET.
+# shellcheck source=scripts/compare-c.sh
+source scripts/compare-c.sh
+c_prepare
+exec "$C_TARGET/release/compare" --out comparison/RESULTS.md --readme README.md "${C_ARGS[@]}" "$@"
