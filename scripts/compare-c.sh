@@ -31,7 +31,8 @@ c_die() {
 
 # The Debian package of jemalloc, installed like scripts/deps.sh installs (root or sudo).
 c_jemalloc() {
-    if ! dpkg-query -W -f='${Status}' libjemalloc2 2>/dev/null | grep -q "ok installed"; then
+    # (No `| grep -q`, `| head` under pipefail: the writer's SIGPIPE would fail the pipeline.)
+    if [ "$(dpkg-query -W -f='${Status}' libjemalloc2 2>/dev/null)" != "install ok installed" ]; then
         echo "compare-c: installing libjemalloc2" >&2
         local sudo_=""
         [ "$(id -u)" -eq 0 ] || sudo_="sudo"
@@ -40,8 +41,9 @@ c_jemalloc() {
             $sudo_ apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends \
                 libjemalloc2 >/dev/null; } || echo "compare-c: could not install libjemalloc2" >&2
     fi
-    C_JEMALLOC_SO=$(dpkg -L libjemalloc2 2>/dev/null | grep '/libjemalloc\.so\.2$' | head -1) ||
-        C_JEMALLOC_SO=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2 # not installed: "not built"
+    C_JEMALLOC_SO=$(dpkg -L libjemalloc2 2>/dev/null | awk '/\/libjemalloc\.so\.2$/ { p = $0 } END { print p }')
+    # Not installed: the runner says "not built".
+    [ -n "$C_JEMALLOC_SO" ] || C_JEMALLOC_SO=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2
     C_JEMALLOC_VERSION=$(dpkg-query -W -f='${Version}' libjemalloc2 2>/dev/null) || true
 }
 
@@ -115,7 +117,7 @@ for k, v in out.items():
     [ -f "$pool_so" ] || pool="librdma_pool.so not built (no ${pool_so#"$PWD"/}: \`cargo build \
 --release -p rdma-pool-capi\`, or set RDMA_POOL_SO)"
     local glibc_line glibc # "ldd (Debian GLIBC 2.36-9+deb12u14) 2.36"
-    glibc_line=$(ldd --version | head -1)
+    glibc_line=$(ldd --version | sed -n 1p)
     glibc="glibc ${glibc_line##* } ($(sed -n 's/^[^(]*(\(.*\)).*/\1/p' <<<"$glibc_line"))"
     local rust_mi=v3 # the Rust crate's mimalloc: v3 unless its feature v2 is on
     [ -z "$mi_sys_v2" ] || rust_mi=v2
