@@ -83,6 +83,7 @@ static void *job_main(void *p) {
 }
 
 static inline uint64_t run_threads(int n, worker_fn fn, void *ctx) {
+    if (n < 1) fail("no threads");
     struct job *jobs = xmalloc(sizeof(struct job) * (size_t)n);
     for (int t = 0; t < n; t++) {
         jobs[t] = (struct job){ fn, t, ctx, 0, 0 };
