@@ -22,6 +22,8 @@ if [ "$(id -u)" -eq 0 ] && [ -w /proc/sys/vm/nr_hugepages ]; then
     [ "$(cat /proc/sys/vm/nr_hugepages)" -ge 8 ] || echo 8 > /proc/sys/vm/nr_hugepages || true
 fi
 cargo build --release -p rdma-pool-comparison --bins
+# librdma_pool.so, for the C rows' rdma-pool column (RDMA_POOL_SO, default its release build).
+[ -n "${RDMA_POOL_SO:-}" ] || cargo build --release -p rdma-pool-capi
 # The C programs, mimalloc v3's and jemalloc's libraries, the versions: sets C_ARGS and C_TARGET.
 # shellcheck source=scripts/compare-c.sh
 source scripts/compare-c.sh

@@ -49,9 +49,9 @@ echo "== comparison suite, smoke run (debug build, scale 0.01): every allocator 
 cargo build -p rdma-pool-comparison --bins
 target/debug/compare --repeats 1 --scale 0.01 > /dev/null
 echo "== comparison suite, C programs under LD_PRELOAD, smoke run (scale 0.01): every allocator computes the same results"
-# rdma-pool's column preloads $RDMA_POOL_SO (default target/release/librdma_pool.so): set, it
-# must exist; unset and not built, that column is skipped ("not built").
-bash scripts/compare-c.sh --smoke
+# rdma-pool's column preloads $RDMA_POOL_SO: here the debug librdma_pool.so built above (set, it
+# must exist).
+RDMA_POOL_SO=$PWD/target/debug/librdma_pool.so bash scripts/compare-c.sh --smoke
 
 echo "== Soft-RoCE (rxe) scenario suite in a QEMU guest"
 # cargo prints "Executable tests/scenarios.rs (target/debug/deps/scenarios-HASH)".
