@@ -72,9 +72,10 @@ bins="$bins target/debug/examples/grants target/debug/examples/two_rails target/
 # the memory and the grant; a server and a client process on rxe0 and rxe1.
 cargo build -p rdma-pool-interop
 bins="$bins target/debug/sideway_interop"
-# The C library's RDMA programs (capi/tests/c/): statically linked with librdma_pool.a, so the
-# guest needs no library path; they ignore the harness's arguments.
-for c in rdma_app readme; do
+# The C library's programs (capi/tests/c/): its malloc family and threads/fork/exec on a verbs
+# device (pinned registration), the RDMA program and the README's example; statically linked
+# with librdma_pool.a, so the guest needs no library path; they ignore the harness's arguments.
+for c in malloc_family threads_fork rdma_app readme; do
     cc -O1 -Wall -Werror -pthread -I capi -o "target/debug/c_$c" "capi/tests/c/$c.c" target/debug/librdma_pool.a \
         -libverbs -lrdmacm -lgcc_s -lutil -lrt -lpthread -lm -ldl
     bins="$bins target/debug/c_$c"
