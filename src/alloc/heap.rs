@@ -257,10 +257,9 @@ impl Heap {
             if unsafe { self.tcache.push(c, p) } {
                 return;
             }
-            self.flush_half(c);
-            // SAFETY: as above; half the stack was just emptied.
-            unsafe { self.tcache.push(c, p) };
-            return;
+            // The cache is full: the block's page is known here (unlike a sized free's), so
+            // the block goes straight back to it — no flush, no page lookups (a batch of
+            // frees larger than the cache, C's `free` pattern, costs one page write each).
         }
         self.free_to_page(page, p);
     }

@@ -10,7 +10,8 @@
 //! was dropped touches nothing.
 //!
 //! Thread-locals done so that the pool can be the global allocator on stable Rust:
-//! - `CACHE` is a const-initialised `thread_local!` without a destructor, read with `try_with`:
+//! - the ways (`ways()`) are thread-local storage without a destructor — initial-exec TLS
+//!   on x86-64 Linux (see there), elsewhere a const `thread_local!` read with `try_with`:
 //!   it stays readable while other thread-locals are destroyed and after, so allocation and
 //!   free work at every point of a thread's life;
 //! - the thread-exit hand-back is a pthread key destructor, not a Rust TLS destructor: the key
@@ -22,7 +23,7 @@
 //!   back) so that no heap stays owned by a dead thread;
 //! - nothing relies on the main thread's destructors running: its heaps stay owned at exit.
 //!
-//! Invariant: `CACHE[i].id != 0 ⇒` the heap `CACHE[i].heap` of pool `id` is owned by this
+//! Invariant: `ways()[i].id != 0 ⇒` the heap `ways()[i].heap` of pool `id` is owned by this
 //! thread; at most one way names a pool.
 
 use super::heap::Heap;
@@ -45,12 +46,73 @@ struct Way {
     heap: Cell<*mut Heap>,
 }
 
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
 thread_local! {
     static CACHE: [Way; WAYS] = const {
         [const { Way { id: Cell::new(0), heap: Cell::new(null_mut()) } }; WAYS]
     };
+}
+
+thread_local! {
     /// Times this thread's heaps were handed back at exit.
     static EXITS: Cell<u8> = const { Cell::new(0) };
+}
+
+/// This thread's ways (`None` only where a `thread_local!` may be gone: thread exit).
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+#[inline(always)]
+fn ways() -> Option<&'static [Way; WAYS]> {
+    // SAFETY: used within the caller's call only, on this thread, while the thread-local
+    // lives (it has no destructor: it lives as long as the thread).
+    CACHE
+        .try_with(|w| unsafe { &*(w as *const [Way; WAYS]) })
+        .ok()
+}
+
+// On x86-64 Linux the ways live in static TLS, reached with the initial-exec model: one load
+// of the thread pointer and one of the variable's offset. A `thread_local!` compiled into a
+// shared object (the C library, `capi/`) takes the general-dynamic model — a call of
+// `__tls_get_addr` on every allocation and free, 16% of a tight C malloc/free loop — and
+// stable Rust cannot choose the model. Initial-exec in a shared object needs static TLS:
+// there for a library loaded at start-up (linked, `LD_PRELOAD`), and for one `dlopen`ed later
+// while the C library's reserve lasts (glibc keeps a few hundred bytes for this; the ways are
+// 160). Zero bytes are valid ways (`.tbss`), and there is no destructor: the ways live as long
+// as the thread.
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+std::arch::global_asm!(
+    ".pushsection .tbss,\"awT\",@nobits",
+    ".p2align 4",
+    ".globl __rdma_pool_tls_ways_v1",
+    ".hidden __rdma_pool_tls_ways_v1",
+    ".type __rdma_pool_tls_ways_v1, @object",
+    ".size __rdma_pool_tls_ways_v1, 160",
+    "__rdma_pool_tls_ways_v1:",
+    ".zero 160",
+    ".popsection",
+);
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+const _: () =
+    assert!(std::mem::size_of::<[Way; WAYS]>() == 160 && std::mem::align_of::<[Way; WAYS]>() <= 16);
+
+/// This thread's ways (initial-exec TLS, see above).
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+#[inline(always)]
+fn ways() -> Option<&'static [Way; WAYS]> {
+    let p: *const [Way; WAYS];
+    // SAFETY: `fs:0` is the thread pointer (the TCB's self-pointer, x86-64 ELF TLS ABI), and
+    // the GOT entry the initial-exec relocation fills holds the variable's offset from it.
+    unsafe {
+        std::arch::asm!(
+            "mov {p}, qword ptr fs:[0]",
+            "add {p}, qword ptr [rip + __rdma_pool_tls_ways_v1@GOTTPOFF]",
+            p = out(reg) p,
+            options(pure, nomem, nostack),
+        );
+    }
+    // SAFETY: this thread's copy, zero-initialised (valid ways), living as long as the
+    // thread; used within the caller's call only, on this thread.
+    Some(unsafe { &*p })
 }
 
 /// Rounds of claim-and-release allowed during thread exit (glibc runs key destructors up to
@@ -94,11 +156,11 @@ fn arm_exit() {
 /// The key destructor: hand every heap of this thread back.
 extern "C" fn on_thread_exit(_: *mut libc::c_void) {
     let _ = EXITS.try_with(|e| e.set(e.get().saturating_add(1)));
-    let _ = CACHE.try_with(|ways| {
+    if let Some(ways) = ways() {
         for w in ways {
             release(w.id.replace(0), w.heap.replace(null_mut()));
         }
-    });
+    }
 }
 
 /// Live pools: `(id, pool)` pairs, under one lock.
@@ -163,7 +225,7 @@ fn release(id: u64, heap: *mut Heap) {
 
 /// This thread's token (the address of its cache: unique among live threads).
 pub(crate) fn token() -> u64 {
-    CACHE.try_with(|c| c.as_ptr() as u64).unwrap_or(0)
+    ways().map_or(0, |c| c.as_ptr() as u64)
 }
 
 /// This thread's heap in `pool`, if it has one (never claims).
@@ -176,18 +238,14 @@ pub(crate) fn heap_of(id: u64) -> *mut Heap {
 /// and a claimed heap together), so the caller tests the hit alone.
 #[inline(always)]
 pub(crate) fn heap_in(id: u64) -> Option<NonNull<Heap>> {
-    CACHE
-        .try_with(|ways| {
-            for w in ways {
-                if w.id.get() == id {
-                    // SAFETY: `id` is a pool's (never 0), and a way naming a pool holds the
-                    // heap claimed with it (the invariant above), which is not null.
-                    return Some(unsafe { NonNull::new_unchecked(w.heap.get()) });
-                }
-            }
-            None
-        })
-        .unwrap_or(None)
+    for w in ways()? {
+        if w.id.get() == id {
+            // SAFETY: `id` is a pool's (never 0), and a way naming a pool holds the heap
+            // claimed with it (the invariant above), which is not null.
+            return Some(unsafe { NonNull::new_unchecked(w.heap.get()) });
+        }
+    }
+    None
 }
 
 /// This thread's heap in `pool`, claiming one on first use. Null when every heap of the pool
@@ -213,14 +271,14 @@ fn claim(pool: &PoolInner) -> *mut Heap {
     };
     let heap = heap as *const Heap as *mut Heap;
     arm_exit();
-    let placed = CACHE.try_with(|ways| {
+    let placed = ways().map(|ways| {
         let way = ways
             .iter()
             .find(|w| w.id.get() == 0)
             .unwrap_or(&ways[WAYS - 1]);
         release(way.id.replace(pool.id), way.heap.replace(heap));
     });
-    if placed.is_err() {
+    if placed.is_none() {
         release(pool.id, heap);
         return null_mut();
     }
@@ -229,14 +287,14 @@ fn claim(pool: &PoolInner) -> *mut Heap {
 
 /// Release this thread's heap in `pool` now (the pool is being dropped by this thread).
 pub(crate) fn forget(pool: &PoolInner) {
-    let _ = CACHE.try_with(|ways| {
+    if let Some(ways) = ways() {
         for w in ways {
             if w.id.get() == pool.id {
                 w.id.set(0);
                 w.heap.set(null_mut());
             }
         }
-    });
+    }
 }
 
 /// Call `f` on each live pool under the registry lock (which keeps them alive) until it
