@@ -17,7 +17,8 @@ struct rdma_pool_stats {
   uint32_t state;
   // 1 on a verbs device, 0 on the soft NIC.
   uint32_t verbs;
-  // Bytes of live blocks.
+  // Bytes handed out (blocks freed into a thread's cache, or by another thread and not yet
+  // collected, still count).
   uint64_t allocated_bytes;
   // Bytes of address space reserved.
   uint64_t reserved_bytes;
@@ -63,7 +64,9 @@ extern "C" {
 const char *rdma_pool_last_error(void);
 
 // Initialise the pool now (the first `malloc` does it otherwise): 0, or `ENODEV` when the
-// NIC could not be opened (the heap then works unregistered; see the message).
+// NIC the environment asked for could not be opened — the heap then lives on the soft NIC,
+// registered with no device (see the message) — or the pool could not be built at all (the
+// heap is then whole-page mappings).
 //
 // # Safety
 // None.

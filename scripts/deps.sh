@@ -9,7 +9,7 @@ if [ "${1:-}" = "--vm" ]; then
     pkgs+=(qemu-system-x86 busybox-static cpio kmod cmake)
     # The C library's tests (capi/tests/c_programs.rs) compile C programs and run real ones
     # under LD_PRELOAD.
-    pkgs+=(gcc libc6-dev python3 sqlite3)
+    pkgs+=(gcc g++ libc6-dev python3 sqlite3)
 fi
 missing=()
 for p in "${pkgs[@]}"; do

@@ -43,6 +43,10 @@ PKG_CONFIG_PATH=$capi_prefix/lib/pkgconfig cc -O1 -Wall -Werror -pthread -o "$ca
     capi/tests/c/malloc_family.c $(PKG_CONFIG_PATH=$capi_prefix/lib/pkgconfig pkg-config --cflags --libs rdma_pool) \
     -Wl,-rpath,"$capi_prefix/lib"
 "$capi_prefix/malloc_family"
+# Statically, as the README says: a C++ program that never names malloc gets the pool's.
+PKG_CONFIG_PATH=$capi_prefix/lib/pkgconfig g++ -O1 -pthread -o "$capi_prefix/cxx_new" capi/tests/c/cxx_new.cpp \
+    -Wl,-Bstatic -lrdma_pool -Wl,-Bdynamic $(PKG_CONFIG_PATH=$capi_prefix/lib/pkgconfig pkg-config --cflags --static --libs rdma_pool)
+"$capi_prefix/cxx_new"
 rm -rf "$capi_prefix"
 
 echo "== comparison suite, smoke run (debug build, scale 0.01): every allocator computes the same results"

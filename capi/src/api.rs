@@ -71,14 +71,19 @@ pub unsafe extern "C" fn rdma_pool_last_error() -> *const c_char {
 }
 
 /// Initialise the pool now (the first `malloc` does it otherwise): 0, or `ENODEV` when the
-/// NIC could not be opened (the heap then works unregistered; see the message).
+/// NIC the environment asked for could not be opened — the heap then lives on the soft NIC,
+/// registered with no device (see the message) — or the pool could not be built at all (the
+/// heap is then whole-page mappings).
 ///
 /// # Safety
 /// None.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn rdma_pool_init() -> c_int {
     guard(|| match POOL.init() {
-        Ok(_) => 0,
+        Ok(_) => match crate::OPEN_ERROR.get() {
+            Some(why) => fail(libc::ENODEV, why),
+            None => 0,
+        },
         Err(e) => fail(libc::ENODEV, e),
     })
 }
@@ -171,7 +176,8 @@ pub struct rdma_pool_stats {
     pub state: u32,
     /// 1 on a verbs device, 0 on the soft NIC.
     pub verbs: u32,
-    /// Bytes of live blocks.
+    /// Bytes handed out (blocks freed into a thread's cache, or by another thread and not yet
+    /// collected, still count).
     pub allocated_bytes: u64,
     /// Bytes of address space reserved.
     pub reserved_bytes: u64,
@@ -220,7 +226,7 @@ pub unsafe extern "C" fn rdma_pool_stats(out: *mut rdma_pool_stats) -> c_int {
             ..Default::default()
         };
         if let Some(p) = g.pool {
-            s.allocated_bytes = p.small_allocated_bytes + p.large_allocated_bytes;
+            s.allocated_bytes = crate::malloc::live_bytes(&p);
             s.reserved_bytes = p.arena.reserved_bytes;
             s.committed_bytes = p.arena.committed_bytes;
             s.registered_bytes = p.arena.registered_bytes;

@@ -39,6 +39,8 @@ pub mod malloc;
 use pool::GlobalPool;
 use pool::arena::Hugepages;
 use pool::global::{Fallback, GlobalConfig};
+use pool::nic::Nic;
+use std::sync::OnceLock;
 
 /// The process's pool: its `malloc` and this library's Rust global allocator.
 ///
@@ -48,9 +50,29 @@ use pool::global::{Fallback, GlobalConfig};
 /// resident memory — measured: `python3 -c pass` at 40 MB instead of 17 MB (13 MB under
 /// glibc). `RDMA_POOL_HUGEPAGES=transparent` (or `prefer`) gives a NIC-heavy service fewer
 /// translations for the device to cache.
+///
+/// Its NIC is the one [`Nic::open_default`] picks; when that fails (`RDMA_POOL_NIC` names a
+/// device that is not there) the pool is built on the soft NIC instead — a heap that works at
+/// full speed, registered with no device — and [`api::rdma_pool_init`] reports why (`ENODEV`
+/// and the message), rather than every block becoming a page of its own.
 #[global_allocator]
 pub static POOL: GlobalPool = GlobalPool::with_config(GlobalConfig {
     fallback: Fallback::Mmap,
     hugepages: Hugepages::Off,
+    open: Some(open_nic),
     ..GlobalConfig::DEFAULT
 });
+
+/// Why the NIC the environment asked for could not be opened (set once, by the pool's
+/// initialisation, when it fell back to the soft NIC).
+static OPEN_ERROR: OnceLock<String> = OnceLock::new();
+
+/// The pool's NIC: the default one, else the soft NIC (see [`POOL`]).
+fn open_nic() -> pool::nic::Result<Nic> {
+    Nic::open_default().or_else(|e| {
+        let _ = OPEN_ERROR.set(format!(
+            "{e}; the heap is on the soft NIC instead (registered with no device)"
+        ));
+        Ok(Nic::soft())
+    })
+}

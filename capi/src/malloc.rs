@@ -53,8 +53,31 @@ fn or_enomem(p: *mut u8) -> *mut c_void {
     p.cast()
 }
 
+/// Requests from this size up are checked against the machine's memory ([`beyond_memory`]).
+const HUGE: usize = 1 << 30;
+
+/// Whether `size` bytes exceed the machine's memory and swap together: such a request is
+/// refused (`ENOMEM`), as glibc's is under the kernel's heuristic overcommit, rather than
+/// reserved and then met by the OOM killer when touched.
+#[cold]
+#[inline(never)]
+fn beyond_memory(size: usize) -> bool {
+    // SAFETY: an all-zero `sysinfo` is a valid out-parameter.
+    let mut si: libc::sysinfo = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid out-pointer.
+    if unsafe { libc::sysinfo(&mut si) } != 0 {
+        return false;
+    }
+    let total = (u128::from(si.totalram) + u128::from(si.totalswap)) * u128::from(si.mem_unit);
+    size as u128 > total
+}
+
 #[inline(always)]
 fn alloc(size: usize, zero: bool) -> *mut c_void {
+    if size >= HUGE && beyond_memory(size) {
+        set_errno(libc::ENOMEM);
+        return null_mut();
+    }
     let Some(layout) = layout_of(size) else {
         set_errno(libc::ENOMEM);
         return null_mut();
@@ -71,6 +94,9 @@ fn alloc(size: usize, zero: bool) -> *mut c_void {
 
 /// A block of `size` bytes aligned to `align` (a power of two); errno-less: null on failure.
 fn alloc_aligned(align: usize, size: usize) -> *mut u8 {
+    if size >= HUGE && beyond_memory(size) {
+        return null_mut();
+    }
     if align <= MIN_ALIGN {
         return layout_of(size).map_or(null_mut(), |l| {
             // SAFETY: a non-zero-size layout.
@@ -172,6 +198,10 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: size_t) -> *mut c_void {
     if size == 0 {
         // SAFETY: forwarded.
         unsafe { free(p) };
+        return null_mut();
+    }
+    if size >= HUGE && beyond_memory(size) {
+        set_errno(libc::ENOMEM);
         return null_mut();
     }
     // SAFETY: forwarded; a non-zero size.
@@ -320,7 +350,7 @@ pub struct Mallinfo2 {
     pub usmblks: size_t,
     /// Unused (0).
     pub fsmblks: size_t,
-    /// Bytes in use.
+    /// Bytes handed out (counting blocks freed into thread caches: see `live_bytes`).
     pub uordblks: size_t,
     /// Bytes committed and not in use.
     pub fordblks: size_t,
@@ -328,12 +358,19 @@ pub struct Mallinfo2 {
     pub keepcost: size_t,
 }
 
+/// Bytes handed out: small blocks and large runs in use. Blocks freed into a thread's cache,
+/// or freed by another thread and not yet collected by their page's owner, still count (the
+/// pool's statistics read no thread's cache).
+pub(crate) fn live_bytes(s: &pool::alloc::PoolStats) -> u64 {
+    s.small_allocated_bytes + s.large_allocated_bytes
+}
+
 fn info() -> Mallinfo2 {
     let Ok(pool) = POOL.pool() else {
         return Mallinfo2::default();
     };
     let s = pool.stats();
-    let used = (s.small_allocated_bytes + s.large_allocated_bytes) as usize;
+    let used = live_bytes(&s) as usize;
     let committed = s.arena.committed_bytes as usize;
     Mallinfo2 {
         arena: committed,

@@ -59,6 +59,9 @@ fn capi_dir() -> &'static Path {
 /// The native libraries the static library needs besides libc (`rustc --print
 /// native-static-libs`, and libibverbs/librdmacm).
 const STATIC_LIBS: &[&str] = &[
+    // Nothing may reference `malloc` itself (a C++ program's `new` calls it from libstdc++):
+    // this pulls the archive's in.
+    "-Wl,-u,malloc",
     "-libverbs",
     "-lrdmacm",
     "-lgcc_s",
@@ -81,9 +84,15 @@ enum Link {
 
 /// Compile `tests/c/<name>.c` as `link` says; the executable's path.
 fn compile(name: &str, link: Link) -> PathBuf {
+    compile_with("cc", &format!("{name}.c"), link)
+}
+
+/// Compile `tests/c/<file>` with `compiler` as `link` says; the executable's path.
+fn compile_with(compiler: &str, file: &str, link: Link) -> PathBuf {
+    let name = file.split('.').next().unwrap();
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{link:?}"));
-    let src = capi_dir().join("tests/c").join(format!("{name}.c"));
-    let mut cc = Command::new("cc");
+    let src = capi_dir().join("tests/c").join(file);
+    let mut cc = Command::new(compiler);
     cc.args(["-O1", "-g", "-Wall", "-Wextra", "-Werror", "-pthread", "-I"])
         .arg(capi_dir())
         .arg("-o")
@@ -147,6 +156,13 @@ fn the_malloc_family_preloaded_linked_and_static() {
         assert!(out.contains("malloc_family: ok"), "{link:?}: {out}");
         eprintln!("{link:?}: {}", out.trim());
     }
+}
+
+#[test]
+fn a_cxx_program_linked_statically_gets_its_new_from_the_pool() {
+    let exe = compile_with("g++", "cxx_new.cpp", Link::Static);
+    let out = stdout(&run(Command::new(&exe), false));
+    assert!(out.contains("cxx_new: ok"), "{out}");
 }
 
 #[test]

@@ -76,6 +76,58 @@ pub(crate) fn class_for(size: usize, align: usize) -> Option<usize> {
     (class_of(size)..CLASSES).find(|&c| class_size(c) % align == 0)
 }
 
+/// Exact division by a class's block size, for telling a block's first byte from any other
+/// (`d = odd << shift`; `x` is a multiple of `d` iff its low `shift` bits are 0 and
+/// `(x >> shift) * inv(odd) mod 2^64 <= u64::MAX / odd`).
+#[derive(Clone, Copy)]
+struct Divisor {
+    shift: u32,
+    inv: u64,
+    lim: u64,
+}
+
+/// The inverse of odd `d` modulo 2^64 (Newton's iteration: each step doubles the bits).
+const fn mod_inverse(d: u64) -> u64 {
+    let mut x = d;
+    let mut i = 0;
+    while i < 6 {
+        x = x.wrapping_mul(2u64.wrapping_sub(d.wrapping_mul(x)));
+        i += 1;
+    }
+    x
+}
+
+const DIVISORS: [Divisor; CLASSES] = {
+    let mut t = [Divisor {
+        shift: 0,
+        inv: 0,
+        lim: 0,
+    }; CLASSES];
+    let mut c = 0;
+    while c < CLASSES {
+        let d = class_size(c) as u64;
+        let shift = d.trailing_zeros();
+        let odd = d >> shift;
+        t[c] = Divisor {
+            shift,
+            inv: mod_inverse(odd),
+            lim: u64::MAX / odd,
+        };
+        c += 1;
+    }
+    t
+};
+
+/// Whether `off` is a multiple of class `c`'s block size: a multiply and a compare, no
+/// division (a size-less free checks that its pointer starts a block).
+#[inline(always)]
+pub(crate) fn is_block_offset(off: usize, c: usize) -> bool {
+    // SAFETY: callers pass a page's class, below CLASSES.
+    let d = unsafe { DIVISORS.get_unchecked(c) };
+    let off = off as u64;
+    off & ((1u64 << d.shift) - 1) == 0 && (off >> d.shift).wrapping_mul(d.inv) <= d.lim
+}
+
 /// log2 of the page size for class `c`.
 pub(crate) const fn page_shift(c: usize) -> u32 {
     let want = class_size(c) * 8;
@@ -94,6 +146,24 @@ const _: () = assert!(1 << MAX_PAGE_SHIFT >= 2 * MAX_SMALL);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn block_offsets_are_told_exactly_without_division() {
+        for c in 0..CLASSES {
+            let bs = class_size(c);
+            for k in [0usize, 1, 2, 7, 100, 1000] {
+                assert!(is_block_offset(k * bs, c), "class {c}: {k} blocks");
+                for d in [1usize, 8, 15, 16, bs / 2, bs - 1] {
+                    if d % bs != 0 {
+                        assert!(
+                            !is_block_offset(k * bs + d, c),
+                            "class {c}: {k} blocks + {d}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn classes_cover_every_size_with_bounded_waste() {

@@ -1,13 +1,14 @@
 //! The heaps of a pool: one per thread using it, taken and given back in O(1).
 //!
 //! Contract: heaps live in one array mapped from the kernel (`MAP_NORESERVE`: a heap's pages
-//! cost memory only once a thread used it), [`MAX_HEAPS`] long. A thread claims a heap the
+//! cost memory only once a thread used it), [`MAX_HEAPS`] long — shorter (`cap`, halved down
+//! to [`MIN_HEAPS`]) when an address-space limit refuses that much. A thread claims a heap the
 //! first time it allocates in the pool: the most recently given-back heap (a stack under one
 //! lock, linked through `Heap::next_free`), else a never-used one at `top`. No path scans the
 //! heaps to find a free one; only statistics and the purge's collection of abandoned heaps walk
 //! `[0, top)`. A heap given back keeps its non-empty pages for its next owner.
 //!
-//! Invariant: `top <= MAX_HEAPS`; a heap below `top` is on the free stack iff its owner is
+//! Invariant: `top <= cap <= MAX_HEAPS`; a heap below `top` is on the free stack iff its owner is
 //! 0 or the purge's token (which gives it back to 0 before anyone else can claim it); heaps at
 //! or above `top` are all zero.
 
@@ -20,9 +21,14 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 /// Most heaps a pool holds: threads that may use one pool at the same time.
 pub(crate) const MAX_HEAPS: usize = 1 << 16;
 
+/// Fewest heaps an address-space limit may leave a pool.
+const MIN_HEAPS: usize = 64;
+
 /// See the module contract.
 pub(crate) struct Heaps {
     array: MmapArray<Heap>,
+    /// The array's length.
+    cap: usize,
     /// Heaps ever handed out: `[0, top)` is in use or on the free stack.
     top: AtomicUsize,
     /// `1 +` index of the most recently given-back heap (0: none).
@@ -32,9 +38,18 @@ pub(crate) struct Heaps {
 
 impl Heaps {
     pub(crate) fn new() -> Result<Heaps, i32> {
-        Ok(Heaps {
+        let mut cap = MAX_HEAPS;
+        let array = loop {
             // SAFETY: an all-zero heap is unclaimed and uninitialised.
-            array: unsafe { MmapArray::zeroed(MAX_HEAPS)? },
+            match unsafe { MmapArray::zeroed(cap) } {
+                Ok(a) => break a,
+                Err(libc::ENOMEM) if cap > MIN_HEAPS => cap /= 2,
+                Err(e) => return Err(e),
+            }
+        };
+        Ok(Heaps {
+            array,
+            cap,
             top: AtomicUsize::new(0),
             free: ForkLock::new(0),
             claims: AtomicU64::new(0),
@@ -43,7 +58,7 @@ impl Heaps {
 
     /// Heaps ever handed out (statistics).
     pub(crate) fn top(&self) -> usize {
-        self.top.load(Ordering::Acquire).min(MAX_HEAPS)
+        self.top.load(Ordering::Acquire).min(self.cap)
     }
 
     /// Heaps claimed so far (statistics).
@@ -57,11 +72,12 @@ impl Heaps {
     }
 
     /// Claim a heap for the thread whose token is `me` (never 0), initialised for `pool`.
-    /// `None` when [`MAX_HEAPS`] threads hold one.
+    /// `None` when every heap (`cap`, [`MAX_HEAPS`] unless the address space was short) is
+    /// held.
     pub(crate) fn claim(&self, me: u64, pool: &PoolInner) -> Option<&Heap> {
         let h = self.pop().or_else(|| {
             let i = self.top.fetch_add(1, Ordering::AcqRel);
-            if i >= MAX_HEAPS {
+            if i >= self.cap {
                 self.top.fetch_sub(1, Ordering::AcqRel);
                 return None;
             }

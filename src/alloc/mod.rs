@@ -50,7 +50,7 @@ use crate::arena::{Arena, ArenaConfig, Error, Keys, SLAB};
 use crate::nic::{Pd, Sge};
 use class::{class_for, class_of};
 use heap::Heap;
-use page::{LARGE, SMALL, UNUSED};
+use page::{LARGE, Page, SMALL, UNUSED};
 use pool::{PageTable, PoolInner};
 use std::alloc::Layout;
 use std::mem::ManuallyDrop;
@@ -319,13 +319,47 @@ impl Pool {
     /// `p` came from this pool's `alloc`/`alloc_zeroed`/`realloc` and is freed once.
     #[inline]
     pub unsafe fn free(&self, p: *mut u8) {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.free_found(p) };
+    }
+
+    /// [`Pool::free`], telling whether `p` was a block of the pool (false: ignored — not in
+    /// the reservation, not a live page or run, or not the first byte of a block).
+    ///
+    /// # Safety
+    /// As [`Pool::free`].
+    #[inline]
+    pub(crate) unsafe fn free_found(&self, p: *mut u8) -> bool {
         // SAFETY: checked first.
         if self.table.contains(p) && unsafe { self.table.granted(p) } {
+            if self.block_start(p).is_none() {
+                return false;
+            }
             // SAFETY: forwarded from the caller.
-            return unsafe { self.free_granted(p) };
+            unsafe { self.free_granted(p) };
+            return true;
         }
         // SAFETY: forwarded from the caller.
         unsafe { self.free_plain(p) }
+    }
+
+    /// The page of the small block or large run that starts at `p`; `None` when `p` is not
+    /// the first byte of a carved block of a live page or of a live run.
+    #[inline(always)]
+    fn block_start(&self, p: *const u8) -> Option<&Page> {
+        let page = self.table.page_of(p)?;
+        let ok = match page.kind.load(Relaxed) {
+            SMALL => {
+                let off = (p as usize).wrapping_sub(page.start.load(Relaxed));
+                let c = page.class.load(Relaxed) as usize;
+                class::is_block_offset(off, c)
+                    && off < page.capacity.load(Relaxed) as usize * class_size(c)
+                    && !page.heap.load(Relaxed).is_null()
+            }
+            LARGE => page.start.load(Relaxed) == p as usize,
+            _ => false,
+        };
+        ok.then_some(page)
     }
 
     /// A free of a block in a granule where a grant is open: parked in quarantine when a grant
@@ -335,7 +369,7 @@ impl Pool {
     unsafe fn free_granted(&self, p: *mut u8) {
         if !self.inner().grants.park(p as usize) {
             // SAFETY: forwarded from the caller.
-            unsafe { self.free_plain(p) }
+            unsafe { self.free_plain(p) };
         }
     }
 
@@ -344,9 +378,10 @@ impl Pool {
     /// # Safety
     /// As [`Pool::free`].
     #[inline]
-    pub(crate) unsafe fn free_plain(&self, p: *mut u8) {
-        let Some(page) = self.table.page_of(p) else {
-            return;
+    pub(crate) unsafe fn free_plain(&self, p: *mut u8) -> bool {
+        // A pointer that starts no block (a stranger's, or inside a block) is ignored.
+        let Some(page) = self.block_start(p) else {
+            return false;
         };
         if cfg!(feature = "memcheck") {
             // SAFETY: forwarded from the caller.
@@ -360,9 +395,11 @@ impl Pool {
             } else {
                 Heap::free_remote(self.inner(), page, p, heap);
             }
-        } else if page.kind.load(Relaxed) == LARGE && page.start.load(Relaxed) == p as usize {
+        } else {
+            // LARGE, starting at `p` (`block_start`).
             self.inner().free_large(page);
         }
+        true
     }
 
     /// Free a block of this pool, given the layout it was allocated (or last reallocated)
@@ -583,7 +620,7 @@ impl Pool {
     /// Bytes usable in the block at `p` (at least what was asked for); `None` for a pointer
     /// that is not the start of a live large block or inside a small-block page.
     pub fn usable_size(&self, p: *const u8) -> Option<usize> {
-        let page = self.inner().page_of(p)?;
+        let page = self.block_start(p)?;
         match page.kind.load(Relaxed) {
             SMALL => Some(page.block_size.load(Relaxed) as usize),
             LARGE if page.start.load(Relaxed) == p as usize => {

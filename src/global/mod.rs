@@ -91,6 +91,10 @@ const READY: u8 = 2;
 const NO_POOL: u64 = u64::MAX;
 const FAILED: u8 = 3;
 
+/// The smallest reservation a pool falls back to when the address space refuses its own
+/// (see [`GlobalConfig::reserve`]).
+pub const MIN_RESERVE: usize = 16 << 20;
+
 /// How long a thread allocating during another thread's initialisation waits for it.
 pub const INIT_WAIT: Duration = Duration::from_secs(2);
 
@@ -479,21 +483,40 @@ impl GlobalPool {
 
     /// Open the NIC, a PD and the pool (on the initialising thread, under a provisioning mark).
     fn open(&self) -> Result<&'static Ready, Error> {
-        let (cfg, ignored) = self.config.with_env();
+        let (mut cfg, ignored) = self.config.with_env();
         self.counters()
             .env_ignored
             .fetch_add(u64::from(ignored), Relaxed);
-        let arena = cfg.arena();
         let nic = match cfg.open {
             Some(open) => open()?,
             None => Nic::open_default()?,
         };
         let pd = nic.alloc_pd()?;
-        let pool = if self.remote_rights {
-            // SAFETY: the caller of `with_remote_rights` took on its contract.
-            unsafe { Pool::with_remote_rights(&pd, arena) }?
-        } else {
-            Pool::with_config(&pd, arena)?
+        // An address-space limit (`ulimit -v`, a container's) refuses the reservation: halve it
+        // down to `MIN_RESERVE` rather than degrade every allocation.
+        let pool = loop {
+            let arena = cfg.arena();
+            let made = if self.remote_rights {
+                // SAFETY: the caller of `with_remote_rights` took on its contract.
+                unsafe { Pool::with_remote_rights(&pd, arena) }
+            } else {
+                Pool::with_config(&pd, arena)
+            };
+            match made {
+                Err(Error::Os {
+                    errno: libc::ENOMEM,
+                    what,
+                }) if cfg.reserve / 2 >= MIN_RESERVE => {
+                    tracing::info!(
+                        what,
+                        reserve = cfg.reserve,
+                        "rdma_pool: reservation refused, halving it"
+                    );
+                    cfg.reserve /= 2;
+                    cfg.chunk = cfg.chunk.min(cfg.reserve);
+                }
+                made => break made?,
+            }
         };
         tracing::info!(nic = %nic.caps().name, ?cfg.registration, ?cfg.hugepages,
             "rdma_pool: GlobalPool ready");
@@ -689,6 +712,10 @@ impl GlobalPool {
     /// refusal is counted once), else initialise, provision, degrade.
     #[inline(never)]
     fn alloc_cold(&self, layout: Layout, zero: bool) -> *mut u8 {
+        // The slow paths make system calls (commit, madvise, registration) whose failures may
+        // be handled and leave `errno` set: a successful allocation leaves it as it found it
+        // (C's `malloc` is this path too).
+        let _errno = ErrnoGuard::save();
         let ready = self.ready();
         if let Some(pool) = ready {
             let p = pool.alloc_with(layout, zero);
@@ -803,15 +830,35 @@ impl GlobalPool {
     }
 }
 
+/// Restores this thread's `errno` when dropped.
+struct ErrnoGuard(*mut libc::c_int, libc::c_int);
+
+impl ErrnoGuard {
+    fn save() -> ErrnoGuard {
+        // SAFETY: `__errno_location` returns this thread's `errno`, valid for the thread's life.
+        let e = unsafe { libc::__errno_location() };
+        // SAFETY: as above.
+        ErrnoGuard(e, unsafe { *e })
+    }
+}
+
+impl Drop for ErrnoGuard {
+    fn drop(&mut self) {
+        // SAFETY: as in `save`, on the same thread.
+        unsafe { *self.0 = self.1 };
+    }
+}
+
 /// Size-less frees and sizes: what C's `free`, `realloc` and `malloc_usable_size` need (the
 /// C library, `capi/`). A block is found by its address alone: the pool's by its page
 /// table, the bootstrap region's by its header, a fallback block by the fallback's registry
 /// ([`Fallback::Mmap`]); any other pointer is a stranger's.
 impl GlobalPool {
     /// Free `p` without its layout, wherever it came from (pool, bootstrap region,
-    /// fallback). Null and pointers no part of this pool handed out are ignored and the latter
-    /// counted ([`GlobalStats::foreign_frees`]; under [`Fallback::System`] they are passed to
-    /// `free`).
+    /// fallback). Null and pointers no part of this pool handed out — including pointers
+    /// into a pool block that are not its first byte — are ignored and the latter counted
+    /// ([`GlobalStats::foreign_frees`]; under [`Fallback::System`] those outside the pool are
+    /// passed to `free`).
     ///
     /// # Safety
     /// `p` is null, or a block of this `GlobalPool` freed once, or a pointer it did not hand
@@ -832,7 +879,10 @@ impl GlobalPool {
     pub unsafe fn free_unsized(&self, p: *mut u8) {
         if let Some(pool) = self.owner_of(p) {
             // SAFETY: in the pool's reservation: a block of the pool freed once, or ignored.
-            return unsafe { pool.free(p) };
+            if !unsafe { pool.free_found(p) } {
+                Counters::bump(&self.counters().foreign);
+            }
+            return;
         }
         // SAFETY: forwarded from the caller.
         unsafe { self.free_unsized_cold(p) }
@@ -906,6 +956,7 @@ impl GlobalPool {
     /// }
     /// ```
     pub unsafe fn realloc_unsized(&self, p: *mut u8, new_size: usize) -> *mut u8 {
+        let _errno = ErrnoGuard::save();
         let Some(new) = new_size.checked_next_multiple_of(bootstrap::MIN_ALIGN) else {
             return null_mut();
         };

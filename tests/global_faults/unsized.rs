@@ -116,6 +116,32 @@ fn pool_and_bootstrap_blocks_free_resize_and_measure_without_their_layout() {
         B.free_unsized(m);
         assert!(B.validate());
 
+        // Pointers into a pool block that are not its first byte: ignored, counted, and the
+        // block stays whole (not handed out twice).
+        let foreign = P.stats().foreign_frees;
+        for size in [64usize, 100, 4096, 300_000, 3 << 20] {
+            let p = P.alloc(Layout::from_size_align(size, 8).unwrap());
+            fill(p, size, 0x44);
+            for off in [1usize, 8, 16, size / 2] {
+                assert_eq!(P.usable_size(p.add(off)), None, "{size} + {off}");
+                assert!(
+                    P.realloc_unsized(p.add(off), 10).is_null(),
+                    "{size} + {off}"
+                );
+                P.free_unsized(p.add(off));
+                let q = P.alloc(Layout::from_size_align(size, 8).unwrap());
+                assert_ne!(q, p.add(off), "{size}: an inner pointer was handed out");
+                P.free_unsized(q);
+            }
+            assert!(
+                std::slice::from_raw_parts(p, size)
+                    .iter()
+                    .all(|&b| b == 0x44)
+            );
+            P.free_unsized(p);
+        }
+        assert_eq!(P.stats().foreign_frees, foreign + 20);
+
         // Strangers: null, the stack, a system block.
         let foreign = P.stats().foreign_frees;
         let on_stack = 5u64;

@@ -24,7 +24,7 @@ extern void *__libc_memalign(size_t, size_t);
 extern void free_sized(void *, size_t) __attribute__((weak));
 extern void free_aligned_sized(void *, size_t, size_t) __attribute__((weak));
 /* Sizes the compiler must not see through (it warns about impossible requests). */
-static volatile size_t half = SIZE_MAX / 2, huge = SIZE_MAX - 8;
+static volatile size_t half = SIZE_MAX / 2, huge = SIZE_MAX - 8, petabyte = (size_t)1 << 50;
 
 static int failures;
 #define CHECK(c)                                                                      \
@@ -129,6 +129,10 @@ int main(void) {
     CHECK(malloc(huge) == NULL && errno == ENOMEM);
     errno = 0;
     CHECK(reallocarray(NULL, half, 3) == NULL && errno == ENOMEM);
+    /* more than the machine's memory and swap: refused, not reserved for the OOM killer */
+    errno = 0;
+    CHECK(malloc(petabyte) == NULL && errno == ENOMEM);
+    CHECK(posix_memalign(&p, 4096, petabyte) == ENOMEM);
     p = malloc(10);
     errno = 0;
     void *same = realloc(p, huge);

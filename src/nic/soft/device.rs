@@ -102,8 +102,8 @@ fn caps_of(id: u32, config: &SoftConfig) -> Caps {
 }
 
 impl Device {
-    /// Create the device: its tables, its memlock account and its prefetch thread (the one-time
-    /// work, done here and never on a verb's path).
+    /// Create the device: its tables, its memlock account and its prefetcher (whose thread
+    /// the first postponed prefetch starts).
     pub(super) fn new(id: u32, config: SoftConfig) -> Arc<Device> {
         Arc::new_cyclic(|weak: &Weak<Device>| {
             let weak = weak.clone();

@@ -6,8 +6,8 @@
 //! the first page it cannot; a postponed prefetch re-checks its region when it runs (it may
 //! have gone or changed meanwhile) and its errors are dropped, as `ibv_advise_mr(3)` allows.
 //! `PrefetchNoFault` maps only pages the CPU already has (`mincore`) and never faults. The
-//! thread is started when the device is created (never on a verb's path) and ends when the
-//! device is dropped; if it cannot be started, prefetches run synchronously.
+//! thread is started by the first postponed prefetch (`advise_mr` without `FLUSH`) and ends
+//! when the device is dropped; if it cannot be started, prefetches run synchronously.
 
 use super::counters::{AtomicCounters, bump};
 use super::keys::{KeyObj, KeyTable, MrObj};
@@ -23,16 +23,33 @@ pub(super) struct PrefetchJob {
     pub(super) write: bool,
 }
 
-/// The device's prefetch thread (its channel).
+/// What the prefetch thread runs on each job (false: stop).
+type Runner = dyn Fn(PrefetchJob) -> bool + Send + Sync + 'static;
+
+/// The device's prefetch thread (its channel), started by the first postponed prefetch: a
+/// process that never asks for one (a program whose `malloc` is the pool, say — the pool's
+/// own prefetches run now, with `FLUSH`) stays single-threaded, so that it can still
+/// `unshare(CLONE_NEWUSER)` and the like.
 pub(super) struct Prefetcher {
-    tx: Option<crossbeam::channel::Sender<PrefetchJob>>,
+    run: std::sync::Arc<Runner>,
+    tx: std::sync::OnceLock<Option<crossbeam::channel::Sender<PrefetchJob>>>,
 }
 
 impl Prefetcher {
-    /// Start the thread; it runs `run` on every job until `run` returns false or the
-    /// `Prefetcher` is dropped.
-    pub(super) fn start(run: impl Fn(PrefetchJob) -> bool + Send + 'static) -> Prefetcher {
+    /// A prefetcher that will run `run` on every job, on its thread, until `run` returns false
+    /// or the `Prefetcher` is dropped. No thread yet.
+    pub(super) fn start(run: impl Fn(PrefetchJob) -> bool + Send + Sync + 'static) -> Prefetcher {
+        Prefetcher {
+            run: std::sync::Arc::new(run),
+            tx: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Start the thread (once); its channel, or `None` when it could not be started.
+    #[cold]
+    fn spawn(&self) -> Option<crossbeam::channel::Sender<PrefetchJob>> {
         let (tx, rx) = crossbeam::channel::unbounded::<PrefetchJob>();
+        let run = self.run.clone();
         let spawned = std::thread::Builder::new()
             .name("soft-nic-prefetch".into())
             .spawn(move || {
@@ -47,14 +64,13 @@ impl Prefetcher {
                 "could not start the soft NIC prefetch thread; prefetching synchronously"
             );
         }
-        Prefetcher {
-            tx: spawned.is_ok().then_some(tx),
-        }
+        spawned.is_ok().then_some(tx)
     }
 
-    /// Hand `job` to the thread; gives it back when there is no thread to run it.
+    /// Hand `job` to the thread (starting it the first time); gives it back when there is no
+    /// thread to run it.
     pub(super) fn submit(&self, job: PrefetchJob) -> Result<(), PrefetchJob> {
-        match &self.tx {
+        match self.tx.get_or_init(|| self.spawn()) {
             Some(tx) => tx.send(job).map_err(|e| e.0),
             None => Err(job),
         }
