@@ -862,7 +862,8 @@ impl GlobalPool {
     ///
     /// # Safety
     /// `p` is null, or a block of this `GlobalPool` freed once, or a pointer it did not hand
-    /// out (which is left alone).
+    /// out that is inside the pool or (under [`Fallback::Mmap`]) anywhere — left alone; under
+    /// [`Fallback::System`] a pointer outside the pool must be a `malloc` block.
     ///
     /// # Examples
     /// ```
@@ -908,13 +909,20 @@ impl GlobalPool {
     /// from; `None` for a pointer this pool did not hand out (or not a block's start).
     ///
     /// # Safety
-    /// `p` is null, a live block of this `GlobalPool`, or a pointer it did not hand out (a
-    /// freed bootstrap block's header may be gone: its answer would be made up).
+    /// `p` is null, a live block of this `GlobalPool`, or — under [`Fallback::Mmap`] — a
+    /// pointer it did not hand out. (Under [`Fallback::System`] a pointer outside the pool
+    /// is taken for a `malloc` block and measured by `malloc_usable_size`; a freed bootstrap
+    /// block's header may be gone, so its answer would be made up.)
     ///
     /// # Examples
     /// ```
-    /// static POOL: rdma_pool::GlobalPool = rdma_pool::GlobalPool::new();
-    /// // SAFETY: not a block of the pool.
+    /// use rdma_pool::GlobalPool;
+    /// use rdma_pool::global::{Fallback, GlobalConfig};
+    /// static POOL: GlobalPool = GlobalPool::with_config(GlobalConfig {
+    ///     fallback: Fallback::Mmap,
+    ///     ..GlobalConfig::DEFAULT
+    /// });
+    /// // SAFETY: under `Mmap`, a pointer the pool did not hand out is answered `None`.
     /// assert_eq!(unsafe { POOL.usable_size(&0u8) }, None);
     /// ```
     pub unsafe fn usable_size(&self, p: *const u8) -> Option<usize> {
@@ -939,8 +947,9 @@ impl GlobalPool {
     /// untouched.
     ///
     /// # Safety
-    /// `p` is a live block of this `GlobalPool`, or a pointer it did not hand out; on success
-    /// it must no longer be used (unless the same pointer is returned). `new_size` is not 0.
+    /// `p` is a live block of this `GlobalPool`, or (under [`Fallback::Mmap`]) a pointer it
+    /// did not hand out; on success it must no longer be used (unless the same pointer is
+    /// returned). `new_size` is not 0.
     ///
     /// # Examples
     /// ```
