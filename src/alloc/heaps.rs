@@ -2,7 +2,7 @@
 //!
 //! Contract: heaps live in one array mapped from the kernel (`MAP_NORESERVE`: a heap's pages
 //! cost memory only once a thread used it), [`MAX_HEAPS`] long — shorter (`cap`, halved down
-//! to [`MIN_HEAPS`]) when an address-space limit refuses that much. A thread claims a heap the
+//! to [`MIN_HEAPS`]) under an address-space limit: at most an eighth of what it leaves. A thread claims a heap the
 //! first time it allocates in the pool: the most recently given-back heap (a stack under one
 //! lock, linked through `Heap::next_free`), else a never-used one at `top`. No path scans the
 //! heaps to find a free one; only statistics and the purge's collection of abandoned heaps walk
@@ -39,6 +39,13 @@ pub(crate) struct Heaps {
 impl Heaps {
     pub(crate) fn new() -> Result<Heaps, i32> {
         let mut cap = MAX_HEAPS;
+        // Under an address-space limit the array takes at most an eighth of what is left
+        // (the heap itself needs the rest).
+        if let Some(room) = crate::arena::os::address_space_headroom() {
+            while cap > MIN_HEAPS && cap * size_of::<Heap>() > room / 8 {
+                cap /= 2;
+            }
+        }
         let array = loop {
             // SAFETY: an all-zero heap is unclaimed and uninitialised.
             match unsafe { MmapArray::zeroed(cap) } {

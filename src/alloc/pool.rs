@@ -450,8 +450,10 @@ impl PoolInner {
             memcheck::guard(p, run_len - memcheck::LARGE_GUARD);
             if zero {
                 memcheck::unpoison(p, size);
-                // SAFETY: the run is ours again and `size <= run_len`.
-                unsafe { std::ptr::write_bytes(p, 0, size) };
+                if !self.arena.zero_by_discard(p as usize, size) {
+                    // SAFETY: the run is ours again and `size <= run_len`.
+                    unsafe { std::ptr::write_bytes(p, 0, size) };
+                }
             }
             return p;
         }
@@ -466,7 +468,7 @@ impl PoolInner {
         head.large_len.store(run_len, R);
         head.kind.store(LARGE, Ordering::Release);
         self.large_live.fetch_add(run_len, R);
-        if zero && !clean {
+        if zero && !clean && !self.arena.zero_by_discard(start, size) {
             // SAFETY: the run is ours and `size <= run_len`.
             unsafe { std::ptr::write_bytes(p, 0, size) };
         }

@@ -64,7 +64,7 @@ pub(crate) fn reserve_window(
 
 /// Bytes of address space the process may still map under `RLIMIT_AS`; `None` without a
 /// limit (or when it cannot be read).
-fn address_space_headroom() -> Option<usize> {
+pub(crate) fn address_space_headroom() -> Option<usize> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,

@@ -154,7 +154,7 @@ impl Rails {
     }
 
     /// Whether any rail is attached (one load per slot).
-    fn any(&self) -> bool {
+    pub(super) fn any(&self) -> bool {
         self.slots.iter().any(|s| s.pd.load(R) != 0)
     }
 

@@ -971,6 +971,8 @@ impl GlobalPool {
         };
         if let Some(pool) = self.owner_of(p) {
             let Some(old) = pool.usable_size(p) else {
+                // Not a block's first byte: a stranger's pointer, refused and counted.
+                Counters::bump(&self.counters().foreign);
                 return null_mut();
             };
             // SAFETY: a live block of the pool (caller's contract), at most `old` bytes long
