@@ -107,7 +107,10 @@ fn ways() -> Option<&'static [Way; WAYS]> {
             "mov {p}, qword ptr fs:[0]",
             "add {p}, qword ptr [rip + __rdma_pool_tls_ways_v1@GOTTPOFF]",
             p = out(reg) p,
-            options(pure, nomem, nostack),
+            // It reads memory (the thread pointer, the GOT) and is not `pure`: a value the
+            // compiler kept across a point where the code may move to another thread (an async
+            // task's resumption) would be another thread's ways.
+            options(readonly, nostack),
         );
     }
     // SAFETY: this thread's copy, zero-initialised (valid ways), living as long as the
