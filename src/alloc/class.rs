@@ -17,7 +17,7 @@ pub const CLASSES: usize = 8 + 8 * 14;
 pub(crate) const GRANULE_SHIFT: u32 = 16;
 
 /// Sizes up to this are classed by one table load ([`SMALL_CLASS`]).
-const TABLE_MAX: usize = 1024;
+pub(crate) const TABLE_MAX: usize = 1024;
 
 /// `SMALL_CLASS[k]` is the class of `8k` bytes: every class boundary up to [`TABLE_MAX`] is a
 /// multiple of 8, so all sizes in `(8(k-1), 8k]` share it.
@@ -36,10 +36,17 @@ const SMALL_CLASS: [u8; TABLE_MAX / 8 + 1] = {
 #[inline(always)]
 pub(crate) fn class_of(size: usize) -> usize {
     if size <= TABLE_MAX {
-        // SAFETY: `(size + 7) / 8 <= TABLE_MAX / 8`.
-        return unsafe { *SMALL_CLASS.get_unchecked((size + 7) >> 3) } as usize;
+        return small_class(size);
     }
     class_of_computed(size)
+}
+
+/// [`class_of`] of a size known to be at most [`TABLE_MAX`]: the table load alone.
+#[inline(always)]
+pub(crate) fn small_class(size: usize) -> usize {
+    debug_assert!(size <= TABLE_MAX);
+    // SAFETY: `(size + 7) / 8 <= TABLE_MAX / 8` (the caller's contract, checked in debug).
+    (unsafe { *SMALL_CLASS.get_unchecked((size + 7) >> 3) }) as usize
 }
 
 /// [`class_of`] by arithmetic (what the table holds, and every size above it).
@@ -142,6 +149,9 @@ pub(crate) const fn page_shift(c: usize) -> u32 {
 pub(crate) const MAX_PAGE_SHIFT: u32 = crate::arena::SLAB_SHIFT;
 
 const _: () = assert!(1 << MAX_PAGE_SHIFT >= 2 * MAX_SMALL);
+
+// Every size the table classes is cached (the fast paths skip the class test).
+const _: () = assert!(class_of_computed(TABLE_MAX) < super::tcache::CACHED_CLASSES);
 
 #[cfg(test)]
 mod tests {

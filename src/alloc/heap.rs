@@ -156,6 +156,20 @@ impl Heap {
         self.pop_page(c)
     }
 
+    /// [`Heap::alloc_fast`] of a class known to be cached: no test of the class.
+    ///
+    /// # Safety
+    /// `c < CACHED_CLASSES`.
+    #[inline(always)]
+    pub(crate) unsafe fn alloc_cached(&self, c: usize) -> *mut u8 {
+        debug_assert!(c < CACHED_CLASSES);
+        // SAFETY: `c < CACHED_CLASSES` (the caller's contract).
+        if let Some(p) = unsafe { self.tcache.pop(c) } {
+            return p;
+        }
+        self.pop_page(c)
+    }
+
     /// A block of class `c` from its current page's free list; null when it is empty.
     #[inline(always)]
     fn pop_page(&self, c: usize) -> *mut u8 {
@@ -207,11 +221,12 @@ impl Heap {
     /// memory freed before a stretch of fast-path-only churn still goes back on time.
     #[inline(always)]
     pub(crate) fn tick(&self) {
-        let t = self.tick.load(R);
-        if t == 0 {
+        // Decrement, then test the sign: the decrement's flags are the test, and a heap whose
+        // counter starts at 0 (a fresh one) looks at once.
+        let t = self.tick.load(R).wrapping_sub(1);
+        self.tick.store(t, R);
+        if (t as i32) <= 0 {
             self.tick_slow();
-        } else {
-            self.tick.store(t - 1, R);
         }
     }
 

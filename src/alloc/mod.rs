@@ -48,7 +48,7 @@ pub(crate) use tls::{any_live_pool, keys_of_any, keys_of_any_on};
 use crate::arena::os::MmapBox;
 use crate::arena::{Arena, ArenaConfig, Error, Keys, SLAB};
 use crate::nic::{Pd, Sge};
-use class::{class_for, class_of};
+use class::{TABLE_MAX, class_for, class_of, small_class};
 use heap::Heap;
 use page::{LARGE, Page, SMALL, UNUSED};
 use pool::{PageTable, PoolInner};
@@ -244,9 +244,26 @@ impl Pool {
     }
 
     /// [`Pool::alloc_fast`] of the pool with id `id` (any id: null when this thread has no
-    /// heap with it), for a front end that keeps the id beside its own state.
+    /// heap with it), for a front end that keeps the id beside its own state. Sizes up to the
+    /// class table's 1 KiB only: a front end's slow path tries [`Pool::alloc_fast_mid`] first.
     #[inline(always)]
     pub(crate) fn alloc_fast_in(id: u64, layout: Layout) -> *mut u8 {
+        let (size, align) = (layout.size(), layout.align());
+        if !cfg!(feature = "memcheck") && align <= 8 && size <= TABLE_MAX {
+            // The first allocation of a thread claims its heap in the slow path.
+            if let Some(heap) = tls::heap_in(id) {
+                // SAFETY: a heap this thread owns; a class up to `TABLE_MAX` is cached.
+                return unsafe { heap.as_ref().alloc_cached(small_class(size)) };
+            }
+        }
+        null_mut()
+    }
+
+    /// The fast path of the sizes [`Pool::alloc_fast_in`] leaves (above the class table's
+    /// 1 KiB, up to [`MAX_SMALL`]), for the slow paths to try first; null when it cannot serve
+    /// `layout`.
+    #[inline(always)]
+    pub(crate) fn alloc_fast_mid(id: u64, layout: Layout) -> *mut u8 {
         let (size, align) = (layout.size(), layout.align());
         if !cfg!(feature = "memcheck") && align <= 8 && size <= MAX_SMALL {
             // The first allocation of a thread claims its heap in the slow path.
@@ -261,6 +278,10 @@ impl Pool {
     /// [`Pool::alloc`] past its fast path (with memory-checker mode's bookkeeping).
     #[inline(never)]
     fn alloc_outlined(&self, layout: Layout) -> *mut u8 {
+        let p = Pool::alloc_fast_mid(self.id, layout);
+        if !p.is_null() {
+            return p;
+        }
         let p = self.alloc_slow(layout, false);
         if cfg!(feature = "memcheck") {
             self.memcheck_out(p);
@@ -434,32 +455,73 @@ impl Pool {
     /// As [`Pool::free_sized`], and `self.contains(p)`.
     #[inline(always)]
     pub(crate) unsafe fn free_sized_in(&self, p: *mut u8, layout: Layout) {
+        let off = (p as usize).wrapping_sub(self.table.base);
+        // SAFETY: forwarded from the caller; `off` is `p`'s offset in the reservation.
+        unsafe { self.free_sized_at(p, off, layout) }
+    }
+
+    /// [`Pool::free_sized_in`] given `p`'s offset in the reservation (a front end that has
+    /// computed it for its own range check passes it on). Up to [`TABLE_MAX`] bytes the fast
+    /// path takes one size test and one table load; larger cached sizes go out of line.
+    ///
+    /// # Safety
+    /// As [`Pool::free_sized`], `self.contains(p)` and `off == p - base` (the reservation's
+    /// first address, [`Pool::span`]).
+    #[inline(always)]
+    pub(crate) unsafe fn free_sized_at(&self, p: *mut u8, off: usize, layout: Layout) {
+        let size = layout.size();
+        if layout.align() <= 8 && size <= TABLE_MAX {
+            // SAFETY: forwarded from the caller; `size <= TABLE_MAX`.
+            return unsafe { self.free_cached(p, off, small_class(size)) };
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe { self.free_sized_mid(p, off, layout) }
+    }
+
+    /// A sized free the table does not class: cached sizes above [`TABLE_MAX`] take the
+    /// cached path with a computed class, the rest [`Pool::free`].
+    #[inline(never)]
+    unsafe fn free_sized_mid(&self, p: *mut u8, off: usize, layout: Layout) {
         let size = layout.size();
         if layout.align() <= 8 && size <= CACHED_MAX {
-            // SAFETY: `p` is in the reservation (the caller's contract).
-            if unsafe { self.table.granted(p) } {
-                // SAFETY: forwarded from the caller.
-                return unsafe { self.free_granted(p) };
-            }
-            // SAFETY: `p` is in the reservation (the caller's contract).
-            let owner = unsafe { self.table.owner_of(p) };
-            if let Some(heap) = tls::heap_in(self.id).filter(|h| h.as_ptr() == owner) {
-                let heap = heap.as_ptr();
-                if cfg!(feature = "memcheck") {
-                    // The page's block size, not the size's class: a block resized in place
-                    // may have kept a larger class (over-aligned at first).
-                    if let Some(page) = self.table.page_of(p) {
-                        // SAFETY: a block of this thread's page being freed.
-                        unsafe { self.memcheck_in(page, p) };
-                    }
+            // SAFETY: forwarded from the caller; `class_of(size) < CACHED_CLASSES`.
+            return unsafe { self.free_cached(p, off, class_of(size)) };
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe { self.free(p) }
+    }
+
+    /// Free block `p` of a cached class `c` (the class of its layout's size): into this
+    /// thread's cache when this thread's heap owns its page and no grant is open in its
+    /// granule, else through [`Pool::free`].
+    ///
+    /// # Safety
+    /// As [`Pool::free_sized_at`], and `c < CACHED_CLASSES` is the class of the block's size.
+    #[inline(always)]
+    unsafe fn free_cached(&self, p: *mut u8, off: usize, c: usize) {
+        // SAFETY: `off` is in the reservation (the caller's contract).
+        let d = unsafe { self.table.desc_at(off) };
+        if d.granted.load(std::sync::atomic::Ordering::Relaxed) != 0 {
+            // SAFETY: forwarded from the caller.
+            return unsafe { self.free_granted(p) };
+        }
+        let owner = d.heap.load(std::sync::atomic::Ordering::Relaxed);
+        if let Some(heap) = tls::heap_in(self.id).filter(|h| h.as_ptr() == owner) {
+            let heap = heap.as_ptr();
+            if cfg!(feature = "memcheck") {
+                // The page's block size, not the size's class: a block resized in place
+                // may have kept a larger class (over-aligned at first).
+                if let Some(page) = self.table.page_of(p) {
+                    // SAFETY: a block of this thread's page being freed.
+                    unsafe { self.memcheck_in(page, p) };
                 }
-                // SAFETY: this thread's heap; `class_of(size) < CACHED_CLASSES`.
-                if unsafe { (*heap).cache_sized(class_of(size), p) } {
-                    return;
-                }
-                // SAFETY: as above.
-                return unsafe { self.free_sized_slow(heap, p, size) };
             }
+            // SAFETY: this thread's heap; `c < CACHED_CLASSES`.
+            if unsafe { (*heap).cache_sized(c, p) } {
+                return;
+            }
+            // SAFETY: as above.
+            return unsafe { self.free_sized_slow(heap, p, c) };
         }
         // SAFETY: forwarded from the caller.
         unsafe { self.free_outlined(p) }
@@ -478,10 +540,9 @@ impl Pool {
     /// cache, then cache the block.
     #[cold]
     #[inline(never)]
-    unsafe fn free_sized_slow(&self, heap: *mut Heap, p: *mut u8, size: usize) {
+    unsafe fn free_sized_slow(&self, heap: *mut Heap, p: *mut u8, c: usize) {
         // SAFETY: this thread's heap (the caller's contract).
         let heap = unsafe { &*heap };
-        let c = class_of(size);
         heap.flush_half(c);
         let cached = heap.cache_sized(c, p);
         debug_assert!(cached, "half the cache was just emptied");

@@ -159,20 +159,8 @@ impl PageTable {
         Some(unsafe { self.page_of_unchecked(p) })
     }
 
-    /// The heap owning the small-block page that holds `p` (recorded in every granule of the
-    /// page, so one load, no hop to the head).
-    ///
-    /// # Safety
-    /// `self.contains(p)`.
-    #[inline(always)]
-    pub(crate) unsafe fn owner_of(&self, p: *const u8) -> *mut Heap {
-        let i = (p as usize).wrapping_sub(self.base) >> GRANULE_SHIFT;
-        // SAFETY: `p` is in the reservation; the table has an entry per granule.
-        unsafe { &*self.descs.add(i) }.heap.load(R)
-    }
-
     /// Whether a grant is open on a block starting in `p`'s granule (`grant/ledger.rs`): one
-    /// relaxed load from the descriptor [`PageTable::owner_of`] reads too.
+    /// relaxed load.
     ///
     /// # Safety
     /// `self.contains(p)`.
@@ -181,6 +169,18 @@ impl PageTable {
         let i = (p as usize).wrapping_sub(self.base) >> GRANULE_SHIFT;
         // SAFETY: `p` is in the reservation; the table has an entry per granule.
         unsafe { &*self.descs.add(i) }.granted.load(R) != 0
+    }
+
+    /// The descriptor of the granule at offset `off` in the reservation (not hopping to the
+    /// page's head: the fields recorded in every granule, `heap` and `granted`, are right).
+    ///
+    /// # Safety
+    /// `off < reserve`.
+    #[inline(always)]
+    pub(crate) unsafe fn desc_at(&self, off: usize) -> &Page {
+        // SAFETY: the table has an entry per granule of the reservation (the caller's
+        // contract), alive as long as the pool this view was taken from.
+        unsafe { &*self.descs.add(off >> GRANULE_SHIFT) }
     }
 
     /// [`PageTable::page_of`] of a pointer known to be in the reservation.

@@ -712,6 +712,12 @@ impl GlobalPool {
     /// refusal is counted once), else initialise, provision, degrade.
     #[inline(never)]
     fn alloc_cold(&self, layout: Layout, zero: bool) -> *mut u8 {
+        if !zero {
+            let p = Pool::alloc_fast_mid(self.fast_id.load(Relaxed), layout);
+            if !p.is_null() {
+                return p;
+            }
+        }
         // The slow paths make system calls (commit, madvise, registration) whose failures may
         // be handled and leave `errno` set: a successful allocation leaves it as it found it
         // (C's `malloc` is this path too).
@@ -1030,9 +1036,14 @@ unsafe impl GlobalAlloc for GlobalPool {
 
     #[inline(always)]
     unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
-        if let Some(pool) = self.owner_of(p) {
-            // SAFETY: a block of the pool (it is in its reservation) with `layout`.
-            return unsafe { pool.free_sized_in(p, layout) };
+        let reserve = self.reserve.load(Acquire);
+        let off = (p as usize).wrapping_sub(self.base.load(Relaxed));
+        if off < reserve {
+            // SAFETY: a non-zero `reserve` was published (Release) after `hot` was written.
+            let pool = unsafe { (*self.hot.get()).assume_init_ref() };
+            // SAFETY: a block of the pool with `layout`; `off` is its offset from the
+            // reservation's first address, which is the pool's (`span`, published together).
+            return unsafe { pool.free_sized_at(p, off, layout) };
         }
         // SAFETY: forwarded from the caller.
         unsafe { self.dealloc_cold(p, layout) }
