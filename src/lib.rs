@@ -84,5 +84,6 @@ pub mod grant;
 pub mod nic;
 pub mod prefetch;
 pub mod queue_mem;
+mod sys;
 
 pub use global::{GlobalPool, keys_of, keys_of_on, stats};

@@ -81,7 +81,7 @@ pub(crate) struct Heap {
     pub(crate) owner: AtomicU64,
     /// `1 +` index of the next heap on the pool's free stack (`heaps.rs`).
     pub(crate) next_free: AtomicU32,
-    /// The fork generation of the process when the heap was claimed (`arena/atfork.rs`).
+    /// The fork generation of the process when the heap was claimed (`sys/atfork.rs`).
     pub(crate) generation: AtomicU64,
     pub(crate) initialised: AtomicBool,
     pub(crate) pool: AtomicPtr<PoolInner>,
@@ -104,13 +104,13 @@ impl Heap {
     pub(crate) fn orphaned(&self) -> bool {
         let owner = self.owner.load(R);
         owner != 0
-            && self.generation.load(R) != crate::arena::atfork::generation()
+            && self.generation.load(R) != crate::sys::atfork::generation()
             && owner != super::tls::token()
     }
 
     /// Point every class at the empty page (a zeroed heap is set up once, when first claimed).
     pub(crate) fn init(&self, pool: *const PoolInner) {
-        self.generation.store(crate::arena::atfork::generation(), R);
+        self.generation.store(crate::sys::atfork::generation(), R);
         if self.initialised.load(Ordering::Acquire) {
             return;
         }

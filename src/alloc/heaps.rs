@@ -14,8 +14,8 @@
 
 use super::heap::Heap;
 use super::pool::PoolInner;
-use crate::arena::atfork::ForkLock;
-use crate::arena::os::MmapArray;
+use crate::sys::atfork::ForkLock;
+use crate::sys::os::MmapArray;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// Most heaps a pool holds: threads that may use one pool at the same time.
@@ -41,7 +41,7 @@ impl Heaps {
         let mut cap = MAX_HEAPS;
         // Under an address-space limit the array takes at most an eighth of what is left
         // (the heap itself needs the rest).
-        if let Some(room) = crate::arena::os::address_space_headroom() {
+        if let Some(room) = crate::sys::os::address_space_headroom() {
             while cap > MIN_HEAPS && cap * size_of::<Heap>() > room / 8 {
                 cap /= 2;
             }

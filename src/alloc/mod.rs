@@ -45,9 +45,9 @@ pub use memcheck::{
 pub use stats::{ClassStats, PoolStats};
 pub(crate) use tls::{any_live_pool, keys_of_any, keys_of_any_on};
 
-use crate::arena::os::MmapBox;
 use crate::arena::{Arena, ArenaConfig, Error, Keys, SLAB};
 use crate::nic::{Pd, Sge};
+use crate::sys::os::MmapBox;
 use class::{TABLE_MAX, class_for, class_of, small_class};
 use heap::Heap;
 use page::{LARGE, Page, SMALL, UNUSED};

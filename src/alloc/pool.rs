@@ -17,9 +17,9 @@ use super::heaps::Heaps;
 use super::memcheck;
 use super::page::{LARGE, LARGE_FREE, Page, SMALL, TAIL, UNUSED};
 use super::purge::Idle;
-use crate::arena::atfork::{ForkGuard, ForkLock};
-use crate::arena::os::MmapArray;
 use crate::arena::{Arena, SLAB, SLAB_SHIFT};
+use crate::sys::atfork::{ForkGuard, ForkLock};
+use crate::sys::os::MmapArray;
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
@@ -116,10 +116,10 @@ impl List {
 }
 
 /// Enter the fork gate for a page or run changing hands (taken, carved, stolen, retired,
-/// freed): a fork waits until it is done (`arena/atfork.rs`), so a child never finds a page
+/// freed): a fork waits until it is done (`sys/atfork.rs`), so a child never finds a page
 /// half-listed or half-owned.
-fn changing_hands() -> crate::arena::atfork::Inside {
-    crate::arena::atfork::inside()
+fn changing_hands() -> crate::sys::atfork::Inside {
+    crate::sys::atfork::inside()
 }
 
 /// Where the page descriptors are: copied into the `Pool` handle so `free` reaches a
@@ -206,7 +206,7 @@ pub(crate) struct PoolInner {
     /// First, so it is dropped (windows deallocated) before the arena's regions.
     pub(crate) grants: crate::grant::Grants,
     /// The refill thread (`prefetch/refill.rs`), stopped by the pool's drop.
-    pub(crate) refill: crate::prefetch::Refill,
+    pub(crate) refill: crate::arena::prefetch::Refill,
     /// DEVX queue memory (`queue_mem/`): its UMEMs go before the arena's slabs.
     pub(crate) queue: crate::queue_mem::QueueMem,
     pub(crate) id: u64,
@@ -242,7 +242,7 @@ impl PoolInner {
         let spare = super::spare::Spare::new(reserve / SLAB, base / SLAB)?;
         Ok(PoolInner {
             grants: crate::grant::Grants::new()?,
-            refill: crate::prefetch::Refill::default(),
+            refill: crate::arena::prefetch::Refill::default(),
             queue: crate::queue_mem::QueueMem::default(),
             id,
             arena,

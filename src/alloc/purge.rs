@@ -23,9 +23,9 @@
 use super::class::GRANULE_SHIFT;
 use super::page::{LARGE_FREE, Page, SMALL};
 use super::pool::PoolInner;
-use crate::arena::atfork::ForkLock;
-use crate::arena::os::MmapArray;
 use crate::arena::{SLAB, SLAB_SHIFT};
+use crate::sys::atfork::ForkLock;
+use crate::sys::os::MmapArray;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 const R: Ordering = Ordering::Relaxed;
@@ -133,8 +133,8 @@ impl PoolInner {
     /// Purge every idle slab (`all`) or those idle for the delay; the bytes returned.
     pub(crate) fn purge_idle(&self, all: bool) -> usize {
         // A fork waits until the purge put back what it took out of the free lists.
-        let _inside = crate::arena::atfork::inside();
-        if crate::arena::provision::active() {
+        let _inside = crate::sys::atfork::inside();
+        if crate::sys::provision::active() {
             return 0; // a free made by the NIC layer while the arena calls it: later
         }
         let Some(_one) = self.idle.lock.try_lock() else {

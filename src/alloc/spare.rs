@@ -12,8 +12,8 @@
 //! Invariant: a spare slab is purged in the arena, in no free list, and every granule
 //! descriptor of it is `UNUSED`; `count == |spare bits|`.
 
-use crate::arena::atfork::ForkLock;
-use crate::arena::os::MmapArray;
+use crate::sys::atfork::ForkLock;
+use crate::sys::os::MmapArray;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 
 /// A bitmap of spare slabs under one lock.

@@ -28,7 +28,7 @@
 
 use super::heap::Heap;
 use super::pool::PoolInner;
-use crate::arena::atfork::{ForkGuard, ForkLock};
+use crate::sys::atfork::{ForkGuard, ForkLock};
 use std::cell::Cell;
 use std::ptr::{NonNull, null_mut};
 use std::sync::Once;

@@ -14,8 +14,8 @@
 //! `[huge_until, end)` ordinary; `huge_until` only decreases.
 
 use super::fork::ForkPolicy;
-use super::os;
-use super::{Error, Hugepages, SLAB, numa};
+use super::{Error, Hugepages, SLAB};
+use crate::sys::os;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// What backs a committed slab.
@@ -73,7 +73,7 @@ impl Pages {
             return 0;
         }
         // SAFETY: the range is a mapping of the arena's; only its policy changes.
-        match unsafe { numa::bind(addr, len, node - 1) } {
+        match unsafe { crate::sys::numa::bind(addr, len, node - 1) } {
             Ok(()) => node,
             Err(errno) => {
                 self.bind_failures.fetch_add(1, Relaxed);

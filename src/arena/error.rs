@@ -59,7 +59,7 @@ pub enum Error {
     NotRegistered,
     /// The arena was asked to grow while this thread is already provisioning (calling into
     /// the NIC): an allocation made by the NIC layer itself, which must be served elsewhere
-    /// (see [`provision`](super::provision)); or a `GlobalPool` was asked for its pool from
+    /// (see [`provision`](crate::sys::provision)); or a `GlobalPool` was asked for its pool from
     /// inside its own initialisation.
     #[error("the arena cannot grow from inside its own provisioning")]
     Reentrant,

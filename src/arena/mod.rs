@@ -38,7 +38,6 @@
 //! long as it is not purged (`purge.rs`); dropping the arena deregisters every region and
 //! unmaps the reservation.
 
-pub(crate) mod atfork;
 mod commit;
 mod config;
 mod error;
@@ -46,8 +45,8 @@ mod events;
 mod fork;
 mod grow;
 pub mod numa;
-pub(crate) mod os;
-pub mod provision;
+pub(crate) mod prefetch;
+pub use crate::sys::provision;
 mod purge;
 mod rails;
 mod register;
@@ -55,7 +54,7 @@ mod run;
 mod stats;
 mod table;
 
-pub use atfork::{DRAIN, ForkStats, fork_stats};
+pub use crate::sys::atfork::{DRAIN, ForkStats, fork_stats};
 pub use commit::PageKind;
 pub use config::{ArenaConfig, Hugepages, Registration, RegistrationPolicy};
 pub use error::Error;
@@ -69,9 +68,9 @@ pub use stats::{ArenaStats, MAX_STAT_NODES};
 pub use table::Keys;
 
 use crate::nic::{Access, Pd, Sge};
-use atfork::{ForkGuard, ForkLock};
+use crate::sys::atfork::{self, ForkGuard, ForkLock};
+use crate::sys::os::{self, MmapArray};
 use commit::Pages;
-use os::MmapArray;
 use stats::Counters;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -198,9 +197,9 @@ pub struct Arena {
     /// Per slab of the reservation: purge state and page kind (`purge.rs`).
     slabs: MmapArray<purge::SlabInfo>,
     purge_delay: Option<std::time::Duration>,
-    prefetch: crate::prefetch::Prefetcher,
+    prefetch: prefetch::Prefetcher,
     /// One-slab runs made ready ahead of demand (`prefetch/refill.rs`).
-    ahead: crate::prefetch::Reserve,
+    ahead: prefetch::Reserve,
     /// The registration asked for, and the remote rights: how rails register (`rails.rs`).
     asked: Registration,
     remote: Access,
@@ -373,8 +372,8 @@ impl Arena {
             numa,
             slabs,
             purge_delay: cfg.purge_delay,
-            prefetch: crate::prefetch::Prefetcher::new(cfg.prefetch && mode == RegMode::Odp, caps),
-            ahead: crate::prefetch::Reserve::new().map_err(unreserve)?,
+            prefetch: prefetch::Prefetcher::new(cfg.prefetch && mode == RegMode::Odp, caps),
+            ahead: prefetch::Reserve::new().map_err(unreserve)?,
             asked: cfg.registration,
             remote: cfg.remote,
             rails: rails::Rails::default(),
@@ -490,12 +489,12 @@ impl Arena {
     }
 
     /// The prefetch state.
-    pub(crate) fn prefetcher(&self) -> &crate::prefetch::Prefetcher {
+    pub(crate) fn prefetcher(&self) -> &prefetch::Prefetcher {
         &self.prefetch
     }
 
     /// The reserve of ready slabs.
-    pub(crate) fn ahead(&self) -> &crate::prefetch::Reserve {
+    pub(crate) fn ahead(&self) -> &prefetch::Reserve {
         &self.ahead
     }
 
@@ -513,9 +512,9 @@ impl Arena {
     }
 
     /// What prefetching did, with the reserve's and the device's figures.
-    pub fn prefetch_stats(&self) -> crate::prefetch::PrefetchStats {
+    pub fn prefetch_stats(&self) -> prefetch::PrefetchStats {
         let (held, target, refilled, hits) = self.ahead.counts();
-        crate::prefetch::PrefetchStats {
+        prefetch::PrefetchStats {
             reserve_slabs: held,
             reserve_target: target,
             refilled,

@@ -23,10 +23,10 @@
 //! region covers are committed.
 
 use super::commit::PageKind;
-use super::os;
-use super::provision::{self, Provisioning};
 use super::stats::{add, sub};
 use super::{Arena, Error, RegMode, SLAB, SLAB_SHIFT};
+use crate::sys::os;
+use crate::sys::provision::{self, Provisioning};
 use std::sync::atomic::{AtomicU8, Ordering};
 
 const LIVE: u8 = 0;
@@ -227,7 +227,7 @@ impl Arena {
             return Err(Error::Reentrant);
         }
         let _mark = Provisioning::enter();
-        let _inside = super::atfork::inside();
+        let _inside = crate::sys::atfork::inside();
         let (first, n) = self.slab_range(ptr, len)?;
         self.claim(first, n, LIVE)?;
         let mut purged = 0;
@@ -463,7 +463,7 @@ impl Arena {
 
     #[cold]
     fn revive_cold(&self, first: usize, n: usize) -> Result<(), Error> {
-        let _inside = super::atfork::inside();
+        let _inside = crate::sys::atfork::inside();
         if provision::active() {
             return Err(Error::Reentrant);
         }

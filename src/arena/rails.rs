@@ -28,11 +28,13 @@
 //! maps lies in a live region of that rail covering it, and no pinned rail region covers a
 //! purged slab.
 
-use super::atfork::{ForkGuard, ForkLock};
 use super::register::{self, ModeReason, RegMode};
 use super::table::{Keys, Table};
-use super::{Arena, Error, SLAB_SHIFT, os::MmapArray, provision};
+use super::{Arena, Error, SLAB_SHIFT};
 use crate::nic::{Access, Mr, Nic, Pd, Sge};
+use crate::sys::atfork::{ForkGuard, ForkLock};
+use crate::sys::os::MmapArray;
+use crate::sys::provision;
 use std::cell::UnsafeCell;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering, fence};
@@ -202,7 +204,7 @@ impl Arena {
             return Err(Error::Reentrant);
         }
         let _mark = provision::Provisioning::enter();
-        let _inside = super::atfork::inside();
+        let _inside = crate::sys::atfork::inside();
         if pd == &self.pd {
             return Err(Error::InvalidArgument("the arena's own PD is not a rail"));
         }
@@ -305,7 +307,7 @@ impl Arena {
             return Err(Error::Reentrant);
         }
         let _mark = provision::Provisioning::enter();
-        let _inside = super::atfork::inside();
+        let _inside = crate::sys::atfork::inside();
         let held = self.rails.hold();
         let r = held
             .attached()

@@ -13,7 +13,8 @@ use super::commit::PageKind;
 use super::grow::Grown;
 use super::stats::MAX_STAT_NODES;
 use super::stats::{add, sub};
-use super::{Arena, ChunkState, Error, NumaPlacement, Run, SLAB, State, os, provision};
+use super::{Arena, ChunkState, Error, NumaPlacement, Run, SLAB, State};
+use crate::sys::{os, provision};
 use std::ptr::NonNull;
 use std::sync::atomic::Ordering;
 
@@ -66,7 +67,7 @@ impl Arena {
         }
         let _mark = provision::Provisioning::enter();
         // A fork waits for this growth to finish (`atfork.rs`).
-        let _inside = super::atfork::inside();
+        let _inside = crate::sys::atfork::inside();
         // The growth path reads the device's events: a dead device is not called again.
         if !self.device_dead() {
             self.poll_device_events();
@@ -265,7 +266,7 @@ impl Arena {
             return Err(Error::Reentrant);
         }
         let _mark = provision::Provisioning::enter();
-        let _inside = super::atfork::inside();
+        let _inside = crate::sys::atfork::inside();
         let spc = self.slabs_per_chunk;
         if len == 0 || len > self.chunk_size() {
             return Err(Error::InvalidArgument(

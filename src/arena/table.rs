@@ -20,8 +20,8 @@
 //!   covers at least one slab of its own).
 
 use super::SLAB_SHIFT;
-use super::os::MmapArray;
 use crate::nic::{Lkey, Mr, Rkey};
+use crate::sys::os::MmapArray;
 use std::cell::UnsafeCell;
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -230,7 +230,7 @@ pub(crate) struct Table {
     regs: MmapArray<Reg>,
     next_reg: AtomicU32,
     /// `id + 1` of the top of the released-id stack, 0 when empty.
-    released: super::atfork::ForkLock<u32>,
+    released: crate::sys::atfork::ForkLock<u32>,
 }
 
 impl Table {
@@ -244,7 +244,7 @@ impl Table {
             slots,
             regs,
             next_reg: AtomicU32::new(0),
-            released: super::atfork::ForkLock::new(0),
+            released: crate::sys::atfork::ForkLock::new(0),
         })
     }
 

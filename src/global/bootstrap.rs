@@ -1,6 +1,6 @@
 //! The bootstrap region: where [`GlobalPool`](super::GlobalPool) serves the allocations it
 //! must not serve from the pool — those made while the pool itself calls into the NIC
-//! (opening the device, registering, growing; see [`crate::arena::provision`]) and those that
+//! (opening the device, registering, growing; see [`crate::sys::provision`]) and those that
 //! race with its initialisation.
 //!
 //! Contract: one static, page-aligned region of [`BYTES`] in `.bss` (no page of it is touched

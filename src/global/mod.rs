@@ -19,7 +19,7 @@
 //!   a thread the NIC layer itself waits for).
 //! - **Re-entrancy.** Opening the NIC, registering and growing run inside the allocator and
 //!   allocate in turn (handles, errors, the soft NIC's tables, `tracing`). The arena marks such
-//!   code ([`crate::arena::provision`]) and refuses to grow under the mark, so there
+//!   code ([`crate::sys::provision`]) and refuses to grow under the mark, so there
 //!   is no recursion into another registration; an allocation under the mark is served by the
 //!   pool when it can do so without growing (its fast paths hold no lock and no half-updated
 //!   state across a NIC call), else from the bootstrap region (`bootstrap.rs`), as is everything
@@ -70,10 +70,10 @@ pub use fallback::Fallback;
 pub use stats::{DegradeReason, DegradedBy, GlobalState, GlobalStats};
 
 use crate::alloc::Pool;
-use crate::arena::os::MmapBox;
-use crate::arena::provision::{self, Provisioning};
 use crate::arena::{Error, Keys};
 use crate::nic::{Nic, Pd, Sge};
+use crate::sys::os::MmapBox;
+use crate::sys::provision::{self, Provisioning};
 use stats::Counters;
 use std::alloc::{GlobalAlloc, Layout};
 use std::cell::UnsafeCell;

@@ -12,8 +12,8 @@
 //! Invariants (under the lock): `open + |free stack| == high <= CAP`; for every block `b`,
 //! `granted(granule(b)) >= |{open records on b}|`; a parked block has an open record.
 
-use crate::arena::atfork::{ForkGuard, ForkLock};
-use crate::arena::os::MmapArray;
+use crate::sys::atfork::{ForkGuard, ForkLock};
+use crate::sys::os::MmapArray;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::Relaxed};
 
 /// Most grants open (live or revoking) at once per pool.

@@ -85,8 +85,8 @@ pub use error::GrantError;
 pub use handle::{Grant, GrantBuf, OwnedGrant, WAIT};
 pub use wire::GrantWire;
 
-use crate::arena::atfork::{ForkGuard, ForkLock, ForkRwLock};
 use crate::nic::{Mr, Qp, Rkey};
+use crate::sys::atfork::{ForkGuard, ForkLock, ForkRwLock};
 use ledger::Ledger;
 use slab::Slab;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};

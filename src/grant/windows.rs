@@ -29,8 +29,8 @@
 //!
 //! [`GrantLimits::key_horizon`]: super::GrantLimits::key_horizon
 
-use crate::arena::atfork::{ForkGuard, ForkLock};
 use crate::nic::{Mw, MwType, Nic, Pd, Rkey};
+use crate::sys::atfork::{ForkGuard, ForkLock};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -146,7 +146,7 @@ struct Taints {
     order: VecDeque<(u32, u64)>,
 }
 
-/// A fork-gated lock (`arena::atfork`): a fork never leaves it held in the child.
+/// A fork-gated lock (`sys::atfork`): a fork never leaves it held in the child.
 static TAINTS: ForkLock<Taints> = ForkLock::new(Taints {
     by_index: BTreeMap::new(),
     order: VecDeque::new(),

@@ -60,7 +60,7 @@ impl Pool {
             if !keys.contains(addr, b.len()) {
                 return Err(PrefetchError::Unregistered);
             }
-            sges.extend(super::entries(keys.lkey, addr, b.len()));
+            sges.extend(crate::arena::prefetch::entries(keys.lkey, addr, b.len()));
             bytes += b.len();
         }
         if sges.is_empty() {

@@ -31,8 +31,8 @@ mod error;
 pub use error::QueueMemError;
 
 use crate::alloc::Pool;
-use crate::arena::atfork::{ForkGuard, ForkLock};
 use crate::arena::{PageKind, SLAB};
+use crate::sys::atfork::{ForkGuard, ForkLock};
 use area::Area;
 use std::ptr::NonNull;
 

@@ -9,7 +9,7 @@
 //!
 //! And a fork while other threads are inside the pool's slow paths (growth, page lists, medium
 //! slabs, large runs, purge, cross-thread frees): the pool's `pthread_atfork` gate
-//! (`arena/atfork.rs`) waits for them to leave, so every child finds the pool's locks free and
+//! (`sys/atfork.rs`) waits for them to leave, so every child finds the pool's locks free and
 //! allocates (a child that hangs is killed by `alarm` and fails the test).
 //!
 //! The tests run one at a time: a child of a multi-threaded test harness must not meet a lock

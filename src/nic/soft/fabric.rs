@@ -21,6 +21,8 @@ pub(super) fn next_id() -> u32 {
 
 /// List `dev` on the fabric.
 pub(super) fn attach(id: u32, dev: &Arc<Device>) {
+    // From now on the pages this crate drops reach the live devices' ODP translations.
+    crate::sys::os::set_mmu_notifier(super::mmu_notify);
     let mut fabric = lock(&FABRIC);
     fabric.retain(|(_, w)| w.strong_count() > 0);
     fabric.push((id, Arc::downgrade(dev)));

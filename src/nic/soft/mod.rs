@@ -250,11 +250,12 @@ fn invalidate_in(dev: &Device, addr: usize, len: usize) {
     }
 }
 
-/// The kernel's MMU notifier, for the memory calls this crate makes (`arena/os.rs`): pages of
+/// The kernel's MMU notifier, for the memory calls this crate makes (`sys/os.rs`, registered
+/// by `fabric::attach`): pages of
 /// `[addr, addr + len)` were dropped, unmapped or replaced, so every soft device drops their
 /// ODP translations (the next NIC access faults, as on hardware). Changes made by other code
 /// (its own `madvise`, `munmap`) are not seen: tests call [`SoftNic::invalidate_odp_range`].
 /// Allocates nothing; skips a device list that stays busy (creation of a device elsewhere).
-pub(crate) fn mmu_notify(addr: usize, len: usize) {
+pub(super) fn mmu_notify(addr: usize, len: usize) {
     fabric::for_each_live(|dev| invalidate_in(dev, addr, len));
 }

@@ -12,9 +12,9 @@
 //!
 //! Invariant: `len <= target <= RESERVE_MAX`, except right after the target was lowered.
 
-use crate::arena::atfork::{self, ForkGuard, ForkLock};
-use crate::arena::os::MmapArray;
 use crate::arena::{Arena, SLAB};
+use crate::sys::atfork::{self, ForkGuard, ForkLock};
+use crate::sys::os::MmapArray;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::time::Duration;
 
@@ -158,7 +158,7 @@ unsafe impl Send for ArenaPtr {}
 /// The refill thread of one pool.
 #[derive(Default)]
 pub(crate) struct Refill {
-    /// The thread, and the fork generation it was started in (`arena/atfork.rs`): a child
+    /// The thread, and the fork generation it was started in (`sys/atfork.rs`): a child
     /// of the process has no such thread, and must not join it.
     handle: ForkLock<Option<(std::thread::JoinHandle<()>, u64)>>,
 }

@@ -1,15 +1,38 @@
-//! The operating-system calls of the arena: reserve, map, populate, advise, unmap — and
+//! The operating-system calls of the pool: reserve, map, populate, advise, unmap — and
 //! zero-initialised metadata arrays mapped straight from the kernel.
 //!
 //! Contract: nothing here allocates through the global allocator (the arena runs inside
 //! `GlobalAlloc`); every failure is the call's `errno`. Dropping, unmapping or replacing pages
-//! is told to the soft NIC's model of the kernel's MMU notifier (`nic::soft::mmu_notify`).
+//! is told to the registered MMU notifier ([`set_mmu_notifier`]; the soft NIC registers its
+//! model of the kernel's when its first device is created).
 //!
 //! Invariant: an [`MmapArray<T>`] of `n` elements is `n * size_of::<T>()` zero bytes when
 //! created, so `T` must be valid when all-zero (integers and atomics).
 
 use std::marker::PhantomData;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicPtr, Ordering};
+
+/// The MMU notifier: told `(addr, len)` whenever this crate drops, unmaps or replaces pages
+/// (`map_fixed`, `unmap_to_reserved`, `madvise(MADV_DONTNEED)`), as the kernel tells a NIC
+/// driver's notifier. A NIC model that caches translations (the soft NIC's ODP) registers it;
+/// null until then. A `fn(usize, usize)` stored as a pointer.
+static MMU_NOTIFIER: AtomicPtr<()> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Register the MMU notifier (the last registration wins; every caller registers the same).
+pub(crate) fn set_mmu_notifier(f: fn(usize, usize)) {
+    MMU_NOTIFIER.store(f as *mut (), Ordering::Release);
+}
+
+/// Tell the registered notifier that pages of `[addr, addr + len)` changed.
+fn mmu_notify(addr: usize, len: usize) {
+    let f = MMU_NOTIFIER.load(Ordering::Acquire);
+    if !f.is_null() {
+        // SAFETY: only `set_mmu_notifier` stores here, and it stores a `fn(usize, usize)`.
+        let f: fn(usize, usize) = unsafe { std::mem::transmute::<*mut (), fn(usize, usize)>(f) };
+        f(addr, len);
+    }
+}
 
 /// The calling thread's `errno`.
 pub(crate) fn errno() -> i32 {
@@ -144,7 +167,7 @@ pub(crate) unsafe fn map_fixed(addr: *mut u8, len: usize, huge: bool) -> Result<
     if p == libc::MAP_FAILED {
         Err(errno())
     } else {
-        crate::nic::soft::mmu_notify(addr as usize, len);
+        mmu_notify(addr as usize, len);
         Ok(())
     }
 }
@@ -168,7 +191,7 @@ pub(crate) unsafe fn unmap_to_reserved(addr: *mut u8, len: usize) -> Result<(), 
     if p == libc::MAP_FAILED {
         Err(errno())
     } else {
-        crate::nic::soft::mmu_notify(addr as usize, len);
+        mmu_notify(addr as usize, len);
         Ok(())
     }
 }
@@ -182,7 +205,7 @@ pub(crate) unsafe fn madvise(addr: *mut u8, len: usize, advice: libc::c_int) -> 
     // SAFETY: forwarded from the caller.
     if unsafe { libc::madvise(addr.cast(), len, advice) } == 0 {
         if advice == libc::MADV_DONTNEED {
-            crate::nic::soft::mmu_notify(addr as usize, len);
+            mmu_notify(addr as usize, len);
         }
         Ok(())
     } else {
