@@ -13,21 +13,30 @@
 //! any heap pointer, [`GlobalPool::pd`] the protection domain to create QPs in, [`stats`] what
 //! the pool did (see [`global`]).
 //!
-//! Underneath: [`nic`], the one narrow boundary to the NIC, with two implementations — real
-//! libibverbs (feature `verbs`, on by default) and the in-process [`nic::soft`] NIC that
-//! enforces the verbs memory rules and is the embedded default when no RDMA device is present —
-//! the [`arena`]: one reservation of hugepage slabs registered before anything is allocated
-//! from it, whose keys never change once handed out, with an O(1) lock-free
-//! [`arena::Arena::keys_of`]; and the allocator core [`alloc::Pool`], which [`GlobalPool`] and
-//! the allocator-api2 front end (`Vec::new_in(&pool)`) put in front of it.
+//! The everyday types are at the crate root: [`Pool`], [`GlobalPool`], [`Nic`], [`Pd`],
+//! [`Cq`], [`Qp`], [`Access`], [`Grant`], [`ArenaConfig`], [`GlobalConfig`]; their modules hold
+//! the rest. The modules are layers, each built only on those below it (`tests/layers.rs`
+//! checks the imports):
+//!
+//! 1. [`nic`], the one narrow boundary to the NIC, with two implementations — real libibverbs
+//!    (feature `verbs`, on by default) and the in-process [`nic::soft`] NIC that enforces the
+//!    verbs memory rules and is the embedded default when no RDMA device is present (below it,
+//!    a private `sys` layer: mappings, the fork gate, NUMA calls);
+//! 2. the [`arena`]: one reservation of hugepage slabs registered before anything is allocated
+//!    from it, whose keys never change once handed out, with an O(1) lock-free
+//!    [`arena::Arena::keys_of`], and its own prefetch of what it commits;
+//! 3. the allocator core, [`alloc`]: size classes, thread caches, pages, heaps;
+//! 4. the features: [`grant`] (a peer's key to one buffer), [`prefetch`] of hot ranges,
+//!    [`queue_mem`] (DEVX queue memory);
+//! 5. the front ends: [`GlobalPool`] ([`global`]), and `Vec::new_in(&pool)` through
+//!    allocator-api2; `cm` (feature `verbs`) connects QPs through `rdma_cm`.
 //!
 //! # Examples
 //! A pool on the soft NIC, and an RDMA WRITE of a vector of it: the vector travels with the
 //! work request and comes back with the completion (no `unsafe`: the NIC can never touch it
 //! after it is freed).
 //! ```
-//! use rdma_pool::alloc::Pool;
-//! use rdma_pool::nic::{Access, Nic, QpCaps, WcStatus};
+//! use rdma_pool::{Access, Nic, Pool, QpCaps, WcStatus};
 //! use std::time::Duration;
 //!
 //! let nic = Nic::soft();
@@ -87,3 +96,10 @@ pub mod queue_mem;
 mod sys;
 
 pub use global::{GlobalPool, keys_of, keys_of_on, stats};
+
+// The everyday types, at the crate root: the front door. Their modules hold the rest.
+pub use alloc::{Pool, PoolStats};
+pub use arena::{ArenaConfig, Hugepages, Keys, Registration};
+pub use global::{GlobalConfig, GlobalStats};
+pub use grant::{Grant, GrantError, GrantWire, OwnedGrant};
+pub use nic::{Access, Cq, Done, Mr, Nic, Pd, Qp, QpCaps, Sge, WcStatus};

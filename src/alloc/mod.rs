@@ -39,9 +39,10 @@ mod tls;
 pub(crate) use api2::slice;
 pub use checked::FreeError;
 pub use class::{CLASSES, MAX_SMALL, class_size};
-pub use memcheck::{
-    FILL_MAX, FREED, GUARD_FILL, LARGE_GUARD, MemcheckStats, asan_poisoned, memcheck_stats,
-};
+pub use memcheck::{LARGE_GUARD, MemcheckStats, memcheck_stats};
+// The memory checker's patterns and its ASan query: documented where it is built in.
+#[cfg_attr(not(feature = "memcheck"), doc(hidden))]
+pub use memcheck::{FILL_MAX, FREED, GUARD_FILL, asan_poisoned};
 pub use stats::{ClassStats, PoolStats};
 pub(crate) use tls::{any_live_pool, keys_of_any, keys_of_any_on};
 

@@ -46,6 +46,8 @@ mod fork;
 mod grow;
 pub mod numa;
 pub(crate) mod prefetch;
+// The provisioning mark, for tests that make allocations re-entrant on purpose.
+#[doc(hidden)]
 pub use crate::sys::provision;
 mod purge;
 mod rails;

@@ -26,9 +26,12 @@
 //! - On a single-node machine binding to node 0 is still made (and visible to
 //!   `get_mempolicy`); it changes nothing about where memory comes from.
 
+pub use crate::sys::numa::{MAX_NODES, current_node, is_available, online_nodes};
+// Diagnostics the tests use (what the kernel says of a page's policy and node): not part of
+// the documented surface.
+#[doc(hidden)]
 pub use crate::sys::numa::{
-    MASK_NODES, MAX_NODES, MPOL_BIND, MPOL_DEFAULT, MPOL_PREFERRED, current_node, is_available,
-    node_of_page, online_nodes, policy_node_of, policy_of,
+    MASK_NODES, MPOL_BIND, MPOL_DEFAULT, MPOL_PREFERRED, node_of_page, policy_node_of, policy_of,
 };
 
 /// Where the arena asks the kernel to place its chunks.
