@@ -57,8 +57,11 @@ use std::sync::OnceLock;
 /// and the message), rather than every block becoming a page of its own.
 #[global_allocator]
 pub static POOL: GlobalPool = GlobalPool::with_config(GlobalConfig {
+    arena: pool::arena::ArenaConfig {
+        hugepages: Hugepages::Off,
+        ..GlobalConfig::DEFAULT.arena
+    },
     fallback: Fallback::Mmap,
-    hugepages: Hugepages::Off,
     open: Some(open_nic),
     ..GlobalConfig::DEFAULT
 });

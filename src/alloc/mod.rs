@@ -112,7 +112,9 @@ impl Pool {
         Pool::with_config(pd, ArenaConfig::default())
     }
 
-    /// A pool over a fresh arena configured by `cfg`.
+    /// A pool over a fresh arena configured by `cfg`, with the environment's `RDMA_POOL_*`
+    /// overrides applied (as every pool does: see [`ArenaConfig::with_env`]; an unknown value
+    /// is counted in [`PoolStats::env_ignored`]).
     ///
     /// # Errors
     /// As [`Arena::new`]; [`Error::Config`] when 256 pools are already alive.
@@ -128,7 +130,8 @@ impl Pool {
     /// # Ok::<(), rdma_pool::arena::Error>(())
     /// ```
     pub fn with_config(pd: &Pd, cfg: ArenaConfig) -> Result<Pool, Error> {
-        Pool::from_arena(Arena::new(pd, cfg)?)
+        let (cfg, ignored) = cfg.with_env_counted();
+        Pool::from_arena(Arena::new(pd, cfg)?, ignored)
     }
 
     /// [`Pool::with_config`] with remote rights on the pool's own regions (`cfg.remote`): the
@@ -161,14 +164,15 @@ impl Pool {
     /// # Ok::<(), rdma_pool::arena::Error>(())
     /// ```
     pub unsafe fn with_remote_rights(pd: &Pd, cfg: ArenaConfig) -> Result<Pool, Error> {
+        let (cfg, ignored) = cfg.with_env_counted();
         // SAFETY: forwarded from the caller.
-        Pool::from_arena(unsafe { Arena::with_remote_rights(pd, cfg) }?)
+        Pool::from_arena(unsafe { Arena::with_remote_rights(pd, cfg) }?, ignored)
     }
 
-    /// A pool over `arena`.
-    fn from_arena(arena: Arena) -> Result<Pool, Error> {
+    /// A pool over `arena`; `env_ignored` environment variables had values it did not know.
+    fn from_arena(arena: Arena, env_ignored: u32) -> Result<Pool, Error> {
         let id = tls::next_id();
-        let inner = PoolInner::new(id, arena).map_err(|errno| match errno {
+        let inner = PoolInner::new(id, arena, env_ignored).map_err(|errno| match errno {
             crate::grant::NO_TAG => Error::Config(
                 "every grant tag is taken (65,536 pools alive, or dropped with grant requests \
                  in flight)",

@@ -223,10 +223,12 @@ pub(crate) struct PoolInner {
     pub(crate) failed: AtomicU64,
     pub(crate) idle: Idle,
     pub(super) spare: super::spare::Spare,
+    /// Environment variables with values the pool did not know (`arena/env.rs`).
+    pub(crate) env_ignored: u32,
 }
 
 impl PoolInner {
-    pub(crate) fn new(id: u64, arena: Arena) -> Result<PoolInner, i32> {
+    pub(crate) fn new(id: u64, arena: Arena, env_ignored: u32) -> Result<PoolInner, i32> {
         let base = arena.base();
         let reserve = arena.window();
         // SAFETY: all-zero descriptors are UNUSED granules; all-zero heaps are unclaimed and
@@ -258,6 +260,7 @@ impl PoolInner {
             failed: AtomicU64::new(0),
             idle,
             spare,
+            env_ignored,
         })
     }
 

@@ -46,6 +46,8 @@ pub struct PoolStats {
     /// Heaps claimed by threads (a thread's first allocation, or a claim after its thread
     /// cache evicted the pool).
     pub heap_claims: u64,
+    /// `RDMA_POOL_*` environment variables set to a value the pool did not know (ignored).
+    pub env_ignored: u64,
     /// The arena below.
     pub arena: ArenaStats,
 }
@@ -91,6 +93,7 @@ impl PoolInner {
             failed_allocations: self.failed.load(Relaxed),
             heaps_created: self.heaps.top() as u64,
             heap_claims: self.heaps.claims(),
+            env_ignored: u64::from(self.env_ignored),
             arena: self.arena.stats(),
         }
     }

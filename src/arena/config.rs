@@ -141,24 +141,29 @@ pub struct ArenaConfig {
 
 impl Default for ArenaConfig {
     fn default() -> Self {
-        ArenaConfig {
-            reserve: 64 << 30,
-            reservations: 16,
-            chunk: 1 << 30,
-            hugepages: Hugepages::Prefer,
-            remote: Access::empty(),
-            grow_by_rereg: true,
-            registration: Registration::Pinned,
-            implicit_odp: false,
-            policy: RegistrationPolicy::Degrade,
-            purge_delay: Some(Duration::from_secs(1)),
-            prefetch: true,
-            numa: NumaPolicy::Any,
-        }
+        ArenaConfig::DEFAULT
     }
 }
 
 impl ArenaConfig {
+    /// The defaults, as a constant (for `static`s and `const`s): 64 GiB reserved in 1 GiB
+    /// chunks, hugepages preferred, pinned registration, no remote rights, a 1 s purge delay,
+    /// prefetch on, no NUMA binding.
+    pub const DEFAULT: ArenaConfig = ArenaConfig {
+        reserve: 64 << 30,
+        reservations: 16,
+        chunk: 1 << 30,
+        hugepages: Hugepages::Prefer,
+        remote: Access::empty(),
+        grow_by_rereg: true,
+        registration: Registration::Pinned,
+        implicit_odp: false,
+        policy: RegistrationPolicy::Degrade,
+        purge_delay: Some(Duration::from_secs(1)),
+        prefetch: true,
+        numa: NumaPolicy::Any,
+    };
+
     /// Check the configuration against `max_mr_size`, returning the chunk size to use.
     pub(crate) fn chunk_for(&self, max_mr_size: u64) -> Result<usize, Error> {
         if !self.reserve.is_power_of_two() || !self.chunk.is_power_of_two() {

@@ -40,6 +40,7 @@
 
 mod commit;
 mod config;
+mod env;
 mod error;
 mod events;
 mod fork;

@@ -238,7 +238,10 @@ impl GlobalPool {
     /// ```
     /// use rdma_pool::global::{GlobalConfig, GlobalPool, Registration};
     /// static A: GlobalPool = GlobalPool::with_config(GlobalConfig {
-    ///     registration: Registration::Pinned,
+    ///     arena: crate::arena::ArenaConfig {
+    ///         registration: Registration::Pinned,
+    ///         ..GlobalConfig::DEFAULT.arena
+    ///     },
     ///     ..GlobalConfig::DEFAULT
     /// });
     /// assert_eq!(A.config().registration, Registration::Pinned);
@@ -506,19 +509,19 @@ impl GlobalPool {
                 Err(Error::Os {
                     errno: libc::ENOMEM,
                     what,
-                }) if cfg.reserve / 2 >= MIN_RESERVE => {
+                }) if cfg.arena.reserve / 2 >= MIN_RESERVE => {
                     tracing::info!(
                         what,
-                        reserve = cfg.reserve,
+                        reserve = cfg.arena.reserve,
                         "rdma_pool: reservation refused, halving it"
                     );
-                    cfg.reserve /= 2;
-                    cfg.chunk = cfg.chunk.min(cfg.reserve);
+                    cfg.arena.reserve /= 2;
+                    cfg.arena.chunk = cfg.arena.chunk.min(cfg.arena.reserve);
                 }
                 made => break made?,
             }
         };
-        tracing::info!(nic = %nic.caps().name, ?cfg.registration, ?cfg.hugepages,
+        tracing::info!(nic = %nic.caps().name, ?cfg.arena.registration, ?cfg.arena.hugepages,
             "rdma_pool: GlobalPool ready");
         MmapBox::new(Ready { cfg, nic, pd, pool })
             .map(MmapBox::into_static)

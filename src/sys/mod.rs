@@ -6,12 +6,14 @@
 //! - `atfork.rs`: the fork gate every lock of the pool goes through (`pthread_atfork`).
 //! - `provision.rs`: the "this thread is calling the NIC" mark that keeps allocation from
 //!   re-entering provisioning.
+//! - `env.rs`: environment variables and numbers, read without allocating.
 //! - `numa.rs`: NUMA system calls (`mbind`, `get_mempolicy`, `getcpu`, `move_pages`).
 //!
 //! Contract: this layer imports nothing else of the crate (`tests/layers.rs` checks it), and
 //! nothing here allocates through the global allocator.
 
 pub(crate) mod atfork;
+pub(crate) mod env;
 pub(crate) mod numa;
 pub(crate) mod os;
 pub mod provision;

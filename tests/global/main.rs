@@ -27,9 +27,12 @@ use rdma_pool::nic::Access;
 #[global_allocator]
 static A: GlobalPool = unsafe {
     GlobalPool::with_remote_rights(GlobalConfig {
-        reserve: 1 << 34,
-        chunk: 1 << 28,
-        remote: Access::REMOTE_READ.union(Access::REMOTE_WRITE),
+        arena: rdma_pool::arena::ArenaConfig {
+            reserve: 1 << 34,
+            chunk: 1 << 28,
+            remote: Access::REMOTE_READ.union(Access::REMOTE_WRITE),
+            ..GlobalConfig::DEFAULT.arena
+        },
         open: Some(common::open_pool_nic),
         ..GlobalConfig::DEFAULT
     })

@@ -11,10 +11,13 @@ fn soft() -> nic::Result<Nic> {
 }
 
 static P: GlobalPool = GlobalPool::with_config(GlobalConfig {
-    registration: Registration::Pinned,
-    hugepages: Hugepages::Prefer,
-    reserve: 1 << 30,
-    chunk: 1 << 24,
+    arena: rdma_pool::arena::ArenaConfig {
+        registration: Registration::Pinned,
+        hugepages: Hugepages::Prefer,
+        reserve: 1 << 30,
+        chunk: 1 << 24,
+        ..GlobalConfig::DEFAULT.arena
+    },
     open: Some(soft),
     ..GlobalConfig::DEFAULT
 });
@@ -65,10 +68,10 @@ fn environment_overrides_are_applied_and_unknown_values_counted() {
     let stats = P.stats();
     match mode.as_str() {
         "1" => {
-            assert_eq!(cfg.hugepages, Hugepages::Off);
-            assert_eq!(cfg.registration, Registration::Auto);
+            assert_eq!(cfg.arena.hugepages, Hugepages::Off);
+            assert_eq!(cfg.arena.registration, Registration::Auto);
             assert_eq!(stats.pool.unwrap().arena.slabs_hugetlb, 0);
-            assert_eq!(cfg.numa, NumaPolicy::Node(0));
+            assert_eq!(cfg.arena.numa, NumaPolicy::Node(0));
             assert_eq!(stats.pool.unwrap().arena.numa, NumaPlacement::Node(0));
             let layout = std::alloc::Layout::from_size_align(100, 8).unwrap();
             // SAFETY: a non-zero layout; the block is freed below with it.
@@ -80,12 +83,33 @@ fn environment_overrides_are_applied_and_unknown_values_counted() {
         }
         _ => {
             // Unknown value: ignored (the constructor's setting stays) and counted.
-            assert_eq!(cfg.hugepages, Hugepages::Prefer);
-            assert_eq!(cfg.numa, NumaPolicy::Any);
+            assert_eq!(cfg.arena.hugepages, Hugepages::Prefer);
+            assert_eq!(cfg.arena.numa, NumaPolicy::Any);
             assert!(stats.env_ignored >= 2, "{stats:?}");
         }
     }
-    assert_eq!(P.config().registration, Registration::Pinned);
+    // Every pool takes the same overrides, whatever configuration it was given.
+    let pd = Nic::soft().alloc_pd().unwrap();
+    let own = rdma_pool::arena::ArenaConfig {
+        reserve: 1 << 30,
+        chunk: 1 << 24,
+        hugepages: Hugepages::Prefer,
+        ..Default::default()
+    };
+    let pool = rdma_pool::Pool::with_config(&pd, own).unwrap();
+    let p = pool.alloc(std::alloc::Layout::new::<[u8; 100]>());
+    let stats = pool.stats();
+    if mode == "1" {
+        assert_eq!(stats.arena.numa, NumaPlacement::Node(0));
+        assert_eq!(stats.arena.slabs_hugetlb, 0, "RDMA_POOL_HUGEPAGES=off");
+        assert_eq!(stats.env_ignored, 0);
+    } else {
+        assert_eq!(stats.arena.numa, NumaPlacement::Unbound);
+        assert_eq!(stats.env_ignored, 2, "{stats:?}");
+    }
+    // SAFETY: allocated above.
+    unsafe { pool.free(p) };
+    assert_eq!(P.config().arena.registration, Registration::Pinned);
 }
 
 /// `RDMA_POOL_NIC` naming a device that is not there (or anything unknown): the error names
@@ -125,9 +149,12 @@ fn a_missing_device_in_rdma_pool_nic_is_named_with_the_variable() {
         "{text}"
     );
     static G: GlobalPool = GlobalPool::with_config(GlobalConfig {
-        reserve: 1 << 30,
-        chunk: 1 << 24,
-        hugepages: Hugepages::Off,
+        arena: rdma_pool::arena::ArenaConfig {
+            reserve: 1 << 30,
+            chunk: 1 << 24,
+            hugepages: Hugepages::Off,
+            ..GlobalConfig::DEFAULT.arena
+        },
         ..GlobalConfig::DEFAULT
     });
     assert!(G.init().is_err());
@@ -152,9 +179,12 @@ fn run_child(name: &str, env: &[(&str, &str)]) -> (bool, String, String) {
 
 /// A pool that opens its NIC from `RDMA_POOL_NIC` (which names no device in these children).
 static DEGRADED: GlobalPool = GlobalPool::with_config(GlobalConfig {
-    reserve: 1 << 30,
-    chunk: 1 << 24,
-    hugepages: Hugepages::Off,
+    arena: rdma_pool::arena::ArenaConfig {
+        reserve: 1 << 30,
+        chunk: 1 << 24,
+        hugepages: Hugepages::Off,
+        ..GlobalConfig::DEFAULT.arena
+    },
     ..GlobalConfig::DEFAULT
 });
 

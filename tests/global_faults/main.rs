@@ -21,10 +21,13 @@ use std::sync::Mutex;
 /// grows.
 #[global_allocator]
 static A: GlobalPool = GlobalPool::with_config(GlobalConfig {
-    reserve: 64 << 20,
-    reservations: 1,
-    chunk: 16 << 20,
-    hugepages: Hugepages::Off,
+    arena: rdma_pool::arena::ArenaConfig {
+        reserve: 64 << 20,
+        reservations: 1,
+        chunk: 16 << 20,
+        hugepages: Hugepages::Off,
+        ..GlobalConfig::DEFAULT.arena
+    },
     open: Some(common::open_pool_nic),
     ..GlobalConfig::DEFAULT
 });

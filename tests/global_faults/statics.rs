@@ -22,9 +22,12 @@ fn panics() -> nic::Result<Nic> {
 }
 
 const SMALL: GlobalConfig = GlobalConfig {
-    reserve: 1 << 30,
-    chunk: 1 << 24,
-    hugepages: Hugepages::Off,
+    arena: rdma_pool::arena::ArenaConfig {
+        reserve: 1 << 30,
+        chunk: 1 << 24,
+        hugepages: Hugepages::Off,
+        ..GlobalConfig::DEFAULT.arena
+    },
     open: Some(soft),
     ..GlobalConfig::DEFAULT
 };
@@ -56,7 +59,10 @@ fn round_trip(pool: &GlobalPool, layout: Layout) -> bool {
 fn injected_registration_failures_degrade_then_registration_resumes() {
     // Pinned, so that every fresh slab needs a registration (an ODP chunk has one already).
     static P: GlobalPool = GlobalPool::with_config(GlobalConfig {
-        registration: Registration::Pinned,
+        arena: rdma_pool::arena::ArenaConfig {
+            registration: Registration::Pinned,
+            ..SMALL.arena
+        },
         ..SMALL
     });
     let soft = P.nic().unwrap().as_soft().expect("a soft NIC");
@@ -157,7 +163,10 @@ fn the_fail_policy_returns_null_instead_of_unregistered_memory() {
 fn odp_registration_serves_odp_memory() {
     let _env = serial(); // not while the environment test's child reads the same variables
     static P: GlobalPool = GlobalPool::with_config(GlobalConfig {
-        registration: Registration::Odp,
+        arena: rdma_pool::arena::ArenaConfig {
+            registration: Registration::Odp,
+            ..SMALL.arena
+        },
         ..SMALL
     });
     if std::env::var_os("RDMA_POOL_REGISTRATION").is_some() {
@@ -267,8 +276,11 @@ fn a_pool_asked_for_itself_while_initialising_says_so_instead_of_waiting() {
 #[test]
 fn a_global_pool_purges_freed_memory_and_serves_it_again_registered() {
     static P: GlobalPool = GlobalPool::with_config(GlobalConfig {
-        purge_delay: None,
-        registration: Registration::Pinned,
+        arena: rdma_pool::arena::ArenaConfig {
+            purge_delay: None,
+            registration: Registration::Pinned,
+            ..SMALL.arena
+        },
         ..SMALL
     });
     let big = Layout::from_size_align(8 << 20, 4096).unwrap();

@@ -30,9 +30,12 @@ fn allocating_opener() -> nic::Result<Nic> {
 }
 
 const MMAP: GlobalConfig = GlobalConfig {
-    reserve: 1 << 30,
-    chunk: 1 << 24,
-    hugepages: Hugepages::Off,
+    arena: rdma_pool::arena::ArenaConfig {
+        reserve: 1 << 30,
+        chunk: 1 << 24,
+        hugepages: Hugepages::Off,
+        ..GlobalConfig::DEFAULT.arena
+    },
     fallback: Fallback::Mmap,
     open: Some(soft),
     ..GlobalConfig::DEFAULT

@@ -514,10 +514,13 @@ fn open_soft() -> rdma_pool::nic::Result<Nic> {
 
 static GLOBAL: rdma_pool::GlobalPool =
     rdma_pool::GlobalPool::with_config(rdma_pool::global::GlobalConfig {
-        hugepages: Hugepages::Off,
-        reserve: 1 << 32,
-        reservations: 1,
-        chunk: 1 << 24,
+        arena: rdma_pool::arena::ArenaConfig {
+            hugepages: Hugepages::Off,
+            reserve: 1 << 32,
+            reservations: 1,
+            chunk: 1 << 24,
+            ..rdma_pool::global::GlobalConfig::DEFAULT.arena
+        },
         open: Some(open_soft),
         ..rdma_pool::global::GlobalConfig::DEFAULT
     });

@@ -725,10 +725,13 @@ fn open_global_nic() -> rdma_pool::nic::Result<Nic> {
 
 static GLOBAL: rdma_pool::GlobalPool =
     rdma_pool::GlobalPool::with_config(rdma_pool::global::GlobalConfig {
-        registration: Registration::Pinned,
-        hugepages: Hugepages::Off,
-        reserve: 1 << 32,
-        chunk: 1 << 24,
+        arena: rdma_pool::arena::ArenaConfig {
+            registration: Registration::Pinned,
+            hugepages: Hugepages::Off,
+            reserve: 1 << 32,
+            chunk: 1 << 24,
+            ..rdma_pool::global::GlobalConfig::DEFAULT.arena
+        },
         open: Some(open_global_nic),
         ..rdma_pool::global::GlobalConfig::DEFAULT
     });

@@ -435,8 +435,11 @@ fn pools_with_remote_rights_need_the_unsafe_constructor() {
     assert!(Pool::with_config(&bed.a.pd, small_arena()).is_ok());
     static G: rdma_pool::GlobalPool =
         rdma_pool::GlobalPool::with_config(rdma_pool::global::GlobalConfig {
-            remote: Access::REMOTE_WRITE,
-            reserve: 1 << 32,
+            arena: rdma_pool::arena::ArenaConfig {
+                remote: Access::REMOTE_WRITE,
+                reserve: 1 << 32,
+                ..rdma_pool::global::GlobalConfig::DEFAULT.arena
+            },
             open: Some(open_pool_nic),
             ..rdma_pool::global::GlobalConfig::DEFAULT
         });
