@@ -92,7 +92,7 @@ const NO_POOL: u64 = u64::MAX;
 const FAILED: u8 = 3;
 
 /// The smallest reservation a pool falls back to when the address space refuses its own
-/// (see [`GlobalConfig::reserve`]).
+/// (see [`ArenaConfig::reserve`](crate::arena::ArenaConfig::reserve)).
 pub const MIN_RESERVE: usize = 16 << 20;
 
 /// How long a thread allocating during another thread's initialisation waits for it.
@@ -238,13 +238,13 @@ impl GlobalPool {
     /// ```
     /// use rdma_pool::global::{GlobalConfig, GlobalPool, Registration};
     /// static A: GlobalPool = GlobalPool::with_config(GlobalConfig {
-    ///     arena: crate::arena::ArenaConfig {
+    ///     arena: rdma_pool::ArenaConfig {
     ///         registration: Registration::Pinned,
     ///         ..GlobalConfig::DEFAULT.arena
     ///     },
     ///     ..GlobalConfig::DEFAULT
     /// });
-    /// assert_eq!(A.config().registration, Registration::Pinned);
+    /// assert_eq!(A.config().arena.registration, Registration::Pinned);
     /// ```
     pub const fn with_config(config: GlobalConfig) -> GlobalPool {
         GlobalPool {
@@ -276,7 +276,10 @@ impl GlobalPool {
     /// use rdma_pool::nic::Access;
     /// // SAFETY: the peers of this program are trusted and synchronised by its protocol.
     /// static A: GlobalPool = unsafe {
-    ///     GlobalPool::with_remote_rights(GlobalConfig { remote: Access::REMOTE_WRITE, ..GlobalConfig::DEFAULT })
+    ///     GlobalPool::with_remote_rights(GlobalConfig {
+    ///         arena: rdma_pool::ArenaConfig { remote: Access::REMOTE_WRITE, ..GlobalConfig::DEFAULT.arena },
+    ///         ..GlobalConfig::DEFAULT
+    ///     })
     /// };
     /// ```
     pub const unsafe fn with_remote_rights(config: GlobalConfig) -> GlobalPool {
@@ -675,7 +678,7 @@ impl GlobalPool {
 
     /// Return every idle slab of the pool to the system now (see [`Pool::purge`]); 0 before
     /// the pool is ready. Purging also happens on its own after
-    /// [`GlobalConfig::purge_delay`].
+    /// [`ArenaConfig::purge_delay`](crate::arena::ArenaConfig::purge_delay).
     ///
     /// # Examples
     /// ```
