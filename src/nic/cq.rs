@@ -63,6 +63,9 @@ impl Cq {
     ///
     /// # Errors
     /// The `ibv_poll_cq` failure.
+    ///
+    /// [`Qp::post_recv_owned`]: super::Qp::post_recv_owned
+    /// [`Posted`]: super::Posted
     pub fn poll(&self, out: &mut [Completion]) -> Result<usize> {
         let (mut n, _order) = self.take_backlog(out);
         while n < out.len() {

@@ -33,6 +33,14 @@
 //! the routing of its completions; `owned_post.rs` the owned posts of a [`Qp`].
 //!
 //! [`Qp`]: super::Qp
+//! [`Qp::post_send_owned`]: super::Qp::post_send_owned
+//! [`Cq::poll`]: super::Cq::poll
+//! [`Cq::parked`]: super::Cq::parked
+//! [`WcStatus::WrFlushErr`]: super::WcStatus::WrFlushErr
+//! [`Posted`]: super::Posted
+//! [`Done`]: super::Done
+//! [`PostError`]: super::PostError
+//! [`WaitError`]: super::WaitError
 
 use super::{Completion, Nic, Result, Sge};
 use std::any::Any;
@@ -51,6 +59,8 @@ pub(super) static GRANT_SINK: std::sync::OnceLock<fn(&Completion, &super::Nic)> 
 /// SEND_WITH_INV): [`Cq::poll`] calls it, so no completion of the crate's is ever the
 /// application's to hand over — nor to forge. The sink gets the NIC of the CQ: QP numbers are
 /// per device.
+///
+/// [`Cq::poll`]: super::Cq::poll
 pub(crate) fn set_grant_sink(sink: fn(&Completion, &super::Nic)) {
     let _ = GRANT_SINK.set(sink);
 }
@@ -84,9 +94,10 @@ pub unsafe trait NicBuf: Send + 'static {
     /// The scatter/gather entry of the bytes on `nic` (`None` when empty).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`](super::Error::InvalidArgument) when the bytes are not wholly
-    /// inside one registration of a pool on `nic` (a degraded or bootstrap block, or memory of
-    /// another device).
+    /// [`Error::InvalidArgument`] when the bytes are not wholly inside one registration of a
+    /// pool on `nic` (a degraded or bootstrap block, or memory of another device).
+    ///
+    /// [`Error::InvalidArgument`]: super::Error::InvalidArgument
     fn sge(&self, nic: &Nic) -> Result<Option<Sge>>;
 }
 

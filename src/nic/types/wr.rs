@@ -53,6 +53,8 @@ pub enum SendOp {
     },
     /// RDMA WRITE that also consumes one receive at the responder, whose completion
     /// ([`WcOpcode::RecvRdmaWithImm`]) carries `imm` and the length written.
+    ///
+    /// [`WcOpcode::RecvRdmaWithImm`]: super::WcOpcode::RecvRdmaWithImm
     WriteWithImm {
         /// Where the bytes go, in the responder's address space.
         remote_addr: u64,

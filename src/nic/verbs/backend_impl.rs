@@ -5,6 +5,8 @@
 //! Contract: see `mod.rs` — every handle is the object pointer; ODP data rxe would corrupt is
 //! refused before the post; regions and windows are counted ([`Census`]) so the limits the
 //! device reports as `ENOMEM`/`EINVAL` come back as `Error::Limit`.
+//!
+//! [`Census`]: super::census::Census
 
 use super::census::Kind;
 use super::conv::{PORT, obj, raw_mr, rereg_args};
