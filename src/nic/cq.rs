@@ -1,5 +1,5 @@
 //! The completion queue, [`Cq`]: its handle and the polls and waits of the application's
-//! completions. The routing of owned requests' completions lives in `owned.rs`, the
+//! completions. The routing of owned requests' completions lives in `inflight.rs`, the
 //! completion channel in `channel.rs`.
 //!
 //! Contract: a `Cq` holds its [`Nic`] and the owned requests that complete on it; each QP
@@ -21,7 +21,7 @@ pub struct Cq {
 pub(super) struct CqInner {
     pub(super) nic: Nic,
     pub(super) handle: u64,
-    /// The owned requests completing here (`owned.rs`).
+    /// The owned requests completing here (`inflight.rs`).
     pub(super) inflight: Inflight,
     /// The channel it signals when armed (kept alive until the CQ is destroyed).
     pub(super) channel: Option<CompChannel>,

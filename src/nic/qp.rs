@@ -1,6 +1,6 @@
 //! The reliable-connected queue pair, [`Qp`]: the handle, what it holds alive, and its
 //! connection (endpoint, INIT → RTR → RTS, state). The raw post verbs are a second `impl Qp`
-//! block in `qp_post.rs`, the owned ones in `owned.rs`, the batches in `post.rs`.
+//! block in `qp_post.rs`, the owned ones in `owned_post.rs`, the batches in `post.rs`.
 //!
 //! Contract: a `Qp` holds its PD, its CQs and its SRQ, so they are destroyed after it;
 //! destroying it flushes its owned requests back to their handles (`owned.rs`).

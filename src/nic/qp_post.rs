@@ -4,7 +4,7 @@
 //!
 //! Contract: every public post refuses the `wr_id`s the crate reserves
 //! ([`is_reserved_wr_id`]); the `pub(crate)` variants take any `wr_id` (the crate's own posts).
-//! The raw verbs are `unsafe` where the NIC touches memory; the owned ones (`owned.rs`) are
+//! The raw verbs are `unsafe` where the NIC touches memory; the owned ones (`owned_post.rs`) are
 //! their safe counterparts.
 
 use super::backend::{RawBind, RawSendOp, RawSendWr};

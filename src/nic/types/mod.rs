@@ -12,9 +12,9 @@
 //! lives with the plain data rather than with the backend trait), and [`MrAttrs`] with
 //! [`ReregFlags::resolve`], the one place that says which attributes a re-registration changes.
 //!
-//! Files: `keys.rs` the keys, `access.rs` the rights and flags of regions and windows, `caps.rs`
-//! what a device is and can do, `wr.rs` work requests, `completion.rs` work completions,
-//! `connect.rs` a QP's sizes and connection.
+//! Files: `keys.rs` the keys, `access.rs` the rights and flags of regions and windows,
+//! `caps.rs` what a device is and can do, `wr.rs` work requests, `completion.rs` work
+//! completions, `connect.rs` a QP's sizes and connection.
 
 mod access;
 mod caps;
