@@ -4,7 +4,7 @@
 //! Contract: every wait is the same loop ([`AsyncCq::until`]): check the condition (which may
 //! poll the CQ), arm the CQ, check again (a completion may have come before the arm), then
 //! sleep until the channel's descriptor is readable or the CQ's state moved in a way the
-//! channel does not report (`owned::Wake`): any poll took completions from the device (they
+//! channel does not report (`inflight::Wake`): any poll took completions from the device (they
 //! may be this waiter's: routed to a grant or an owned request, or kept for the
 //! application), a blocking wait took the channel's events, or a QP's or SRQ's destruction
 //! flushed owned requests. Woken, take the channel's events until none is left, clear

@@ -8,13 +8,15 @@
 //! trait, in `nic/mod.rs`, so both backends see only well-formed requests.
 //!
 //! `rereg_mr` receives every requested attribute; which of them take effect is decided by
-//! [`ReregFlags::resolve`] (in `types.rs`), the one rule the public layer and the backends share.
+//! [`ReregFlags::resolve`] (in `types/access.rs`), the one rule the public layer and the
+//! backends share.
 
 use super::error::{ReregError, Result};
 use super::types::*;
 use std::any::Any;
 
-/// Re-exported from `types.rs`, where it lives so that `error.rs` need not import this module.
+/// Re-exported from `types/access.rs`, where it lives so that `error.rs` need not import this
+/// module.
 pub(crate) use super::types::RawMr;
 
 /// A bind request: which region, which range, which rights.

@@ -22,7 +22,7 @@
 use super::error::{Error, Result};
 use super::{Completion, Cq, Nic, Pd, Qp};
 #[cfg(feature = "verbs")]
-use super::{CqInner, QpInner, owned};
+use super::{cq::CqInner, inflight::Inflight, qp::QpInner};
 use std::ffi::c_void;
 #[cfg(feature = "verbs")]
 use std::sync::Arc;
@@ -63,7 +63,7 @@ impl Cq {
                 inner: Arc::new(CqInner {
                     nic: nic.clone(),
                     handle,
-                    inflight: owned::Inflight::default(),
+                    inflight: Inflight::default(),
                     channel: None,
                     owned: false,
                 }),

@@ -19,7 +19,8 @@
 //! Invariant: `ring.posted() + ring.deficit() == depth`.
 
 use super::error::{Error, Result, Verb};
-use super::owned::{Target, Writable, srq_tag};
+use super::owned::Writable;
+use super::owned_post::{Target, srq_tag};
 use super::{Cq, Done, NicBufMut, Pd, PostError, Posted, Qp, QpCaps, Sge};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};

@@ -58,7 +58,9 @@ mod memlock;
 mod pin;
 mod prefetch;
 mod qp;
+mod qp_exec;
 mod rereg;
+mod residency;
 mod srq;
 mod sync;
 mod window;
@@ -70,7 +72,8 @@ use super::error::{ReregErrorKind, Verb};
 use super::types::*;
 use device::Device;
 pub use device::SoftNic;
-use keys::{KeyObj, Residency};
+use keys::KeyObj;
+use residency::Residency;
 
 impl std::fmt::Debug for SoftNic {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -19,14 +19,19 @@
 //!
 //! A QP sees its device only through [`Port`] (its key table, its fault accounting, its
 //! counters): it never reaches into the device's other tables.
+//!
+//! This file holds the QP's state, its send queue (posting, ordering, completion, the error
+//! state) and its receives; `qp_exec.rs` executes one request (gathering, the operation at the
+//! responder, scattering) and delivers messages into receives.
 
-use super::counters::{AtomicCounters, bump};
+use super::counters::AtomicCounters;
 use super::cq::CqObj;
-use super::keys::{FaultSink, KeyFault, KeyTable, KeyUse, Requester, check_and_access};
+use super::keys::{FaultSink, KeyTable, Requester};
 use super::mem;
+use super::qp_exec::Outcome;
 use super::srq::SrqObj;
 use super::sync::lock;
-use super::window::{self, MAX_WINDOW, WindowBind, bind_status};
+use super::window::{self, MAX_WINDOW, WindowBind};
 use crate::nic::backend::{RawBind, RawSendOp, RawSendWr};
 use crate::nic::error::{Error, Result, Verb};
 use crate::nic::types::*;
@@ -44,12 +49,12 @@ pub(super) trait Port: Send + Sync {
     fn counters(&self) -> &AtomicCounters;
 }
 
-fn err(verb: Verb, errno: i32) -> Error {
+pub(super) fn err(verb: Verb, errno: i32) -> Error {
     Error::from_errno(verb, errno)
 }
 
 /// The largest RC message (`max_msg_sz` of RC transports: 2^31 bytes).
-const MAX_MSG: u64 = 1 << 31;
+pub(super) const MAX_MSG: u64 = 1 << 31;
 
 pub(super) struct Recv {
     pub(super) wr_id: u64,
@@ -59,15 +64,15 @@ pub(super) struct Recv {
 /// A SEND (or an RDMA WRITE with immediate) that reached the responder before a receive was
 /// posted.
 pub(super) struct Inbound {
-    payload: Vec<u8>,
-    invalidate: Option<Rkey>,
-    imm: Option<u32>,
+    pub(super) payload: Vec<u8>,
+    pub(super) invalidate: Option<Rkey>,
+    pub(super) imm: Option<u32>,
     /// WRITE_WITH_IMM: the payload goes to this address through this key when the message
     /// lands (a responder without a receive NAKs the whole request: nothing is written before).
-    write: Option<(u64, Rkey)>,
+    pub(super) write: Option<(u64, Rkey)>,
     /// Sent with `IBV_SEND_SOLICITED`.
-    solicited: bool,
-    sender: Weak<QpObj>,
+    pub(super) solicited: bool,
+    pub(super) sender: Weak<QpObj>,
 }
 
 /// The largest inline payload the soft NIC accepts (rxe: its largest WQE's SGE area).
@@ -77,33 +82,33 @@ pub(super) const MAX_INLINE: u32 = 512;
 /// posts one on the send queue, so it runs in order behind earlier requests and is flushed
 /// when they fail).
 #[derive(Debug, Clone, Copy)]
-enum Op {
+pub(super) enum Op {
     Wr(RawSendOp),
     BindType1(WindowBind),
 }
 
 /// A work request on the send queue.
-struct OwnedWr {
-    wr_id: u64,
-    signaled: bool,
+pub(super) struct OwnedWr {
+    pub(super) wr_id: u64,
+    pub(super) signaled: bool,
     /// `IBV_SEND_SOLICITED`: the responder's receive completion is a solicited event.
-    solicited: bool,
-    sges: Vec<Sge>,
+    pub(super) solicited: bool,
+    pub(super) sges: Vec<Sge>,
     /// The bytes of an inline request, copied at post time.
-    inline: Option<Vec<u8>>,
-    op: Op,
+    pub(super) inline: Option<Vec<u8>>,
+    pub(super) op: Op,
 }
 
-struct QpSt {
-    state: QpState,
+pub(super) struct QpSt {
+    pub(super) state: QpState,
     /// The responder's device, once connected.
     peer_dev: Option<Weak<dyn Port>>,
     peer: Weak<QpObj>,
-    recvs: VecDeque<Recv>,
-    inbound: VecDeque<Inbound>,
+    pub(super) recvs: VecDeque<Recv>,
+    pub(super) inbound: VecDeque<Inbound>,
     /// This QP's SENDs (and WRITEs with immediate) parked at the responder, oldest first:
     /// (wr_id, signaled, opcode).
-    parked: VecDeque<(u64, bool, WcOpcode)>,
+    pub(super) parked: VecDeque<(u64, bool, WcOpcode)>,
     /// Work requests posted behind a parked SEND.
     pending: VecDeque<OwnedWr>,
     /// The send engine is executing a request.
@@ -125,21 +130,12 @@ pub(super) struct QpObj {
     /// The shared receive queue its messages land in, instead of its own receives.
     pub(super) srq: Option<Arc<SrqObj>>,
     caps: QpCaps,
-    st: Mutex<QpSt>,
+    pub(super) st: Mutex<QpSt>,
     /// Serialises landing messages into receives, so receives complete in posting order.
-    rx: Mutex<()>,
+    pub(super) rx: Mutex<()>,
 }
 
-/// Map a requester-side (lkey) fault to its completion status.
-fn local_status(f: KeyFault) -> WcStatus {
-    match f {
-        KeyFault::PageFault | KeyFault::Dma | KeyFault::PinnedPagesGone => WcStatus::LocAccessErr,
-        KeyFault::TooLong => WcStatus::LocLenErr,
-        _ => WcStatus::LocProtErr,
-    }
-}
-
-fn opcode(op: &Op) -> WcOpcode {
+pub(super) fn opcode(op: &Op) -> WcOpcode {
     match op {
         Op::Wr(RawSendOp::Send | RawSendOp::SendWithImm(_) | RawSendOp::SendWithInv(_)) => {
             WcOpcode::Send
@@ -151,13 +147,6 @@ fn opcode(op: &Op) -> WcOpcode {
         Op::Wr(RawSendOp::CompareSwap { .. }) => WcOpcode::CompareSwap,
         Op::Wr(RawSendOp::FetchAdd { .. }) => WcOpcode::FetchAdd,
     }
-}
-
-/// What executing a request led to.
-enum Outcome {
-    Done(WcStatus),
-    /// A SEND waiting at the responder for a receive.
-    Parked,
 }
 
 impl QpObj {
@@ -218,7 +207,7 @@ impl QpObj {
 
     /// Enter the error state: flush pending receives, queued and parked requests, and fail the
     /// SENDs parked here by peers (their requesters see `RetryExcErr`).
-    fn set_error(&self) {
+    pub(super) fn set_error(&self) {
         let (recvs, pending, parked, inbound) = {
             let mut st = lock(&self.st);
             st.state = QpState::Error;
@@ -272,7 +261,7 @@ impl QpObj {
         }
     }
 
-    fn wc(&self, wr_id: u64, opcode: WcOpcode, status: WcStatus) -> Completion {
+    pub(super) fn wc(&self, wr_id: u64, opcode: WcOpcode, status: WcStatus) -> Completion {
         Completion {
             wr_id,
             status,
@@ -301,7 +290,7 @@ impl QpObj {
         }
     }
 
-    fn who(&self, remote: bool) -> Requester {
+    pub(super) fn who(&self, remote: bool) -> Requester {
         Requester {
             pd: self.pd,
             qpn: self.qpn,
@@ -309,86 +298,11 @@ impl QpObj {
         }
     }
 
-    /// Gather the bytes named by local `sges`, each checked before it is buffered.
-    fn gather(&self, dev: &dyn Port, sges: &[Sge]) -> std::result::Result<Vec<u8>, KeyFault> {
-        if sges.iter().map(|s| s.length as u64).sum::<u64>() > MAX_MSG {
-            return Err(KeyFault::TooLong);
-        }
-        let mut buf = Vec::new();
-        // A zero-length entry is skipped, its lkey unchecked (rxe and mlx5 do the same).
-        for s in sges.iter().filter(|s| s.length > 0) {
-            let len = s.length as usize;
-            check_and_access(
-                dev.keys(),
-                dev.sink(),
-                KeyUse {
-                    key: s.lkey.0,
-                    who: self.who(false),
-                    addr: s.addr,
-                    len: len as u64,
-                    write: false,
-                    atomic: false,
-                },
-                &mut |a| {
-                    let start = buf.len();
-                    buf.resize(start + len, 0);
-                    mem::dma_copy(buf[start..].as_mut_ptr() as usize, a, len)
-                },
-            )?;
-        }
-        Ok(buf)
-    }
-
-    /// The bytes a SEND or WRITE carries: copied at post time when inline, else gathered now.
-    fn payload(
-        &self,
-        dev: &dyn Port,
-        sges: &[Sge],
-        inline: Option<&[u8]>,
-    ) -> std::result::Result<Vec<u8>, KeyFault> {
-        match inline {
-            Some(data) => Ok(data.to_vec()),
-            None => self.gather(dev, sges),
-        }
-    }
-
-    /// Scatter `data` into local `sges` (which need LOCAL_WRITE).
-    fn scatter(
-        &self,
-        dev: &dyn Port,
-        sges: &[Sge],
-        data: &[u8],
-    ) -> std::result::Result<(), KeyFault> {
-        let mut off = 0;
-        for s in sges.iter().filter(|s| s.length > 0) {
-            if off >= data.len() {
-                break;
-            }
-            let len = (s.length as usize).min(data.len() - off);
-            let src = data[off..].as_ptr() as usize;
-            check_and_access(
-                dev.keys(),
-                dev.sink(),
-                KeyUse {
-                    key: s.lkey.0,
-                    who: self.who(false),
-                    addr: s.addr,
-                    len: len as u64,
-                    write: true,
-                    atomic: false,
-                },
-                &mut |a| mem::dma_copy(a, src, len),
-            )?;
-            off += len;
-        }
-        Ok(())
-    }
-
     /// The connected responder, if it is still there, ready, and connected to this QP: an RC
     /// connection is a pair, and a responder drops the packets of any other QP (the requester
     /// then sees its retries run out), so a third QP cannot borrow the responder's type 2
     /// windows by connecting to it one way.
-    fn peer(&self) -> Option<(Arc<dyn Port>, Arc<QpObj>)> {
+    pub(super) fn peer(&self) -> Option<(Arc<dyn Port>, Arc<QpObj>)> {
         let (dev, peer) = {
             let st = lock(&self.st);
             (st.peer_dev.as_ref()?.upgrade()?, st.peer.upgrade()?)
@@ -520,340 +434,6 @@ impl QpObj {
                 None => lock(&self.st).busy = false,
             }
         }
-    }
-
-    fn execute(self: &Arc<Self>, dev: &dyn Port, wr: &OwnedWr) -> Outcome {
-        let (wr_id, signaled, sges, inline) =
-            (wr.wr_id, wr.signaled, &wr.sges[..], wr.inline.as_deref());
-        let op = match wr.op {
-            Op::Wr(op) => op,
-            Op::BindType1(req) => {
-                let r = window::bind(dev.keys(), dev.counters(), self.who(false), &req);
-                return Outcome::Done(bind_status(r, WcStatus::MwBindErr));
-            }
-        };
-        let status = match op {
-            RawSendOp::Write { remote_addr, rkey } => {
-                let data = match self.payload(dev, sges, inline) {
-                    Ok(d) => d,
-                    Err(f) => return Outcome::Done(local_status(f)),
-                };
-                let Some((pdev, peer)) = self.peer() else {
-                    return Outcome::Done(WcStatus::RetryExcErr);
-                };
-                if data.is_empty() {
-                    // C9-88: a zero-length RDMA request's rkey is not checked.
-                    return Outcome::Done(WcStatus::Success);
-                }
-                let src = data.as_ptr() as usize;
-                let r = check_and_access(
-                    pdev.keys(),
-                    pdev.sink(),
-                    KeyUse {
-                        key: rkey.0,
-                        who: peer.who(true),
-                        addr: remote_addr,
-                        len: data.len() as u64,
-                        write: true,
-                        atomic: false,
-                    },
-                    &mut |a| mem::dma_copy(a, src, data.len()),
-                );
-                match r {
-                    Ok(()) => {
-                        bump(&dev.counters().bytes_moved, data.len() as u64);
-                        WcStatus::Success
-                    }
-                    Err(_) => peer.remote_access_error(),
-                }
-            }
-            RawSendOp::Read { remote_addr, rkey } => {
-                let total: u64 = sges.iter().map(|s| s.length as u64).sum();
-                if total > MAX_MSG {
-                    return Outcome::Done(WcStatus::LocLenErr);
-                }
-                let Some((pdev, peer)) = self.peer() else {
-                    return Outcome::Done(WcStatus::RetryExcErr);
-                };
-                if total == 0 {
-                    return Outcome::Done(WcStatus::Success);
-                }
-                let mut data = Vec::new();
-                let r = check_and_access(
-                    pdev.keys(),
-                    pdev.sink(),
-                    KeyUse {
-                        key: rkey.0,
-                        who: peer.who(true),
-                        addr: remote_addr,
-                        len: total,
-                        write: false,
-                        atomic: false,
-                    },
-                    &mut |a| {
-                        data.resize(total as usize, 0);
-                        mem::dma_copy(data.as_mut_ptr() as usize, a, total as usize)
-                    },
-                );
-                if r.is_err() {
-                    return Outcome::Done(peer.remote_access_error());
-                }
-                match self.scatter(dev, sges, &data) {
-                    Ok(()) => {
-                        bump(&dev.counters().bytes_moved, total);
-                        WcStatus::Success
-                    }
-                    Err(f) => local_status(f),
-                }
-            }
-            RawSendOp::CompareSwap {
-                remote_addr,
-                rkey,
-                compare,
-                swap,
-            } => self.atomic(dev, sges, remote_addr, rkey, |v| {
-                if v == compare { swap } else { v }
-            }),
-            RawSendOp::FetchAdd {
-                remote_addr,
-                rkey,
-                add,
-            } => self.atomic(dev, sges, remote_addr, rkey, |v| v.wrapping_add(add)),
-            RawSendOp::Send
-            | RawSendOp::SendWithImm(_)
-            | RawSendOp::SendWithInv(_)
-            | RawSendOp::WriteWithImm { .. } => {
-                let payload = match self.payload(dev, sges, inline) {
-                    Ok(d) => d,
-                    Err(f) => return Outcome::Done(local_status(f)),
-                };
-                let Some((pdev, peer)) = self.peer() else {
-                    return Outcome::Done(WcStatus::RetryExcErr);
-                };
-                let (invalidate, imm, write) = match op {
-                    RawSendOp::SendWithInv(k) => (Some(k), None, None),
-                    RawSendOp::SendWithImm(imm) => (None, Some(imm), None),
-                    RawSendOp::WriteWithImm {
-                        remote_addr,
-                        rkey,
-                        imm,
-                    } => (None, Some(imm), Some((remote_addr, rkey))),
-                    _ => (None, None, None),
-                };
-                // Record it as parked before the responder can see it, so its completion by
-                // the responder's next receive always finds it.
-                let opcode = opcode(&Op::Wr(op));
-                lock(&self.st).parked.push_back((wr_id, signaled, opcode));
-                let msg = Inbound {
-                    payload,
-                    invalidate,
-                    imm,
-                    write,
-                    solicited: wr.solicited,
-                    sender: Arc::downgrade(self),
-                };
-                match peer.deliver(&*pdev, msg) {
-                    Some(status) => {
-                        lock(&self.st).parked.pop_back();
-                        status
-                    }
-                    None => return Outcome::Parked,
-                }
-            }
-            RawSendOp::BindMw {
-                mw,
-                mw_rkey,
-                new_rkey,
-                bind,
-            } => {
-                let req = WindowBind {
-                    mw,
-                    mw_rkey,
-                    new_rkey,
-                    bind,
-                    via: MwType::Type2,
-                };
-                let r = window::bind(dev.keys(), dev.counters(), self.who(false), &req);
-                bind_status(r, WcStatus::MwBindErr)
-            }
-            RawSendOp::LocalInv(rkey) => {
-                let r = window::invalidate(dev.keys(), dev.counters(), rkey, self.pd, None);
-                bind_status(r, WcStatus::LocQpOpErr)
-            }
-        };
-        Outcome::Done(status)
-    }
-
-    /// The responder side of a remote access error (bad key, bounds, rights): an IB class C
-    /// error moves the responder to the error state too, flushing its receives (rxe
-    /// `rxe_resp.c`); the requester gets `REM_ACCESS_ERR`.
-    fn remote_access_error(&self) -> WcStatus {
-        self.set_error();
-        WcStatus::RemAccessErr
-    }
-
-    /// An RC atomic: 8 bytes at `remote_addr` (8-aligned, else the responder NAKs an invalid
-    /// request), through a key with `REMOTE_ATOMIC`, replaced by `f` of their value in one
-    /// atomic step (other atomics and the CPU see it whole); the original value is scattered
-    /// into the 8 local bytes `sges` names.
-    fn atomic(
-        &self,
-        dev: &dyn Port,
-        sges: &[Sge],
-        remote_addr: u64,
-        rkey: Rkey,
-        f: impl Fn(u64) -> u64,
-    ) -> WcStatus {
-        let total: u64 = sges.iter().map(|s| s.length as u64).sum();
-        if total != 8 {
-            return WcStatus::LocLenErr;
-        }
-        let Some((pdev, peer)) = self.peer() else {
-            return WcStatus::RetryExcErr;
-        };
-        if remote_addr % 8 != 0 {
-            peer.set_error();
-            return WcStatus::RemInvReqErr;
-        }
-        let mut old = 0u64;
-        let r = check_and_access(
-            pdev.keys(),
-            pdev.sink(),
-            KeyUse {
-                key: rkey.0,
-                who: peer.who(true),
-                addr: remote_addr,
-                len: 8,
-                write: true,
-                atomic: true,
-            },
-            &mut |a| {
-                // A copy first: it faults safely where the page is gone, the atomic would not.
-                mem::dma_copy(&mut old as *mut u64 as usize, a, 8)?;
-                // SAFETY: `a` is 8-aligned (checked) and names 8 bytes of the registered,
-                // mapped and writable range the key check proved; every access the NIC makes
-                // there is atomic, and the program's own are its business (as with hardware).
-                let cell = unsafe { std::sync::atomic::AtomicU64::from_ptr(a as *mut u64) };
-                old = match cell.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| Some(f(v))) {
-                    Ok(v) | Err(v) => v,
-                };
-                Ok(())
-            },
-        );
-        if r.is_err() {
-            return peer.remote_access_error();
-        }
-        match self.scatter(dev, sges, &old.to_ne_bytes()) {
-            Ok(()) => {
-                bump(&dev.counters().bytes_moved, 8);
-                WcStatus::Success
-            }
-            Err(f) => local_status(f),
-        }
-    }
-
-    /// Responder side of a SEND: into the next receive, or parked until one is posted.
-    /// Returns the sender's status when it completed now.
-    fn deliver(self: &Arc<Self>, dev: &dyn Port, msg: Inbound) -> Option<WcStatus> {
-        let _rx = lock(&self.rx);
-        if let Some(srq) = &self.srq {
-            let recv = {
-                let mut q = lock(&srq.q);
-                let mut st = lock(&self.st);
-                if st.state != QpState::Ready {
-                    return Some(WcStatus::RetryExcErr);
-                }
-                match q.recvs.pop_front() {
-                    Some(r) => r,
-                    None => {
-                        st.inbound.push_back(msg);
-                        q.waiting.push_back(Arc::downgrade(self));
-                        return None;
-                    }
-                }
-            };
-            return Some(self.land(dev, recv, &msg));
-        }
-        let recv = {
-            let mut st = lock(&self.st);
-            if st.state != QpState::Ready {
-                return Some(WcStatus::RetryExcErr);
-            }
-            match st.recvs.pop_front() {
-                Some(r) => r,
-                None => {
-                    st.inbound.push_back(msg);
-                    return None;
-                }
-            }
-        };
-        Some(self.land(dev, recv, &msg))
-    }
-
-    /// Land `msg` in `recv`; completes the receive; returns the sender's status.
-    fn land(&self, dev: &dyn Port, recv: Recv, msg: &Inbound) -> WcStatus {
-        let cap: usize = recv.sges.iter().map(|s| s.length as usize).sum();
-        let mut wc = self.wc(recv.wr_id, WcOpcode::Recv, WcStatus::Success);
-        wc.imm_data = msg.imm;
-        let sender_status = if let Some((addr, rkey)) = msg.write {
-            // WRITE_WITH_IMM: the bytes go where the key says; the receive only reports.
-            wc.opcode = WcOpcode::RecvRdmaWithImm;
-            let src = msg.payload.as_ptr() as usize;
-            let len = msg.payload.len();
-            let r = if len == 0 {
-                Ok(())
-            } else {
-                check_and_access(
-                    dev.keys(),
-                    dev.sink(),
-                    KeyUse {
-                        key: rkey.0,
-                        who: self.who(true),
-                        addr,
-                        len: len as u64,
-                        write: true,
-                        atomic: false,
-                    },
-                    &mut |a| mem::dma_copy(a, src, len),
-                )
-            };
-            match r {
-                Ok(()) => WcStatus::Success,
-                Err(_) => {
-                    // Refused before the receive is consumed: it is flushed with the others.
-                    wc.status = WcStatus::WrFlushErr;
-                    WcStatus::RemAccessErr
-                }
-            }
-        } else if msg.payload.len() > cap {
-            wc.status = WcStatus::LocLenErr;
-            WcStatus::RemInvReqErr
-        } else if let Err(f) = self.scatter(dev, &recv.sges, &msg.payload) {
-            wc.status = local_status(f);
-            WcStatus::RemOpErr
-        } else if let Some(rkey) = msg.invalidate {
-            match window::invalidate(dev.keys(), dev.counters(), rkey, self.pd, Some(self.qpn)) {
-                Ok(()) => {
-                    wc.invalidated_rkey = Some(rkey);
-                    WcStatus::Success
-                }
-                Err(fault) => {
-                    tracing::debug!(?fault, "soft NIC: SEND_WITH_INV refused");
-                    wc.status = WcStatus::RemInvReqErr;
-                    WcStatus::RemInvReqErr
-                }
-            }
-        } else {
-            WcStatus::Success
-        };
-        wc.byte_len = msg.payload.len() as u32;
-        if wc.status == WcStatus::Success {
-            bump(&dev.counters().bytes_moved, msg.payload.len() as u64);
-        }
-        if !self.recv_cq.push_event(wc, msg.solicited) || wc.status != WcStatus::Success {
-            self.set_error();
-        }
-        sender_status
     }
 
     /// `ibv_post_srq_recv`: land the oldest message parked at a QP of `srq`, or queue the

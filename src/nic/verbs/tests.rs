@@ -5,11 +5,13 @@
 
 mod fake_provider;
 
+use super::conv::rereg_args;
 use super::device::{
     RXE_VENDOR_ID, SIW_VENDOR_ID, c_chars_to_string, device_names, guess_driver, mtu_bytes,
     parse_numa_node,
 };
 use super::inlines::completion;
+use super::qp_attr::qp_state;
 use super::*;
 use crate::nic::types::{WcOpcode, WcStatus};
 use std::ffi::c_char;
