@@ -50,13 +50,6 @@ const KNOWN_LONG: &[&str] = &[
     "arena/rails.rs",
     "cm/conn.rs",
     "global/mod.rs",
-    "nic/mod.rs",
-    "nic/owned.rs",
-    "nic/soft/keys.rs",
-    "nic/soft/qp.rs",
-    "nic/types.rs",
-    "nic/verbs/inlines.rs",
-    "nic/verbs/mod.rs",
 ];
 
 fn rank(module: &str) -> Option<u32> {

@@ -20,9 +20,8 @@
 //! A QP sees its device only through [`Port`] (its key table, its fault accounting, its
 //! counters): it never reaches into the device's other tables.
 //!
-//! This file holds the QP's state, its send queue (posting, ordering, completion, the error
-//! state) and its receives; `qp_exec.rs` executes one request (gathering, the operation at the
-//! responder, scattering) and delivers messages into receives.
+//! Here: the QP's state, its send queue (posting, ordering, completion, errors), its receives;
+//! `qp_exec.rs` runs one request (gather, responder's operation, scatter) and delivers messages.
 
 use super::counters::AtomicCounters;
 use super::cq::CqObj;
