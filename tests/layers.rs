@@ -49,7 +49,6 @@ const KNOWN_LONG: &[&str] = &[
     "arena/mod.rs",
     "arena/rails.rs",
     "cm/conn.rs",
-    "global/mod.rs",
 ];
 
 fn rank(module: &str) -> Option<u32> {
