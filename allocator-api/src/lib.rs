@@ -2,12 +2,14 @@
 //!
 //! This member crate is where code that needs the unstable `allocator_api` feature lives, so the
 //! stable `rdma-pool` crate never depends on nightly; CI builds and tests it with
-//! `RUSTC_BOOTSTRAP=1`. [`Pool`] wraps [`rdma_pool::alloc::Pool`] (the orphan rule keeps the
-//! trait from being implemented on the stable crate's type here) and dereferences to it, so
-//! `std::vec::Vec::new_in(&pool)` and `Box::new_in(x, &pool)` allocate NIC-registered memory
-//! while `keys_of`, `sge_of` and the statistics stay one call away. [`GlobalPool`] does the same
-//! for [`rdma_pool::GlobalPool`]: usable as `#[global_allocator]` itself, and `&GlobalPool` is an
-//! `Allocator` too.
+//! `RUSTC_BOOTSTRAP=1`. One adapter, [`Alloc`], wraps a pool handle of the stable crate (the
+//! orphan rule keeps the trait from being implemented on the stable crate's types here),
+//! dereferences to it, and forwards the nightly `Allocator` to the handle's allocator-api2
+//! implementation — the one adapter of the stable crate, so both traits keep the same rules.
+//! [`Pool`] is `Alloc<rdma_pool::Pool>`: `std::vec::Vec::new_in(&pool)` and
+//! `Box::new_in(x, &pool)` allocate NIC-registered memory while `keys_of`, `sge_of` and the
+//! statistics stay one call away. [`GlobalPool`] is `Alloc<rdma_pool::GlobalPool>`: usable as
+//! `#[global_allocator]` itself, and `&GlobalPool` is an `Allocator` too.
 //!
 //! # Examples
 //! ```
@@ -26,109 +28,22 @@
 
 pub use rdma_pool;
 
-use core::alloc::{AllocError, Allocator, Layout};
+use allocator_api2::alloc::Allocator as Api2;
+use core::alloc::{AllocError, Allocator, GlobalAlloc, Layout};
 use core::ptr::NonNull;
 use rdma_pool::arena::{ArenaConfig, Error};
 use rdma_pool::nic::Pd;
 
-/// A [`rdma_pool::alloc::Pool`] that `&Pool` makes a nightly `Allocator`.
-#[derive(Debug)]
-pub struct Pool(rdma_pool::alloc::Pool);
+/// A pool handle of the stable crate that `&Alloc` makes a nightly `Allocator` (and, for a
+/// `GlobalAlloc` handle, a `GlobalAlloc`); it dereferences to the handle.
+#[derive(Debug, Default)]
+pub struct Alloc<A>(A);
 
-impl Pool {
-    /// A pool over a fresh arena on `pd` (see [`rdma_pool::alloc::Pool::new`]).
-    ///
-    /// # Errors
-    /// As [`rdma_pool::alloc::Pool::new`].
-    pub fn new(pd: &Pd) -> Result<Pool, Error> {
-        rdma_pool::alloc::Pool::new(pd).map(Pool)
-    }
+/// An [`rdma_pool::Pool`] that `&Pool` makes a nightly `Allocator`.
+pub type Pool = Alloc<rdma_pool::Pool>;
 
-    /// A pool over a fresh arena configured by `cfg`.
-    ///
-    /// # Errors
-    /// As [`rdma_pool::alloc::Pool::with_config`].
-    pub fn with_config(pd: &Pd, cfg: ArenaConfig) -> Result<Pool, Error> {
-        rdma_pool::alloc::Pool::with_config(pd, cfg).map(Pool)
-    }
-
-    /// The stable pool inside.
-    pub fn into_inner(self) -> rdma_pool::alloc::Pool {
-        self.0
-    }
-}
-
-impl From<rdma_pool::alloc::Pool> for Pool {
-    fn from(pool: rdma_pool::alloc::Pool) -> Pool {
-        Pool(pool)
-    }
-}
-
-impl core::ops::Deref for Pool {
-    type Target = rdma_pool::alloc::Pool;
-    fn deref(&self) -> &rdma_pool::alloc::Pool {
-        &self.0
-    }
-}
-
-fn slice(p: *mut u8, len: usize) -> Result<NonNull<[u8]>, AllocError> {
-    NonNull::new(p)
-        .map(|p| NonNull::slice_from_raw_parts(p, len))
-        .ok_or(AllocError)
-}
-
-// SAFETY: blocks stay valid until freed (a dropped pool never unmaps live blocks); the
-// reported length is what was asked for; grow/shrink keep or copy the contents.
-unsafe impl Allocator for &Pool {
-    fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
-        slice(self.0.alloc(layout), layout.size())
-    }
-
-    fn allocate_zeroed(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
-        slice(self.0.alloc_zeroed(layout), layout.size())
-    }
-
-    unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
-        // SAFETY: forwarded from the caller: a block of this pool with `layout`.
-        unsafe { self.0.free_sized(ptr.as_ptr(), layout) }
-    }
-
-    unsafe fn grow(
-        &self,
-        ptr: NonNull<u8>,
-        old: Layout,
-        new: Layout,
-    ) -> Result<NonNull<[u8]>, AllocError> {
-        // SAFETY: forwarded from the caller.
-        slice(unsafe { self.0.resize(ptr.as_ptr(), old, new) }, new.size())
-    }
-
-    unsafe fn grow_zeroed(
-        &self,
-        ptr: NonNull<u8>,
-        old: Layout,
-        new: Layout,
-    ) -> Result<NonNull<[u8]>, AllocError> {
-        // SAFETY: forwarded from the caller.
-        slice(
-            unsafe { self.0.resize_zeroed(ptr.as_ptr(), old, new) },
-            new.size(),
-        )
-    }
-
-    unsafe fn shrink(
-        &self,
-        ptr: NonNull<u8>,
-        old: Layout,
-        new: Layout,
-    ) -> Result<NonNull<[u8]>, AllocError> {
-        // SAFETY: forwarded from the caller.
-        slice(unsafe { self.0.resize(ptr.as_ptr(), old, new) }, new.size())
-    }
-}
-
-/// A [`rdma_pool::GlobalPool`] that is also a nightly `Allocator` (through `&GlobalPool`), and a
-/// `GlobalAlloc` itself, so the same static can be the `#[global_allocator]`.
+/// A [`rdma_pool::GlobalPool`] that is also a nightly `Allocator` (through `&GlobalPool`), and
+/// a `GlobalAlloc` itself, so the same static can be the `#[global_allocator]`.
 ///
 /// # Examples
 /// ```
@@ -138,30 +53,60 @@ unsafe impl Allocator for &Pool {
 /// let b = Box::new_in([1u64; 16], &POOL);
 /// assert!(POOL.keys_of(b.as_ptr().cast()).is_some());
 /// ```
-#[derive(Debug, Default)]
-pub struct GlobalPool(rdma_pool::GlobalPool);
+pub type GlobalPool = Alloc<rdma_pool::GlobalPool>;
+
+impl Pool {
+    /// A pool over a fresh arena on `pd` (see [`rdma_pool::Pool::new`]).
+    ///
+    /// # Errors
+    /// As [`rdma_pool::Pool::new`].
+    pub fn new(pd: &Pd) -> Result<Pool, Error> {
+        rdma_pool::Pool::new(pd).map(Alloc)
+    }
+
+    /// A pool over a fresh arena configured by `cfg`.
+    ///
+    /// # Errors
+    /// As [`rdma_pool::Pool::with_config`].
+    pub fn with_config(pd: &Pd, cfg: ArenaConfig) -> Result<Pool, Error> {
+        rdma_pool::Pool::with_config(pd, cfg).map(Alloc)
+    }
+}
 
 impl GlobalPool {
     /// See [`rdma_pool::GlobalPool::new`].
     pub const fn new() -> GlobalPool {
-        GlobalPool(rdma_pool::GlobalPool::new())
+        Alloc(rdma_pool::GlobalPool::new())
     }
 
     /// See [`rdma_pool::GlobalPool::with_config`].
-    pub const fn with_config(config: rdma_pool::global::GlobalConfig) -> GlobalPool {
-        GlobalPool(rdma_pool::GlobalPool::with_config(config))
+    pub const fn with_config(config: rdma_pool::GlobalConfig) -> GlobalPool {
+        Alloc(rdma_pool::GlobalPool::with_config(config))
     }
 }
 
-impl core::ops::Deref for GlobalPool {
-    type Target = rdma_pool::GlobalPool;
-    fn deref(&self) -> &rdma_pool::GlobalPool {
+impl<A> Alloc<A> {
+    /// The stable handle inside.
+    pub fn into_inner(self) -> A {
+        self.0
+    }
+}
+
+impl<A> From<A> for Alloc<A> {
+    fn from(handle: A) -> Alloc<A> {
+        Alloc(handle)
+    }
+}
+
+impl<A> core::ops::Deref for Alloc<A> {
+    type Target = A;
+    fn deref(&self) -> &A {
         &self.0
     }
 }
 
-// SAFETY: forwards every call to the stable `GlobalPool`, which upholds the contract.
-unsafe impl core::alloc::GlobalAlloc for GlobalPool {
+// SAFETY: forwards every call to the stable handle's `GlobalAlloc`, which upholds the contract.
+unsafe impl<A: GlobalAlloc> GlobalAlloc for Alloc<A> {
     #[inline]
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: forwarded from the caller.
@@ -187,11 +132,13 @@ unsafe impl core::alloc::GlobalAlloc for GlobalPool {
     }
 }
 
-use allocator_api2::alloc::Allocator as Api2;
-
-// SAFETY: forwards to the allocator-api2 implementation of the stable `&GlobalPool`, whose
-// contract is the same (zero-size requests included).
-unsafe impl Allocator for &GlobalPool {
+// SAFETY: forwards to the allocator-api2 implementation of the stable handle, whose contract
+// is the same (zero-size requests included).
+unsafe impl<A> Allocator for &Alloc<A>
+where
+    for<'a> &'a A: Api2,
+{
+    #[inline]
     fn allocate(&self, layout: Layout) -> Result<NonNull<[u8]>, AllocError> {
         Api2::allocate(&&self.0, layout).map_err(|_| AllocError)
     }
@@ -200,6 +147,7 @@ unsafe impl Allocator for &GlobalPool {
         Api2::allocate_zeroed(&&self.0, layout).map_err(|_| AllocError)
     }
 
+    #[inline]
     unsafe fn deallocate(&self, ptr: NonNull<u8>, layout: Layout) {
         // SAFETY: forwarded from the caller.
         unsafe { Api2::deallocate(&&self.0, ptr, layout) }

@@ -20,7 +20,7 @@
 //! (thread caches), `memcheck.rs` (memory-checker mode), `stats.rs`, `api2.rs` (the
 //! allocator-api2 front end).
 
-mod api2;
+pub(crate) mod api2;
 mod checked;
 mod class;
 mod heap;
@@ -36,7 +36,6 @@ mod stats;
 mod tcache;
 mod tls;
 
-pub(crate) use api2::slice;
 pub use checked::FreeError;
 pub use class::{CLASSES, MAX_SMALL, class_size};
 pub use memcheck::{LARGE_GUARD, MemcheckStats, memcheck_stats};
