@@ -403,7 +403,7 @@ fn machine() -> String {
     )
 }
 
-/// results[label][alloc] = runs
+/// `results[label][alloc]` = the runs of one allocator on one workload.
 type Results<'a> = BTreeMap<&'a str, BTreeMap<&'a str, Vec<Run>>>;
 
 fn main() {
