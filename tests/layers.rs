@@ -256,6 +256,9 @@ fn the_reader_sees_groups_and_climbs() {
     assert!(targets("use super::page::Page;", &here).is_empty());
     assert!(targets("use rdma_crate::x;", &here).is_empty());
     assert_eq!(code("    /// [`crate::grant`]"), "");
-    assert_eq!(module_path(Path::new("nic/soft/qp.rs")), ["nic", "soft", "qp"]);
+    assert_eq!(
+        module_path(Path::new("nic/soft/qp.rs")),
+        ["nic", "soft", "qp"]
+    );
     assert_eq!(module_path(Path::new("nic/mod.rs")), ["nic"]);
 }

@@ -11,7 +11,6 @@
 
 use super::os::errno;
 
-
 /// Most nodes whose mask the helpers handle (`nodemask` bits).
 pub const MASK_NODES: usize = 1024;
 /// Nodes `Local` keeps an open chunk for; threads on nodes at or above share the slot of
