@@ -17,7 +17,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // The server grants the client a key to one page of its heap, usable through `server` only.
     let page = vec![0u8; 4096];
-    let mut grant = A.grant_owned(page, &server, Access::REMOTE_WRITE).map_err(|(_, e)| e)?;
+    let mut grant = A
+        .grant_owned(page, &server, Access::REMOTE_WRITE)
+        .map_err(|(_, e)| e)?;
     grant.wait(&cq, |_| {})?; // the memory window is bound
     let wire = grant.wire(); // addr, len, rkey: what a server sends its client
 

@@ -913,7 +913,10 @@ const END: &str = "<!-- comparison:end -->";
 fn update_doc(path: &Path, table: &str) {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| fail(&format!("{e}")));
     let Some(new) = replace_marked(&text, table) else {
-        fail(&format!("{} has no {BEGIN} … {END} markers", path.display()))
+        fail(&format!(
+            "{} has no {BEGIN} … {END} markers",
+            path.display()
+        ))
     };
     std::fs::write(path, new).unwrap_or_else(|e| fail(&format!("{e}")));
 }
@@ -935,7 +938,10 @@ mod tests {
         let rel = |from: &str, to: &str| relative(Path::new(from), Path::new(to));
         let png = "comparison/rss-phases.png";
         assert_eq!(rel("README.md", png), png);
-        assert_eq!(rel("docs/benchmarks.md", png), "../comparison/rss-phases.png");
+        assert_eq!(
+            rel("docs/benchmarks.md", png),
+            "../comparison/rss-phases.png"
+        );
         assert_eq!(rel("comparison/RESULTS.md", png), "rss-phases.png");
     }
 
@@ -943,7 +949,10 @@ mod tests {
     fn the_table_replaces_what_lies_between_the_markers() {
         let text = format!("# Title\n\n{BEGIN}\nold table\n{END}\n\nafter\n");
         let new = replace_marked(&text, "new table\n").unwrap();
-        assert_eq!(new, format!("# Title\n\n{BEGIN}\nnew table\n{END}\n\nafter\n"));
+        assert_eq!(
+            new,
+            format!("# Title\n\n{BEGIN}\nnew table\n{END}\n\nafter\n")
+        );
         assert_eq!(replace_marked("no markers", "t"), None);
         assert_eq!(replace_marked(&format!("{END} {BEGIN}"), "t"), None);
     }
@@ -953,8 +962,14 @@ mod tests {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         let script = std::fs::read_to_string(root.join("scripts/compare.sh")).unwrap();
         let doc = "docs/benchmarks.md";
-        assert!(script.contains(&format!("--doc {doc}")), "scripts/compare.sh: --doc {doc}");
+        assert!(
+            script.contains(&format!("--doc {doc}")),
+            "scripts/compare.sh: --doc {doc}"
+        );
         let text = std::fs::read_to_string(root.join(doc)).unwrap();
-        assert!(replace_marked(&text, "").is_some(), "{doc} has no {BEGIN} … {END}");
+        assert!(
+            replace_marked(&text, "").is_some(),
+            "{doc} has no {BEGIN} … {END}"
+        );
     }
 }
