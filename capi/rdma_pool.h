@@ -8,10 +8,10 @@
 #include <stdint.h>
 #include <infiniband/verbs.h>
 
-// A grant handle ([`rdma_pool_grant`]); opaque to C.
+// A grant handle ([`rdma_pool_grant()`]); opaque to C.
 struct rdma_pool_grant;
 
-// Statistics of the process's pool ([`rdma_pool_stats`]).
+// Statistics of the process's pool ([`rdma_pool_stats()`]).
 struct rdma_pool_stats {
   // 0 uninitialised, 1 initialising, 2 ready, 3 failed (the heap is then unregistered).
   uint32_t state;

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The comparison suite (README, "Comparison suite"): builds the workload binaries in release mode
-# — one per allocator as #[global_allocator]: rdma-pool's GlobalPool on the soft NIC, mimalloc,
+# The comparison suite (docs/benchmarks.md, "Comparison suite"): builds the workload binaries in
+# release mode — one per allocator as #[global_allocator]: rdma-pool's GlobalPool on the soft NIC, mimalloc,
 # jemalloc, glibc — and, through scripts/compare-c.sh, the C programs of comparison/c with each
 # allocator's shared library in LD_PRELOAD (rows `c/…`; rdma-pool's librdma_pool.so from
 # $RDMA_POOL_SO, "not built" when it is not there), runs every workload with every allocator back
 # to back, repeated, and writes the markdown table (with the machine it ran on and the
 # allocators' versions: time, peak and final memory per allocator) to comparison/RESULTS.md and
-# into the README, and the resident memory over the `phases` workload to
+# into docs/benchmarks.md, and the resident memory over the `phases` workload to
 # comparison/rss-phases.png. Full scale is for here only: CI runs the suite at scale 0.01 in a
 # debug build (scripts/test.sh). A run that crashes, hangs past the timeout or computes another
 # result than the other allocators is a failure of its allocator in the table (the rest still
@@ -28,4 +28,4 @@ cargo build --release -p rdma-pool-comparison --bins
 # shellcheck source=scripts/compare-c.sh
 source scripts/compare-c.sh
 c_prepare
-exec "$C_TARGET/release/compare" --out comparison/RESULTS.md --readme README.md "${C_ARGS[@]}" "$@"
+exec "$C_TARGET/release/compare" --out comparison/RESULTS.md --doc docs/benchmarks.md "${C_ARGS[@]}" "$@"

@@ -21,6 +21,11 @@ cargo fmt --all -- --check
 # tests/async_completions.rs are checked too; the default build has it off.
 echo "== cargo clippy"
 cargo clippy --workspace --exclude rdma-pool-allocator-api --all-targets --features rdma-pool/tokio,rdma-pool/serde -- -D warnings
+echo "== cargo doc (rustdoc warnings denied)"
+# The C library's crate has the same library name (rdma_pool) as the crate itself, so one
+# `cargo doc` cannot document both: it is documented on its own.
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --exclude rdma-pool-allocator-api --exclude rdma-pool-capi --features rdma-pool/tokio,rdma-pool/serde
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p rdma-pool-capi
 echo "== allocator-api (nightly std::alloc::Allocator, RUSTC_BOOTSTRAP=1): clippy and tests"
 RUSTC_BOOTSTRAP=1 cargo clippy -p rdma-pool-allocator-api --all-targets -- -D warnings
 RUSTC_BOOTSTRAP=1 cargo test -p rdma-pool-allocator-api
@@ -29,6 +34,8 @@ echo "== cargo test (soft NIC)"
 # not build (a cdylib is no dependency of a test): built first, with the same features.
 cargo build -p rdma-pool-capi --features pool/tokio,pool/serde
 cargo test --workspace --exclude rdma-pool-allocator-api --features rdma-pool/tokio,rdma-pool/serde
+echo "== the README's program, as a user runs it (tests/readme.rs checks it is examples/readme.rs)"
+cargo run --features tokio,serde --example readme
 echo "== cargo test --no-default-features (without the verbs backend)"
 cargo test --no-default-features --lib --tests
 

@@ -2,7 +2,7 @@
 //! (`crate::x`, `crate::{x, ..}`, a `super::` that climbs to the crate root) must go to a
 //! lower layer. Comments and doc comments are not imports and are skipped.
 //!
-//! The layers, bottom up (`src/sys/mod.rs` and the README's "Layout" say what each holds):
+//! The layers, bottom up (`src/sys/mod.rs` and `docs/layout.md` say what each holds):
 //!
 //! | rank | modules | what |
 //! |---|---|---|

@@ -168,7 +168,7 @@ pub unsafe extern "C" fn rdma_pool_pd() -> *mut ibv_pd {
     }
 }
 
-/// Statistics of the process's pool ([`rdma_pool_stats`]).
+/// Statistics of the process's pool ([`rdma_pool_stats()`]).
 #[repr(C)]
 #[derive(Debug, Default, Clone, Copy)]
 pub struct rdma_pool_stats {
@@ -255,7 +255,7 @@ pub struct rdma_pool_wire {
     pub rkey: u32,
 }
 
-/// A grant handle ([`rdma_pool_grant`]); opaque to C.
+/// A grant handle ([`rdma_pool_grant()`]); opaque to C.
 pub struct rdma_pool_grant {
     grant: Grant<'static>,
     _qp: Qp,

@@ -188,10 +188,10 @@ fn ms(d: std::time::Duration) -> i32 {
 /// posts) and what the peer sent with it. Dropping it disconnects.
 ///
 /// A peer's disconnect reaches this side as an rdma_cm event: when
-/// [`Connection::disconnected`] (or [`Connection::wait_disconnected`]) reads it, the crate
-/// answers it and the QP moves to the error state, flushing every receive and send still
-/// posted. Await it alongside the receives: until it is read, a receive posted for a peer that
-/// left waits.
+/// [`Connection::wait_disconnected`] (or `Connection::disconnected`, feature `tokio`) reads it,
+/// the crate answers it and the QP moves to the error state, flushing every receive and send
+/// still posted. Await it alongside the receives: until it is read, a receive posted for a peer
+/// that left waits.
 pub struct Connection {
     id: Id,
     qp: Qp,

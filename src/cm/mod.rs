@@ -10,9 +10,9 @@
 //!   [`GlobalPool`](crate::GlobalPool)). A connection that arrives on, or resolves to, another
 //!   device is refused with [`CmError::WrongDevice`] (and rejected, on the passive side).
 //! - Each [`Connection`] owns its id, its event channel and its QP (created by
-//!   `rdma_create_qp` in the caller's PD on the caller's CQs, then an ordinary [`Qp`](crate::nic::Qp): grants,
-//!   owned posts and `Qp::from_raw` rules apply); dropping it disconnects and destroys them
-//!   (the QP when its last clone is dropped).
+//!   `rdma_create_qp` in the caller's PD on the caller's CQs, then an ordinary
+//!   [`Qp`](crate::nic::Qp): grants, owned posts and `Qp::from_raw` rules apply); dropping it
+//!   disconnects and destroys them (the QP when its last clone is dropped).
 //! - Private data rides on the connect (at most [`MAX_CONNECT_DATA`] bytes) and on the accept
 //!   (at most [`MAX_ACCEPT_DATA`]); longer is refused before anything is sent. The CM pads it
 //!   to a fixed size on the wire (rxe and hardware alike), so the crate frames it with a

@@ -4,11 +4,12 @@
 //! call into `nic` (creating the arena, growing it, dropping it), and a global allocator built
 //! on the pool holds one while it opens its device. The NIC layer's Rust code allocates (handles,
 //! errors, the soft NIC's tables); with the pool as global allocator those allocations re-enter
-//! it. While a mark is held the arena refuses to grow ([`Error::Reentrant`](crate::arena::Error::Reentrant)), so
-//! a re-entrant allocation never recurses into another registration: the pool serves it from
-//! what it has (its fast paths hold no lock and no half-updated state across a NIC call — the
-//! only NIC calls are in `Arena::alloc_run`, reached from a heap's slow path after its page loop,
-//! with no page pointer held, and from medium and large allocation with no lock held), and what
+//! it. While a mark is held the arena refuses to grow
+//! ([`Error::Reentrant`](crate::arena::Error::Reentrant)), so a re-entrant allocation never
+//! recurses into another registration: the pool serves it from what it has (its fast paths
+//! hold no lock and no half-updated state across a NIC call — the only NIC calls are in
+//! `Arena::alloc_run`, reached from a heap's slow path after its page loop, with no page
+//! pointer held, and from medium and large allocation with no lock held), and what
 //! would need growth the global allocator serves from its bootstrap region, as it does when
 //! [`active`] while the pool is not ready yet.
 //!

@@ -4,7 +4,10 @@
 //! `phases` workload next to it.
 //!
 //! `compare [--threads N] [--repeats R] [--scale F] [--only a,b] [--timeout SECS] [--out FILE]
-//! [--readme FILE]` (`scripts/compare.sh` builds and runs it). `--threads` is the thread count
+//! [--doc FILE]` (`scripts/compare.sh` builds and runs it). `--doc` (also spelled `--readme`)
+//! names a markdown file whose text between `<!-- comparison:begin -->` and
+//! `<!-- comparison:end -->` is replaced by the table (`docs/benchmarks.md`), its links
+//! relative to that file. `--threads` is the thread count
 //! of the `…N` workloads (default: the machine's cores), so the same suite shows scaling with
 //! 1, 2, 4, 8, 16. `--only` takes labels (`larsonN`) or workload names (`larson`). The
 //! allocator order rotates between repeats. Every allocator must compute the same checksum for
@@ -99,7 +102,8 @@ struct Args {
     only: Option<Vec<String>>,
     timeout: Option<f64>,
     out: Option<PathBuf>,
-    readme: Option<PathBuf>,
+    /// The markdown file whose marked section gets the table (`--doc`).
+    doc: Option<PathBuf>,
     /// Where the C programs are (`--c-dir`), and whether to run only them (`--c-only`).
     c_dir: Option<PathBuf>,
     c_only: bool,
@@ -117,7 +121,7 @@ fn parse() -> Args {
         only: None,
         timeout: None,
         out: None,
-        readme: None,
+        doc: None,
         c_dir: None,
         c_only: false,
         preload: BTreeMap::new(),
@@ -138,7 +142,7 @@ fn parse() -> Args {
                 a.timeout = Some(value().parse().unwrap_or_else(|_| fail("--timeout SECS")))
             }
             "--out" => a.out = Some(value().into()),
-            "--readme" => a.readme = Some(value().into()),
+            "--doc" | "--readme" => a.doc = Some(value().into()),
             "--c-dir" => a.c_dir = Some(value().into()),
             "--c-only" => a.c_only = true,
             "--preload" => {
@@ -403,7 +407,7 @@ fn machine() -> String {
     )
 }
 
-/// results[label][alloc] = runs
+/// `results[label][alloc]` = the runs of one allocator on one workload.
 type Results<'a> = BTreeMap<&'a str, BTreeMap<&'a str, Vec<Run>>>;
 
 fn main() {
@@ -507,11 +511,8 @@ fn main() {
     if let Some(out) = &args.out {
         std::fs::write(out, &table).unwrap_or_else(|e| fail(&format!("{}: {e}", out.display())));
     }
-    if let Some(readme) = &args.readme {
-        update_readme(
-            readme,
-            &report(&args, &suite, &results, link(readme).as_deref()),
-        );
+    if let Some(doc) = &args.doc {
+        update_doc(doc, &report(&args, &suite, &results, link(doc).as_deref()));
     }
     let failures = failures(&suite, &results);
     if !failures.is_empty() {
@@ -572,14 +573,21 @@ fn failures(suite: &[(&str, &str, usize)], results: &Results) -> Vec<String> {
     v
 }
 
-/// `to` relative to the directory of the file `from` (both as given, or made absolute).
+/// `to` relative to the directory of the file `from` (both as given, or made absolute),
+/// climbing with `..` where `to` is not below it.
 fn relative(from: &Path, to: &Path) -> String {
     let abs = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
     let dir = from.parent().filter(|d| !d.as_os_str().is_empty());
     let base = abs(dir.unwrap_or(Path::new(".")));
     let to = abs(to);
-    to.strip_prefix(&base)
-        .map_or_else(|_| to.display().to_string(), |p| p.display().to_string())
+    let (base, to): (Vec<_>, Vec<_>) = (base.components().collect(), to.components().collect());
+    let common = base.iter().zip(&to).take_while(|(b, t)| b == t).count();
+    let mut rel = PathBuf::new();
+    for _ in common..base.len() {
+        rel.push("..");
+    }
+    rel.extend(&to[common..]);
+    rel.display().to_string()
 }
 
 /// The markdown report: one row per workload, time, peak and final memory per allocator with
@@ -898,13 +906,70 @@ fn digits<DB: DrawingBackend>(
     Ok(())
 }
 
-/// Replace the text between `<!-- comparison:begin -->` and `<!-- comparison:end -->`.
-fn update_readme(path: &Path, table: &str) {
+const BEGIN: &str = "<!-- comparison:begin -->";
+const END: &str = "<!-- comparison:end -->";
+
+/// Replace the text between [`BEGIN`] and [`END`] in the file at `path`.
+fn update_doc(path: &Path, table: &str) {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| fail(&format!("{e}")));
-    let (b, e) = ("<!-- comparison:begin -->", "<!-- comparison:end -->");
-    let (Some(i), Some(j)) = (text.find(b), text.find(e)) else {
-        fail(&format!("{} has no {b} … {e} markers", path.display()))
+    let Some(new) = replace_marked(&text, table) else {
+        fail(&format!(
+            "{} has no {BEGIN} … {END} markers",
+            path.display()
+        ))
     };
-    let new = format!("{}{b}\n{table}{}", &text[..i], &text[j..]);
     std::fs::write(path, new).unwrap_or_else(|e| fail(&format!("{e}")));
+}
+
+/// `text` with what lies between [`BEGIN`] and [`END`] replaced by `table`; `None` without
+/// both markers in that order.
+fn replace_marked(text: &str, table: &str) -> Option<String> {
+    let i = text.find(BEGIN)?;
+    let j = i + text[i..].find(END)?;
+    Some(format!("{}{BEGIN}\n{table}{}", &text[..i], &text[j..]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn links_are_relative_to_the_file_they_go_into() {
+        let rel = |from: &str, to: &str| relative(Path::new(from), Path::new(to));
+        let png = "comparison/rss-phases.png";
+        assert_eq!(rel("README.md", png), png);
+        assert_eq!(
+            rel("docs/benchmarks.md", png),
+            "../comparison/rss-phases.png"
+        );
+        assert_eq!(rel("comparison/RESULTS.md", png), "rss-phases.png");
+    }
+
+    #[test]
+    fn the_table_replaces_what_lies_between_the_markers() {
+        let text = format!("# Title\n\n{BEGIN}\nold table\n{END}\n\nafter\n");
+        let new = replace_marked(&text, "new table\n").unwrap();
+        assert_eq!(
+            new,
+            format!("# Title\n\n{BEGIN}\nnew table\n{END}\n\nafter\n")
+        );
+        assert_eq!(replace_marked("no markers", "t"), None);
+        assert_eq!(replace_marked(&format!("{END} {BEGIN}"), "t"), None);
+    }
+
+    #[test]
+    fn the_docs_file_compare_sh_names_has_the_markers() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let script = std::fs::read_to_string(root.join("scripts/compare.sh")).unwrap();
+        let doc = "docs/benchmarks.md";
+        assert!(
+            script.contains(&format!("--doc {doc}")),
+            "scripts/compare.sh: --doc {doc}"
+        );
+        let text = std::fs::read_to_string(root.join(doc)).unwrap();
+        assert!(
+            replace_marked(&text, "").is_some(),
+            "{doc} has no {BEGIN} … {END}"
+        );
+    }
 }
