@@ -73,12 +73,12 @@ bins=$(cargo test --no-run --features tokio,serde --test async_completions --tes
 memcheck_bin=$(cargo test --no-run --features memcheck --test memcheck 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p')
 [ -n "$memcheck_bin" ] || { echo "could not find the memcheck test binary" >&2; exit 1; }
 bins="$bins $memcheck_bin"
-# The grants and two_rails examples run there too (they ignore the test harness's arguments;
+# The grants, two_rails and README examples run there too (they ignore the test harness's arguments;
 # two_rails on rxe0 and rxe1, RDMA_POOL_RAILS below).
 # The rdma_cm tokio server runs as a server and two clients (three processes, on 10.77.0.2).
 # Same features as the test binaries above: no second build of the crate.
-cargo build --features tokio,serde --example grants --example two_rails --example cm_server
-bins="$bins target/debug/examples/grants target/debug/examples/two_rails target/debug/examples/cm_server"
+cargo build --features tokio,serde --example grants --example two_rails --example cm_server --example readme
+bins="$bins target/debug/examples/grants target/debug/examples/two_rails target/debug/examples/cm_server target/debug/examples/readme"
 # The sideway interop example (interop/): sideway owns the device, QPs and connection, rdma-pool
 # the memory and the grant; a server and a client process on rxe0 and rxe1.
 cargo build -p rdma-pool-interop
