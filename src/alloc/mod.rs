@@ -653,8 +653,13 @@ impl Pool {
     /// ```
     pub unsafe fn resize(&self, p: *mut u8, old: Layout, new: Layout) -> *mut u8 {
         if p as usize % new.align() == 0 {
-            // SAFETY: forwarded from the caller.
-            return unsafe { self.realloc(p, old, new.size()) };
+            // Resized as a block of `new`'s alignment: kept in place only where a later free
+            // with `new` finds its class (a block over-aligned at first, shrunk to a small
+            // alignment, moves), and moved to a block aligned for `new`.
+            if let Ok(as_new) = Layout::from_size_align(old.size(), new.align()) {
+                // SAFETY: forwarded from the caller; the block is aligned for `new`.
+                return unsafe { self.realloc(p, as_new, new.size()) };
+            }
         }
         let q = self.alloc(new);
         if !q.is_null() {

@@ -54,3 +54,46 @@ fn hashbrown_map_on_a_pool() {
     assert_eq!(pool.live_blocks(), 0);
     assert!(pool.validate());
 }
+
+/// A block allocated over-aligned and resized to a small alignment moves when its class would
+/// not be the one a sized free with the new layout finds; a block grown to a larger alignment
+/// is aligned for it (found by a hostile review of the fast paths).
+#[test]
+fn resizing_to_another_alignment_keeps_classes_and_alignment() {
+    use std::alloc::Layout;
+    let _g = serial();
+    let bed = default_bed();
+    let pool = pool_on(&bed.a.pd, Access::empty());
+    let big = Layout::from_size_align(8, 4096).unwrap();
+    let small = Layout::from_size_align(8, 8).unwrap();
+    let p = pool.alloc(big);
+    // SAFETY: `p` has `big`; the result has `small`.
+    let q = unsafe { pool.resize(p, big, small) };
+    assert!(!q.is_null());
+    assert_ne!(q, p, "a 4 KiB-class block must not be freed as an 8-byte one");
+    // SAFETY: `q` has `small`.
+    unsafe { pool.free_sized(q, small) };
+    let r = pool.alloc(small);
+    assert_ne!(r, p, "the 4 KiB block serves no 8-byte request");
+    // SAFETY: `r` has `small`.
+    unsafe { pool.free_sized(r, small) };
+    assert_eq!(pool.live_blocks(), 0);
+    for c in &pool.stats().classes {
+        assert_eq!(c.allocated, 0, "{c:?}");
+    }
+    // Growing to a larger alignment: every result is aligned for it, whatever the first
+    // block's address happened to be.
+    for size in [8usize, 24, 100, 1000, 5000] {
+        for _ in 0..64 {
+            let a = Layout::from_size_align(size, 8).unwrap();
+            let b = Layout::from_size_align(size * 3, 256).unwrap();
+            let p = pool.alloc(a);
+            // SAFETY: `p` has `a`; the result has `b`.
+            let q = unsafe { pool.resize(p, a, b) };
+            assert_eq!(q as usize % 256, 0, "size {size}");
+            // SAFETY: `q` has `b`.
+            unsafe { pool.free_sized(q, b) };
+        }
+    }
+    assert!(pool.validate());
+}
