@@ -46,8 +46,6 @@ const KNOWN_LONG: &[&str] = &[
     "alloc/heap.rs",
     "alloc/mod.rs",
     "alloc/pool.rs",
-    "arena/mod.rs",
-    "arena/rails.rs",
     "cm/conn.rs",
 ];
 
