@@ -1,6 +1,6 @@
 //! The pool on several devices at once (multi-rail): attach and detach PDs, keys per device.
 //!
-//! Contract: a thin front end over the arena's rails (`arena/rails.rs`): every block of the
+//! Contract: a thin front end over the arena's rails (`arena/rails/`): every block of the
 //! pool is registered on every attached device, `keys_of_on` answers per device in O(1)
 //! without a lock, and [`Pool::keys_of`] keeps meaning the pool's own device. A grant names
 //! its device through its QP's PD; a PD with open grants is not detached.

@@ -37,6 +37,11 @@
 //! Memory handed out by the arena stays mapped until the arena is dropped, and registered as
 //! long as it is not purged (`purge.rs`); dropping the arena deregisters every region and
 //! unmaps the reservation.
+//!
+//! Besides the files named above, the `Arena`'s methods live with their concern: the address
+//! space and its arithmetic (`layout.rs`), keys and SGEs by address (`lookup.rs`), the NUMA
+//! node of each chunk (`placement.rs`), counters, introspection and [`Arena::validate`]
+//! (`stats.rs`), the prefetch state and automatic prefetch (`prefetch/hooks.rs`).
 
 mod commit;
 mod config;
@@ -45,7 +50,10 @@ mod error;
 mod events;
 mod fork;
 mod grow;
+mod layout;
+mod lookup;
 pub mod numa;
+mod placement;
 pub(crate) mod prefetch;
 // The provisioning mark, for tests that make allocations re-entrant on purpose.
 #[doc(hidden)]
@@ -70,13 +78,13 @@ pub use register::{
 pub use stats::{ArenaStats, MAX_STAT_NODES};
 pub use table::Keys;
 
-use crate::nic::{Access, Pd, Sge};
+use crate::nic::{Access, Pd};
 use crate::sys::atfork::{self, ForkGuard, ForkLock};
 use crate::sys::os::{self, MmapArray};
 use commit::Pages;
 use stats::Counters;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize};
 use table::Table;
 
 /// Bytes per slab: the unit of commitment and registration.
@@ -203,10 +211,10 @@ pub struct Arena {
     prefetch: prefetch::Prefetcher,
     /// One-slab runs made ready ahead of demand (`prefetch/refill.rs`).
     ahead: prefetch::Reserve,
-    /// The registration asked for, and the remote rights: how rails register (`rails.rs`).
+    /// The registration asked for, and the remote rights: how rails register (`rails/`).
     asked: Registration,
     remote: Access,
-    /// Other devices the arena is registered on (`rails.rs`).
+    /// Other devices the arena is registered on (`rails/`).
     rails: rails::Rails,
     /// The device reported a fatal event (`events.rs`).
     dead: AtomicBool,
@@ -385,341 +393,9 @@ impl Arena {
         })
     }
 
-    /// First byte of the reservation.
-    pub(crate) fn base(&self) -> usize {
-        self.base
-    }
-
-    /// Bytes of address space held from [`Arena::base`]: every address the arena can ever
-    /// hand out lies in `[base, base + window)`.
-    pub(crate) fn window(&self) -> usize {
-        self.window
-    }
-
-    /// Bytes reserved so far: one or more reservations of the configured `reserve`.
-    fn reserved_now(&self) -> usize {
-        self.reserved.load(Ordering::Relaxed)
-    }
-
-    /// Bytes from the start of the reservation to the end of the last chunk opened.
-    pub(crate) fn span(&self) -> usize {
-        self.lock().next_chunk << self.chunk_shift
-    }
-
-    /// How long a freed slab stays committed before a purge (the configuration's
-    /// `purge_delay`).
-    pub fn purge_delay(&self) -> Option<std::time::Duration> {
-        self.purge_delay
-    }
-
-    /// The PD every region of the arena belongs to.
-    pub fn pd(&self) -> &Pd {
-        &self.pd
-    }
-
-    /// Bytes per chunk actually used (the configured size clamped to `max_mr_size`).
-    pub fn chunk_size(&self) -> usize {
-        1 << self.chunk_shift
-    }
-
-    /// The rights every region of the arena was registered with.
-    pub fn access(&self) -> Access {
-        self.access
-    }
-
-    /// What the arena does about `fork()`.
-    pub fn fork_policy(&self) -> ForkPolicy {
-        self.pages.fork
-    }
-
-    /// Whether `ptr` lies in the arena's address space (registered or not).
-    pub fn contains(&self, ptr: *const u8) -> bool {
-        (ptr as usize).wrapping_sub(self.base) < self.window
-    }
-
-    /// The chunk `ptr` lies in: one subtraction and one shift.
-    ///
-    /// # Examples
-    /// ```
-    /// # use rdma_pool::arena::{Arena, ArenaConfig, Hugepages};
-    /// # let pd = rdma_pool::nic::Nic::soft().alloc_pd()?;
-    /// # let cfg = ArenaConfig { reserve: 1 << 30, chunk: 1 << 26, hugepages: Hugepages::Off, ..Default::default() };
-    /// # let arena = Arena::new(&pd, cfg)?;
-    /// let run = arena.alloc_run(4096, 64)?;
-    /// assert_eq!(arena.chunk_of(run.as_ptr()), Some(0));
-    /// assert_eq!(arena.chunk_of(run.as_ptr().wrapping_add(1 << 26)), Some(1));
-    /// # Ok::<(), rdma_pool::arena::Error>(())
-    /// ```
-    pub fn chunk_of(&self, ptr: *const u8) -> Option<usize> {
-        let off = (ptr as usize).wrapping_sub(self.base);
-        (off < self.window).then_some(off >> self.chunk_shift)
-    }
-
-    /// The keys of the one registration covering `ptr`, and its range (which covers the whole
-    /// run `ptr` lies in). O(1), lock-free and allocation-free; `None` for a pointer outside
-    /// the arena or in memory not handed out. Handing out the keys freezes them: the region
-    /// is never re-registered afterwards.
-    #[inline]
-    ///
-    /// # Examples
-    /// ```
-    /// # use rdma_pool::arena::{Arena, ArenaConfig, Hugepages};
-    /// # let pd = rdma_pool::nic::Nic::soft().alloc_pd()?;
-    /// # let cfg = ArenaConfig { reserve: 1 << 30, chunk: 1 << 26, hugepages: Hugepages::Off, ..Default::default() };
-    /// # let arena = Arena::new(&pd, cfg)?;
-    /// let run = arena.alloc_run(4096, 64)?;
-    /// let keys = arena.keys_of(run.as_ptr().wrapping_add(100)).unwrap();
-    /// assert!(keys.contains(run.as_ptr() as usize, run.len()));
-    /// assert_eq!(arena.keys_of(&keys as *const _ as *const u8), None); // not arena memory
-    /// # Ok::<(), rdma_pool::arena::Error>(())
-    /// ```
-    pub fn keys_of(&self, ptr: *const u8) -> Option<Keys> {
-        self.table.keys_of(ptr as usize)
-    }
-
-    /// The region covering `ptr`, marked exposed (its keys and `Mr` then never change while
-    /// memory it covers is live): what grants bind windows to.
-    pub(crate) fn exposed_region(&self, ptr: usize) -> Option<&crate::nic::Mr> {
-        self.table.exposed_region(ptr)
-    }
-
-    /// The keys of the region covering `addr` if it is an ODP region (`Some(None)` for a
-    /// pinned one, `None` for unregistered memory), without exposing it: ODP regions are
-    /// never re-registered, so their keys are stable.
-    pub(crate) fn odp_keys(&self, addr: usize) -> Option<Option<Keys>> {
-        let (id, keys) = self.table.peek(addr)?;
-        Some(self.table.reg(id).is_odp().then_some(keys))
-    }
-
-    /// The prefetch state.
-    pub(crate) fn prefetcher(&self) -> &prefetch::Prefetcher {
-        &self.prefetch
-    }
-
-    /// The reserve of ready slabs.
-    pub(crate) fn ahead(&self) -> &prefetch::Reserve {
-        &self.ahead
-    }
-
-    /// Prefetch a run just committed or revived, if its region (`id`) is an ODP region.
-    pub(crate) fn prefetch_fresh(&self, id: Option<u32>, addr: usize, len: usize) {
-        let Some(id) = id else { return };
-        if self.device_dead() {
-            return;
-        }
-        let reg = self.table.reg(id);
-        if reg.is_odp() && self.prefetch.is_auto() {
-            self.prefetch
-                .automatic(&self.pd, reg.keys().lkey, addr, len);
-        }
-    }
-
-    /// What prefetching did, with the reserve's and the device's figures.
-    pub fn prefetch_stats(&self) -> prefetch::PrefetchStats {
-        let (held, target, refilled, hits) = self.ahead.counts();
-        prefetch::PrefetchStats {
-            reserve_slabs: held,
-            reserve_target: target,
-            refilled,
-            reserve_hits: hits,
-            nic_page_faults: self.pd.nic().as_soft().map(|s| s.counters().page_faults),
-            ..self.prefetch.stats()
-        }
-    }
-
-    /// One SGE for `buf` (its lkey).
-    ///
-    /// # Errors
-    /// [`Error::NotRegistered`] when `buf` is not wholly inside one registration of the arena;
-    /// [`Error::InvalidArgument`] when it is longer than an SGE can describe (4 GiB − 1).
-    ///
-    /// # Examples
-    /// ```
-    /// # use rdma_pool::arena::{Arena, ArenaConfig, Hugepages};
-    /// # let pd = rdma_pool::nic::Nic::soft().alloc_pd()?;
-    /// # let cfg = ArenaConfig { reserve: 1 << 30, chunk: 1 << 26, hugepages: Hugepages::Off, ..Default::default() };
-    /// # let arena = Arena::new(&pd, cfg)?;
-    /// let run = arena.alloc_run(4096, 64)?;
-    /// // SAFETY: the run is ours while the arena lives.
-    /// let buf = unsafe { std::slice::from_raw_parts(run.as_ptr(), 512) };
-    /// assert_eq!(arena.sge_of(buf)?.length, 512);
-    /// assert!(arena.sge_of(&[0u8; 8]).is_err());
-    /// # Ok::<(), rdma_pool::arena::Error>(())
-    /// ```
-    pub fn sge_of(&self, buf: &[u8]) -> Result<Sge, Error> {
-        let keys = self.keys_of(buf.as_ptr()).ok_or(Error::NotRegistered)?;
-        sge_in(&keys, buf)
-    }
-
-    /// A snapshot of the counters, read without a lock.
-    ///
-    /// # Examples
-    /// ```
-    /// # use rdma_pool::arena::{Arena, ArenaConfig, Hugepages};
-    /// # let pd = rdma_pool::nic::Nic::soft().alloc_pd()?;
-    /// # let cfg = ArenaConfig { reserve: 1 << 30, chunk: 1 << 26, hugepages: Hugepages::Off, ..Default::default() };
-    /// # let arena = Arena::new(&pd, cfg)?;
-    /// arena.alloc_run(3 << 20, 64)?;
-    /// let s = arena.stats();
-    /// assert_eq!((s.committed_bytes, s.registered_bytes, s.slabs_small), (4 << 20, 4 << 20, 2));
-    /// # Ok::<(), rdma_pool::arena::Error>(())
-    /// ```
-    pub fn stats(&self) -> ArenaStats {
-        self.counters.snapshot(stats::Fixed {
-            reserved_bytes: self.reserved_now() as u64,
-            reservations: (self.reserved_now() / self.reserve) as u32,
-            window_bytes: self.window as u64,
-            fork: self.pages.fork,
-            mode: self.mode,
-            mode_reason: self.mode_reason,
-            memlock: self.memlock,
-            last_degradation: self.last_degradation.load(Ordering::Relaxed),
-            device_dead: self.device_dead(),
-            numa: self.numa,
-            numa_bind_failures: self.pages.bind_failures.load(Ordering::Relaxed),
-        })
-    }
-
-    /// The NUMA node the chunk holding `ptr` was bound to when it was opened; `None` for a
-    /// pointer outside the arena, a chunk not opened, or an unbound chunk (placement
-    /// [`NumaPlacement::Unbound`], or a failed `mbind`). Takes the arena's lock.
-    ///
-    /// # Examples
-    /// ```
-    /// use rdma_pool::arena::{Arena, ArenaConfig, Hugepages, NumaPolicy};
-    /// let pd = rdma_pool::nic::Nic::soft().alloc_pd()?;
-    /// let cfg = ArenaConfig { reserve: 1 << 30, chunk: 1 << 26, hugepages: Hugepages::Off, numa: NumaPolicy::Node(0), ..Default::default() };
-    /// let arena = Arena::new(&pd, cfg)?;
-    /// let run = arena.alloc_run(4096, 64)?;
-    /// assert_eq!(arena.chunk_node(run.as_ptr()), Some(0));
-    /// assert_eq!(arena.stats().node_chunk_bytes[0], 1 << 26);
-    /// # Ok::<(), rdma_pool::arena::Error>(())
-    /// ```
-    pub fn chunk_node(&self, ptr: *const u8) -> Option<u32> {
-        let c = self.chunk_of(ptr)?;
-        self.chunk_node_code(c).checked_sub(1)
-    }
-
-    /// `ChunkState::node` of chunk `c` (0 for none).
-    pub(crate) fn chunk_node_code(&self, c: usize) -> u32 {
-        self.lock().chunks.get(c).map_or(0, |ch| ch.node)
-    }
-
-    /// What [`ArenaConfig::numa`] resolved to (also in [`ArenaStats::numa`]).
-    ///
-    /// # Examples
-    /// ```
-    /// use rdma_pool::arena::{Arena, ArenaConfig, Hugepages, NumaPlacement, NumaPolicy};
-    /// use rdma_pool::nic::Nic;
-    /// let pd = Nic::soft().alloc_pd()?; // a soft NIC reports no node by default
-    /// let cfg = ArenaConfig { reserve: 1 << 30, chunk: 1 << 26, hugepages: Hugepages::Off, numa: NumaPolicy::DeviceNode, ..Default::default() };
-    /// assert_eq!(Arena::new(&pd, cfg)?.numa_placement(), NumaPlacement::DeviceHasNoNode);
-    /// # Ok::<(), rdma_pool::arena::Error>(())
-    /// ```
-    pub fn numa_placement(&self) -> NumaPlacement {
-        self.numa
-    }
-
-    /// The node code (`n + 1`, 0 for none) a chunk opened now by this thread is bound to, and
-    /// the open-chunk slot its runs are cut from.
-    fn wanted_node(&self) -> (u32, usize) {
-        match self.numa {
-            NumaPlacement::Unbound | NumaPlacement::DeviceHasNoNode => (0, 0),
-            NumaPlacement::Node(n) => (n + 1, 0),
-            NumaPlacement::Local => match numa::current_node() {
-                Some(n) => (n + 1, n as usize % numa::MAX_NODES),
-                None => (0, 0),
-            },
-        }
-    }
-
     fn lock(&self) -> ForkGuard<'_, State> {
         self.state.lock()
     }
-
-    fn chunk_base(&self, c: usize) -> usize {
-        self.base + (c << self.chunk_shift)
-    }
-
-    pub(crate) fn slab_index(&self, addr: usize) -> usize {
-        (addr - self.base) >> SLAB_SHIFT
-    }
-
-    /// Chunks in the reservations made so far.
-    fn chunks(&self) -> usize {
-        self.reserved_now() >> self.chunk_shift
-    }
-
-    /// The error for a run the window has no room for.
-    fn full(&self) -> Error {
-        Error::ReservationFull {
-            reserved: self.reserved_now(),
-        }
-    }
-
-    /// Chunks in the whole window.
-    fn window_chunks(&self) -> usize {
-        self.window >> self.chunk_shift
-    }
-
-    /// Add reservations behind the last until chunks `[c, c + m)` are reserved (under the
-    /// lock: `_st` proves it); false when the window has no room for them.
-    fn reserve_through(&self, _st: &mut State, c: usize, m: usize) -> bool {
-        let need = (c + m) << self.chunk_shift;
-        let mut now = self.reserved_now();
-        if need > self.window {
-            return false;
-        }
-        while now < need {
-            now += self.reserve;
-        }
-        self.reserved.store(now, Ordering::Relaxed);
-        true
-    }
-
-    /// Check the invariants of the module contract (for tests and debug builds).
-    pub fn validate(&self) -> bool {
-        let st = self.lock();
-        let reserved = self.reserved_now();
-        let chunks_ok = st.next_chunk <= self.chunks()
-            && reserved % self.reserve == 0
-            && reserved <= self.window
-            && (0..st.chunks.len()).all(|c| {
-                st.chunks
-                    .get(c)
-                    .is_some_and(|ch| ch.used <= self.slabs_per_chunk)
-            });
-        drop(st);
-        let s = self.stats();
-        let purged_ok = (0..self.span() >> SLAB_SHIFT).all(|i| {
-            !self.is_purged((self.base + (i << SLAB_SHIFT)) as *const u8)
-                || self
-                    .table
-                    .reg_at(i)
-                    .is_none_or(|id| self.table.reg(id).is_odp())
-        });
-        chunks_ok
-            && purged_ok
-            && self.table.validate()
-            && self.rails_valid()
-            && s.committed_bytes == SLAB as u64 * (s.slabs_hugetlb + s.slabs_thp + s.slabs_small)
-            && s.registered_bytes <= s.committed_bytes
-    }
-}
-
-/// One SGE for `buf` with `keys`, which must cover it.
-fn sge_in(keys: &Keys, buf: &[u8]) -> Result<Sge, Error> {
-    let addr = buf.as_ptr() as usize;
-    if !keys.contains(addr, buf.len()) {
-        return Err(Error::NotRegistered);
-    }
-    let length = u32::try_from(buf.len())
-        .map_err(|_| Error::InvalidArgument("a slice of 4 GiB or more is not one SGE"))?;
-    Ok(Sge {
-        addr: addr as u64,
-        length,
-        lkey: keys.lkey,
-    })
 }
 
 impl Drop for Arena {

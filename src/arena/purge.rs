@@ -38,7 +38,7 @@ const BUSY: u8 = 2;
 pub(crate) struct SlabInfo {
     state: AtomicU8,
     kind: AtomicU8,
-    /// [`RUN_HEAD`], [`QUEUE`]: where runs start, what no region may cover (`rails.rs`).
+    /// [`RUN_HEAD`], [`QUEUE`]: where runs start, what no region may cover (`rails/`).
     pub(super) flags: AtomicU8,
 }
 
@@ -47,7 +47,7 @@ pub(super) const RUN_HEAD: u8 = 1;
 /// In [`SlabInfo::flags`]: queue memory, never registered as a region.
 pub(super) const QUEUE: u8 = 2;
 /// In [`SlabInfo::flags`]: committed for a run whose thread has not yet registered it on the
-/// rails (`rails.rs`); an attach leaves such slabs to that thread.
+/// rails (`rails/regions.rs`); an attach leaves such slabs to that thread.
 pub(super) const PENDING: u8 = 4;
 
 /// What happened to a group of slabs covered by one registration (or by none).

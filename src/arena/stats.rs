@@ -1,5 +1,6 @@
 //! The arena's counters: plain atomics bumped on the slow path, read as one `Copy` snapshot
-//! without a lock.
+//! without a lock; and the arena's introspection: [`Arena::stats`], what it was set up with
+//! (its PD, rights, fork policy, purge delay), and [`Arena::validate`].
 //!
 //! Invariants (at quiescence): `committed_bytes == SLAB * (slabs_hugetlb + slabs_thp +
 //! slabs_small)` (purged slabs are not committed); `registered_bytes + unregistered (live) <=
@@ -8,7 +9,9 @@
 use super::fork::ForkPolicy;
 use super::numa::NumaPlacement;
 use super::register::{Degradation, MemlockInfo, ModeReason, RegMode};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use super::{Arena, SLAB, SLAB_SHIFT};
+use crate::nic::{Access, Pd};
+use std::sync::atomic::{AtomicU64, Ordering, Ordering::Relaxed};
 
 /// Nodes whose chunk bytes [`ArenaStats::node_chunk_bytes`] reports one by one.
 pub const MAX_STAT_NODES: usize = 32;
@@ -211,5 +214,86 @@ impl Counters {
             device_events: r(&self.device_events),
             port_errors: r(&self.port_errors),
         }
+    }
+}
+
+impl Arena {
+    /// The PD every region of the arena belongs to.
+    pub fn pd(&self) -> &Pd {
+        &self.pd
+    }
+
+    /// The rights every region of the arena was registered with.
+    pub fn access(&self) -> Access {
+        self.access
+    }
+
+    /// What the arena does about `fork()`.
+    pub fn fork_policy(&self) -> ForkPolicy {
+        self.pages.fork
+    }
+
+    /// How long a freed slab stays committed before a purge (the configuration's
+    /// `purge_delay`).
+    pub fn purge_delay(&self) -> Option<std::time::Duration> {
+        self.purge_delay
+    }
+
+    /// A snapshot of the counters, read without a lock.
+    ///
+    /// # Examples
+    /// ```
+    /// # use rdma_pool::arena::{Arena, ArenaConfig, Hugepages};
+    /// # let pd = rdma_pool::nic::Nic::soft().alloc_pd()?;
+    /// # let cfg = ArenaConfig { reserve: 1 << 30, chunk: 1 << 26, hugepages: Hugepages::Off, ..Default::default() };
+    /// # let arena = Arena::new(&pd, cfg)?;
+    /// arena.alloc_run(3 << 20, 64)?;
+    /// let s = arena.stats();
+    /// assert_eq!((s.committed_bytes, s.registered_bytes, s.slabs_small), (4 << 20, 4 << 20, 2));
+    /// # Ok::<(), rdma_pool::arena::Error>(())
+    /// ```
+    pub fn stats(&self) -> ArenaStats {
+        self.counters.snapshot(Fixed {
+            reserved_bytes: self.reserved_now() as u64,
+            reservations: (self.reserved_now() / self.reserve) as u32,
+            window_bytes: self.window as u64,
+            fork: self.pages.fork,
+            mode: self.mode,
+            mode_reason: self.mode_reason,
+            memlock: self.memlock,
+            last_degradation: self.last_degradation.load(Ordering::Relaxed),
+            device_dead: self.device_dead(),
+            numa: self.numa,
+            numa_bind_failures: self.pages.bind_failures.load(Ordering::Relaxed),
+        })
+    }
+
+    /// Check the invariants of the module contract (for tests and debug builds).
+    pub fn validate(&self) -> bool {
+        let st = self.lock();
+        let reserved = self.reserved_now();
+        let chunks_ok = st.next_chunk <= self.chunks()
+            && reserved % self.reserve == 0
+            && reserved <= self.window
+            && (0..st.chunks.len()).all(|c| {
+                st.chunks
+                    .get(c)
+                    .is_some_and(|ch| ch.used <= self.slabs_per_chunk)
+            });
+        drop(st);
+        let s = self.stats();
+        let purged_ok = (0..self.span() >> SLAB_SHIFT).all(|i| {
+            !self.is_purged((self.base + (i << SLAB_SHIFT)) as *const u8)
+                || self
+                    .table
+                    .reg_at(i)
+                    .is_none_or(|id| self.table.reg(id).is_odp())
+        });
+        chunks_ok
+            && purged_ok
+            && self.table.validate()
+            && self.rails_valid()
+            && s.committed_bytes == SLAB as u64 * (s.slabs_hugetlb + s.slabs_thp + s.slabs_small)
+            && s.registered_bytes <= s.committed_bytes
     }
 }

@@ -28,6 +28,7 @@
 //! Invariant: `advise_calls == successes + Σ failures` (retried calls count once per try).
 
 mod error;
+mod hooks;
 mod refill;
 
 pub use error::PrefetchError;
