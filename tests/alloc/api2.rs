@@ -70,7 +70,10 @@ fn resizing_to_another_alignment_keeps_classes_and_alignment() {
     // SAFETY: `p` has `big`; the result has `small`.
     let q = unsafe { pool.resize(p, big, small) };
     assert!(!q.is_null());
-    assert_ne!(q, p, "a 4 KiB-class block must not be freed as an 8-byte one");
+    assert_ne!(
+        q, p,
+        "a 4 KiB-class block must not be freed as an 8-byte one"
+    );
     // SAFETY: `q` has `small`.
     unsafe { pool.free_sized(q, small) };
     let r = pool.alloc(small);
