@@ -331,7 +331,8 @@ mod tests {
         // SAFETY: a live block, freed once.
         assert!(unsafe { free_unsized(Fallback::Mmap, p) });
         assert_eq!(size_of(Fallback::Mmap, p), None);
-        assert!(mapping_at(p).is_none_or(|(s, e)| !(s <= p as usize && p as usize + 10_000 <= e)));
+        // (Whether the range is still mapped is not checked here: another test thread may
+        // map the same addresses the moment they are free.)
         assert_eq!(*stranger, 5);
     }
 
@@ -369,11 +370,8 @@ mod tests {
             // SAFETY: the block `q` with its new layout.
             unsafe { fallback_dealloc(Fallback::Mmap, q, grown) };
             assert_eq!(size_of(Fallback::Mmap, q), None);
-            let len = pages(size * 3).unwrap();
-            if let Some((s, e)) = mapping_at(q) {
-                // Another mapping may sit next to where it was, never over it whole.
-                assert!(!(s <= q as usize && q as usize + len <= e), "still mapped");
-            }
+            // (Not checked: that the range is unmapped. Another test thread may map the same
+            // addresses the moment they are free.)
         }
     }
 }
