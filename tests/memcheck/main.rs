@@ -258,11 +258,13 @@ fn blocks_resized_in_place_keep_the_fill_exact() {
     let _g = serial();
     let pool = Pool::with_config(&Nic::soft().alloc_pd().unwrap(), small_arena()).unwrap();
     let before = memcheck_stats();
-    // An over-aligned small block keeps its larger class when resized to a smaller alignment;
-    // its sized free fills the whole block, so handing it out again finds no stale bytes.
+    // An over-aligned small block resized in place (same alignment, a smaller size of its
+    // class) keeps its class; its free fills the whole block, so handing it out again finds
+    // no stale bytes. (To a smaller alignment it would move: a sized free with that layout
+    // would take the size's class, not the block's.)
     let (a, b) = (
         Layout::from_size_align(24, 16).unwrap(),
-        Layout::from_size_align(24, 8).unwrap(),
+        Layout::from_size_align(20, 16).unwrap(),
     );
     let p = pool.alloc(a);
     // SAFETY: a live block of 24 bytes.
@@ -280,14 +282,28 @@ fn blocks_resized_in_place_keep_the_fill_exact() {
         assert_eq!(asan_poisoned(q.wrapping_add(8), usable - 8), Some(true));
         assert_eq!(asan_poisoned(q.wrapping_add(usable - 8), 8), Some(true));
     }
-    // The sized free cached it for its size's class: the next such block is this one, and its
-    // fill is checked over the whole block.
+    // Freed to its page: the next block of its class is this one, and its fill is checked
+    // over the whole block.
     let checked = memcheck_stats().checked_blocks;
     let r = pool.alloc(b);
     assert_eq!(r, q);
     if !asan() {
         assert_eq!(memcheck_stats().checked_blocks, checked + 1);
     }
+    // To a smaller alignment the block moves, its bytes copied.
+    // SAFETY: a live block of 20 bytes.
+    unsafe { r.write_bytes(0x44, 20) };
+    let small = Layout::from_size_align(20, 8).unwrap();
+    // SAFETY: `r` came from this pool with `b`.
+    let moved = unsafe { pool.resize(r, b, small) };
+    assert_ne!(moved, r, "a smaller alignment takes the size's class");
+    // SAFETY: both blocks' first 20 bytes: the copy.
+    assert!(
+        unsafe { std::slice::from_raw_parts(moved, 20) }
+            .iter()
+            .all(|&x| x == 0x44)
+    );
+    let r = moved;
     // SAFETY: as above.
     unsafe { pool.free(r) };
     // A block grown past its class moves: the copy keeps its bytes, the old block is freed
