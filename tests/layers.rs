@@ -19,6 +19,8 @@
 //! newcomer can read"); the test fails when a new one appears, and when a listed one is gone
 //! (so the list only shrinks). The same for `KNOWN_LONG`, the source files over
 //! [`MAX_LINES`] lines.
+//!
+//! Soft NIC only (not in the rxe guest): it reads the source files and touches no NIC.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

@@ -24,7 +24,7 @@
 
 use super::commit::PageKind;
 use super::stats::{add, sub};
-use super::{Arena, Error, RegMode, SLAB, SLAB_SHIFT};
+use super::{Arena, Error, Hugepages, RegMode, SLAB, SLAB_SHIFT};
 use crate::sys::os;
 use crate::sys::provision::{self, Provisioning};
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -530,9 +530,14 @@ impl Arena {
                     errno,
                 });
             }
-            // The hugetlb pool ran dry meanwhile: these slabs become ordinary memory.
+            // Give back what the partial populate took.
             // SAFETY: the slabs are purged: nothing lives in them.
             let _ = unsafe { os::madvise(addr as *mut u8, len, libc::MADV_DONTNEED) };
+            if self.pages.policy == Hugepages::Require {
+                // Hugetlb pages or nothing, as for a fresh slab (`commit.rs`).
+                return Err(Error::HugepagesUnavailable { errno });
+            }
+            // The hugetlb pool ran dry meanwhile: these slabs become ordinary memory.
             let node = self
                 .chunk_of(addr as *const u8)
                 .map_or(0, |c| self.chunk_node_code(c));

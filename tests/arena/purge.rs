@@ -212,3 +212,69 @@ fn hugetlb_slabs_go_back_to_the_hugetlb_pool() {
     assert!(arena.keys_of(a.as_ptr()).is_some());
     assert!(bytes(a, SLAB).iter().all(|&x| x == 0));
 }
+
+/// Every free hugetlb page of the machine, mapped and populated by this process (until the
+/// mappings are dropped).
+fn take_all_hugepages() -> Vec<(*mut libc::c_void, usize)> {
+    let mut taken = Vec::new();
+    loop {
+        let len = SLAB;
+        // SAFETY: a fresh private mapping, unmapped by the caller.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            break;
+        }
+        // SAFETY: the mapping above.
+        if unsafe { libc::madvise(p, len, libc::MADV_POPULATE_WRITE) } != 0 {
+            // SAFETY: the mapping above, unused.
+            unsafe { libc::munmap(p, len) };
+            break;
+        }
+        taken.push((p, len));
+    }
+    taken
+}
+
+/// `Hugepages::Require` holds for a purged slab brought back too: with the hugetlb pool dry,
+/// the revival fails with `HugepagesUnavailable` (the slab stays purged) instead of coming
+/// back on ordinary pages, and succeeds on hugetlb pages once there are some (found by a
+/// hostile review).
+#[test]
+fn a_required_hugetlb_slab_is_never_revived_on_ordinary_pages() {
+    let _g = serial();
+    let bed = soft_bed(SoftConfig::default());
+    let arena = arena(&bed, 8 << 20, Hugepages::Require, Access::empty());
+    let Ok(a) = arena.alloc_run(SLAB, 64) else {
+        return; // no hugetlb pages on this machine: the refusal path is tested in pages.rs
+    };
+    // SAFETY: the test no longer uses `a`.
+    assert_eq!(unsafe { arena.purge(a.as_ptr(), SLAB) }.unwrap(), SLAB);
+    let before = arena.stats();
+    let taken = take_all_hugepages();
+    let e = arena.revive(a.as_ptr(), SLAB);
+    for (p, len) in taken {
+        // SAFETY: the mappings taken above.
+        unsafe { libc::munmap(p, len) };
+    }
+    assert!(
+        matches!(e, Err(rdma_pool::arena::Error::HugepagesUnavailable { .. })),
+        "{e:?}"
+    );
+    let after = arena.stats();
+    assert_eq!(after.slabs_thp, before.slabs_thp);
+    assert_eq!(after.slabs_small, before.slabs_small);
+    assert_eq!(after.hugetlb_bytes, 0);
+    arena.revive(a.as_ptr(), SLAB).unwrap();
+    assert_eq!(arena.stats().hugetlb_bytes, SLAB as u64);
+    assert!(arena.keys_of(a.as_ptr()).is_some());
+    assert!(arena.validate());
+}
