@@ -510,9 +510,16 @@ fn fifty_sequential_and_ten_concurrent_connections_leak_nothing() {
         let server = std::thread::spawn(move || {
             let mut out = Vec::new();
             for _ in 0..n {
-                let mut c = l2
-                    .accept(&QpSpec::new(&spd, &scq), b"s", &opts(20))
-                    .unwrap();
+                let mut c = match l2.accept(&QpSpec::new(&spd, &scq), b"s", &opts(20)) {
+                    Ok(c) => c,
+                    // A client that connects and drops at once may be gone before this side
+                    // sees ESTABLISHED: rdma_cm then reports DISCONNECTED for the request, a
+                    // typed error (seen on rxe as root, under load), and nothing may leak.
+                    Err(CmError::Unexpected { got, .. }) if got == "RDMA_CM_EVENT_DISCONNECTED" => {
+                        continue;
+                    }
+                    Err(e) => panic!("accept: {e}"),
+                };
                 let _ = l2.nic(); // a fresh Nic on the same context, each time
                 let p = c
                     .qp()
