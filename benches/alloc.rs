@@ -21,7 +21,7 @@ use allocator_api2::alloc::{AllocError, Allocator};
 use allocator_api2::vec::Vec as AVec;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use rdma_pool::GlobalPool;
-use rdma_pool::alloc::Pool;
+use rdma_pool::Pool;
 use rdma_pool::global::GlobalConfig;
 use rdma_pool::nic::Nic;
 use rdma_pool::nic::soft::{MemlockLimit, SoftConfig};

@@ -19,7 +19,7 @@
 
 use allocator_api2::vec;
 use criterion::{Criterion, criterion_group, criterion_main};
-use rdma_pool::alloc::Pool;
+use rdma_pool::Pool;
 use rdma_pool::arena::{ArenaConfig, Hugepages};
 use rdma_pool::nic::soft::{MemlockLimit, SoftConfig};
 use rdma_pool::nic::{Access, Mr, Nic, Qp, QpCaps};
@@ -121,7 +121,7 @@ fn grants(c: &mut Criterion) {
     });
     g.finish();
     drop(cache);
-    let s = pool.grant_stats();
+    let s = pool.stats().grants;
     eprintln!(
         "grants: {} issued on {} ({} dedicated regions live, {} windows, {} retired)",
         s.issued,

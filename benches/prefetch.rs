@@ -10,7 +10,7 @@
 //! faults per burst are printed at the end.
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
-use rdma_pool::alloc::Pool;
+use rdma_pool::Pool;
 use rdma_pool::arena::{ArenaConfig, Hugepages, Registration};
 use rdma_pool::nic::soft::{MemlockLimit, SoftConfig};
 use rdma_pool::nic::{Access, Buffer, Nic, QpCaps, WcStatus};

@@ -11,7 +11,7 @@
 //! for a service without hugepages).
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use rdma_pool::alloc::Pool;
+use rdma_pool::Pool;
 use rdma_pool::arena::{ArenaConfig, Hugepages, Registration};
 use rdma_pool::nic::Nic;
 use rdma_pool::nic::soft::{MemlockLimit, SoftConfig};
@@ -66,7 +66,7 @@ fn reuse(c: &mut Criterion) {
         let mut p = pool.alloc(layout);
         g.bench_function(name, |b| b.iter(|| p = cycle(&pool, p, layout, purge)));
         if purge {
-            assert!(pool.stats().arena.purged_bytes > 0);
+            assert!(pool.stats().alloc.arena.purged_bytes > 0);
         }
         // SAFETY: the live block, freed once.
         unsafe { pool.free_sized(p, layout) };

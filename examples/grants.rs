@@ -7,7 +7,7 @@
 //! second (if any) for the clients.
 
 use allocator_api2::vec;
-use rdma_pool::alloc::Pool;
+use rdma_pool::Pool;
 use rdma_pool::arena::{ArenaConfig, Hugepages};
 use rdma_pool::grant::GrantWire;
 use rdma_pool::nic::{Access, Buffer, Cq, Mr, Nic, NicKind, Pd, Qp, QpCaps, WcStatus};
@@ -181,7 +181,7 @@ fn main() -> Res<()> {
         access(&clients, &a2.client, true, w.addr, 64, &w)?,
         false,
     );
-    let s = pool.grant_stats();
+    let s = pool.stats().grants;
     println!(
         "grants issued {}, revoked {}, open {}, dedicated regions {}, windows {} ({} retired)",
         s.issued, s.revoked, s.open, s.dedicated_regions, s.windows, s.windows_retired

@@ -6,7 +6,7 @@
 //! --example two_rails` runs on two verbs devices (the QEMU test bed runs it on Soft-RoCE's
 //! `rxe0` and `rxe1`). Each rail's peer lives on the other device, as in a two-host bed.
 
-use rdma_pool::alloc::Pool;
+use rdma_pool::Pool;
 use rdma_pool::arena::{ArenaConfig, Hugepages};
 use rdma_pool::nic::{Access, Buffer, Cq, Mr, Nic, Pd, Qp, QpCaps, Sge, WcStatus};
 use std::time::Duration;
@@ -122,7 +122,7 @@ fn main() -> Res<()> {
             half >> 20
         );
     }
-    for s in pool.rail_stats() {
+    for s in pool.stats().rails {
         println!(
             "attached rail {} ({}): {:?} ({}), {} MiB registered in {} regions",
             s.index,

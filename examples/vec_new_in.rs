@@ -8,7 +8,7 @@
 //! Run with `cargo run --example vec_new_in`.
 
 use allocator_api2::vec::Vec;
-use rdma_pool::alloc::Pool;
+use rdma_pool::Pool;
 use rdma_pool::nic::{Access, Buffer, Nic, QpCaps, WcStatus};
 use std::time::Duration;
 

@@ -91,6 +91,7 @@ pub mod cm;
 pub mod global;
 pub mod grant;
 pub mod nic;
+mod pool;
 pub mod prefetch;
 pub mod queue_mem;
 mod sys;
@@ -98,8 +99,9 @@ mod sys;
 pub use global::{GlobalPool, keys_of, keys_of_on, stats};
 
 // The everyday types, at the crate root: the front door. Their modules hold the rest.
-pub use alloc::{Pool, PoolStats};
+pub use alloc::PoolStats;
 pub use arena::{ArenaConfig, Hugepages, Keys, Registration};
 pub use global::{GlobalConfig, GlobalStats};
 pub use grant::{Grant, GrantError, GrantWire, OwnedGrant};
 pub use nic::{Access, Cq, Done, Mr, Nic, Pd, Qp, QpCaps, Sge, WcStatus};
+pub use pool::{Pool, PoolError, Stats};

@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use rdma_pool::alloc::Pool;
+use rdma_pool::Pool;
 use rdma_pool::nic::*;
 use std::sync::Arc;
 use std::time::Duration;
@@ -264,7 +264,7 @@ fn grants_are_awaited_and_a_cancelled_revocation_finishes_later() {
             .unwrap();
         assert!(grant.is_revoked());
         drop(grant);
-        assert_eq!(pool.grant_stats().open, 0);
+        assert_eq!(pool.stats().grants.open, 0);
     });
 }
 

@@ -8,7 +8,7 @@
 mod common;
 
 use common::*;
-use rdma_pool::alloc::Pool;
+use rdma_pool::Pool;
 use rdma_pool::cm::{self, CmError, CmListener, CmOptions, QpSpec};
 use rdma_pool::grant::GrantWire;
 use rdma_pool::nic::*;

@@ -8,7 +8,7 @@
 mod common;
 
 use common::*;
-use rdma_pool::alloc::Pool;
+use rdma_pool::Pool;
 use rdma_pool::cm::{self, CmError, CmListener, CmOptions, QpSpec};
 use rdma_pool::nic::*;
 use std::net::SocketAddr;
@@ -588,11 +588,17 @@ fn fifty_sequential_and_ten_concurrent_connections_leak_nothing() {
     let (f1, s1) = (fds(), pool.stats());
     eprintln!(
         "fds {f0} -> {f1}; small bytes {} -> {}",
-        s0.small_allocated_bytes, s1.small_allocated_bytes
+        s0.alloc.small_allocated_bytes, s1.alloc.small_allocated_bytes
     );
     assert_eq!(f1, f0, "descriptors leaked");
-    assert_eq!(s1.small_allocated_bytes, s0.small_allocated_bytes);
-    assert_eq!(s1.large_allocated_bytes, s0.large_allocated_bytes);
+    assert_eq!(
+        s1.alloc.small_allocated_bytes,
+        s0.alloc.small_allocated_bytes
+    );
+    assert_eq!(
+        s1.alloc.large_allocated_bytes,
+        s0.alloc.large_allocated_bytes
+    );
 }
 
 #[test]

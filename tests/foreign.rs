@@ -9,7 +9,7 @@
 mod common;
 
 use common::*;
-use rdma_pool::alloc::Pool;
+use rdma_pool::Pool;
 use rdma_pool::nic::*;
 use std::ffi::c_void;
 use std::time::Instant;
@@ -142,7 +142,7 @@ fn grants_and_owned_posts_work_on_foreign_objects() {
     let mut grant = pool.grant(&buf, &qp).unwrap();
     let start = Instant::now();
     let mut apps = Vec::new();
-    while pool.grant_stats().wrs_in_flight > 0 {
+    while pool.stats().grants.wrs_in_flight > 0 {
         apps.extend(raw.poll_and_deliver(&cq));
         assert!(start.elapsed() < WAIT, "the bind never completed");
     }

@@ -500,8 +500,7 @@ fn srq_misuse_is_refused() {
 fn a_recv_ring_refills_from_a_pool_across_qps_and_flushes_on_teardown() {
     let _g = serial();
     let (server, client, srq, pairs) = srq_bed(2, 8);
-    let pool: &'static rdma_pool::alloc::Pool =
-        keep_pool(rdma_pool::alloc::Pool::new(&server.pd).unwrap());
+    let pool: &'static rdma_pool::Pool = keep_pool(rdma_pool::Pool::new(&server.pd).unwrap());
     let mut ring = RecvRing::new(&srq, 4, || allocator_api2::vec![in pool; 0u8; 128]).unwrap();
     assert_eq!((ring.posted(), ring.deficit()), (4, 0));
     for i in 0..20u8 {

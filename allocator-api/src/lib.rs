@@ -20,7 +20,7 @@
 //! let mut v = Vec::new_in(&pool);
 //! v.extend_from_slice(b"posted as-is");
 //! assert!(pool.keys_of(v.as_ptr()).is_some());
-//! # Ok::<(), rdma_pool::arena::Error>(())
+//! # Ok::<(), rdma_pool::PoolError>(())
 //! ```
 #![feature(allocator_api)]
 #![warn(missing_docs, unreachable_pub)]
@@ -31,7 +31,8 @@ pub use rdma_pool;
 use allocator_api2::alloc::Allocator as Api2;
 use core::alloc::{AllocError, Allocator, GlobalAlloc, Layout};
 use core::ptr::NonNull;
-use rdma_pool::arena::{ArenaConfig, Error};
+use rdma_pool::PoolError as Error;
+use rdma_pool::arena::ArenaConfig;
 use rdma_pool::nic::Pd;
 
 /// A pool handle of the stable crate that `&Alloc` makes a nightly `Allocator` (and, for a

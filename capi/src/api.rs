@@ -233,7 +233,13 @@ pub unsafe extern "C" fn rdma_pool_stats(out: *mut rdma_pool_stats) -> c_int {
             s.memory_regions = p.arena.mrs;
             s.verbs = u32::from(POOL.nic().ok().and_then(|n| n.raw_context()).is_some());
         }
-        if let Some(gs) = POOL.grant_stats() {
+        // Only a ready pool: the stats call never initialises it (nor waits for it).
+        let ready = POOL.state() == pool::global::GlobalState::Ready;
+        if let Some(gs) = ready
+            .then(|| POOL.pool().ok())
+            .flatten()
+            .map(|p| p.stats().grants)
+        {
             s.grants_issued = gs.issued;
             s.grants_open = gs.open;
         }

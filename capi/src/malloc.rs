@@ -370,15 +370,15 @@ fn info() -> Mallinfo2 {
         return Mallinfo2::default();
     };
     let s = pool.stats();
-    let used = live_bytes(&s) as usize;
-    let committed = s.arena.committed_bytes as usize;
+    let used = live_bytes(&s.alloc) as usize;
+    let committed = s.alloc.arena.committed_bytes as usize;
     Mallinfo2 {
         arena: committed,
-        hblks: s.arena.mrs as usize,
-        hblkhd: s.large_allocated_bytes as usize,
+        hblks: s.alloc.arena.mrs as usize,
+        hblkhd: s.alloc.large_allocated_bytes as usize,
         uordblks: used,
         fordblks: committed.saturating_sub(used),
-        keepcost: (s.large_cached_bytes + s.spare_bytes) as usize,
+        keepcost: (s.alloc.large_cached_bytes + s.alloc.spare_bytes) as usize,
         ..Mallinfo2::default()
     }
 }

@@ -15,7 +15,7 @@
 //! The two processes exchange their QP numbers and GIDs (and the grant) over the child's
 //! stdin and stdout. Without an RDMA device the demo says so and exits 0.
 
-use rdma_pool::alloc::Pool;
+use rdma_pool::Pool;
 use rdma_pool::grant::GrantWire;
 use rdma_pool::nic::{self, Completion, Nic, Rkey, WcOpcode, WcStatus};
 use sideway::ibverbs::AccessFlags;
@@ -207,7 +207,7 @@ fn server(dev: &str, client_dev: &str) -> Result<()> {
             eprintln!("server: an application completion {wc:?}");
         }
     };
-    side.poll_until(deliver, || pool.grant_stats().wrs_in_flight == 0)?;
+    side.poll_until(deliver, || pool.stats().grants.wrs_in_flight == 0)?;
     let w = grant.wire();
     writeln!(to_client, "grant {} {} {}", w.addr, w.len, w.rkey.0)?;
     let said = read_line(&mut line)?;

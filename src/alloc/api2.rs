@@ -179,7 +179,7 @@ macro_rules! allocator {
 }
 pub(crate) use allocator;
 
-impl RawBlocks for super::Pool {
+impl RawBlocks for super::Core {
     #[inline(always)]
     fn raw_alloc(&self, layout: Layout, zero: bool) -> *mut u8 {
         self.alloc_with(layout, zero)
@@ -196,5 +196,3 @@ impl RawBlocks for super::Pool {
         unsafe { self.realloc(p, layout, new_size) }
     }
 }
-
-allocator!(super::Pool);

@@ -1,4 +1,4 @@
-//! Checked frees: [`Pool::try_free`] refuses, with a [`FreeError`], what [`Pool::free`] would
+//! Checked frees: [`Core::try_free`] refuses, with a [`FreeError`], what [`Core::free`] would
 //! ignore or be corrupted by — a pointer outside the pool, one into the middle of a block, a
 //! block already free — wherever the pool can tell cheaply.
 //!
@@ -8,15 +8,15 @@
 //! slots are atomics); they take no lock. What they cannot see
 //! is reported as freeable: a block freed by *another* thread and not yet collected by the
 //! page's owner, and a block of another thread's page back on that page's free list (the list
-//! is the owner's, not read from here). A checked free costs more than [`Pool::free`]: it is for boundaries where
+//! is the owner's, not read from here). A checked free costs more than [`Core::free`]: it is for boundaries where
 //! pointers come from outside (FFI, a peer's message), not for the fast path.
 
 use super::class::{CLASSES, class_of};
 use super::page::{Block, LARGE, LARGE_FREE, SMALL};
-use super::{Pool, tls};
+use super::{Core, tls};
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
 
-/// Why [`Pool::try_free`] refused a pointer (nothing was freed).
+/// Why [`Core::try_free`] refused a pointer (nothing was freed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum FreeError {
@@ -34,7 +34,7 @@ pub enum FreeError {
     NotLive,
 }
 
-impl Pool {
+impl Core {
     /// Free `p` after checking that a live block of this pool starts there.
     ///
     /// # Errors
@@ -44,12 +44,12 @@ impl Pool {
     /// error.
     ///
     /// # Safety
-    /// Nobody uses the block after the call (as for [`Pool::free`]); unlike `free`, `p` may be
+    /// Nobody uses the block after the call (as for [`Core::free`]); unlike `free`, `p` may be
     /// any pointer.
     ///
     /// # Examples
     /// ```
-    /// use rdma_pool::alloc::{FreeError, Pool};
+    /// use rdma_pool::{Pool, alloc::FreeError};
     /// use std::alloc::Layout;
     /// let pool = Pool::new(&rdma_pool::nic::Nic::soft().alloc_pd()?)?;
     /// let p = pool.alloc(Layout::from_size_align(256, 8)?);
@@ -69,10 +69,10 @@ impl Pool {
         Ok(())
     }
 
-    /// `Ok` when a live block of this pool starts at `p` (see [`Pool::try_free`]).
+    /// `Ok` when a live block of this pool starts at `p` (see [`Core::try_free`]).
     ///
     /// # Errors
-    /// As [`Pool::try_free`].
+    /// As [`Core::try_free`].
     pub fn check_live(&self, p: *const u8) -> Result<(), FreeError> {
         let page = self.inner().page_of(p).ok_or(FreeError::Foreign)?;
         let addr = p as usize;

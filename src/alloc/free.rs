@@ -4,12 +4,12 @@
 //! block-start check that turns a pointer into a block away.
 //!
 //! Contract: a sized free trusts its layout's class only for a block of this thread's heap
-//! with no grant open in its granule; anything else takes [`Pool::free`], which reads the
+//! with no grant open in its granule; anything else takes [`Core::free`], which reads the
 //! page. See the module contract (`mod.rs`).
 
 use super::*;
 
-impl Pool {
+impl Core {
     /// Free a block of this pool. A pointer the pool did not hand out is ignored.
     ///
     /// # Safety
@@ -20,11 +20,11 @@ impl Pool {
         unsafe { self.free_found(p) };
     }
 
-    /// [`Pool::free`], telling whether `p` was a block of the pool (false: ignored — not in
+    /// [`Core::free`], telling whether `p` was a block of the pool (false: ignored — not in
     /// the reservation, not a live page or run, or not the first byte of a block).
     ///
     /// # Safety
-    /// As [`Pool::free`].
+    /// As [`Core::free`].
     #[inline]
     pub(crate) unsafe fn free_found(&self, p: *mut u8) -> bool {
         // SAFETY: checked first.
@@ -59,21 +59,24 @@ impl Pool {
         ok.then_some(page)
     }
 
-    /// A free of a block in a granule where a grant is open: parked in quarantine when a grant
-    /// on the block itself is open (`grant/ledger.rs`), else freed as usual.
+    /// A free of a block in a granule where a grant is open: parked by the pool's quarantine
+    /// (`quarantine.rs`) when a grant on the block itself is open, else freed as usual.
     #[cold]
     #[inline(never)]
     pub(super) unsafe fn free_granted(&self, p: *mut u8) {
-        if !self.inner().grants.park(p as usize) {
+        let q = self.inner().quarantine.get();
+        // SAFETY: an installed quarantine is valid and callable from any thread (its
+        // installer's contract); `p` is a block being freed.
+        if !q.is_some_and(|q| unsafe { (q.park)(q.ctx, p as usize) }) {
             // SAFETY: forwarded from the caller.
             unsafe { self.free_plain(p) };
         }
     }
 
-    /// [`Pool::free`] without the quarantine check (for blocks leaving quarantine).
+    /// [`Core::free`] without the quarantine check (for blocks leaving quarantine).
     ///
     /// # Safety
-    /// As [`Pool::free`].
+    /// As [`Core::free`].
     #[inline]
     pub(crate) unsafe fn free_plain(&self, p: *mut u8) -> bool {
         // A pointer that starts no block (a stranger's, or inside a block) is ignored.
@@ -103,13 +106,13 @@ impl Pool {
     /// with: a small block goes to this thread's cache without a page lookup.
     ///
     /// # Safety
-    /// As [`Pool::free`], and `layout` is the block's layout.
+    /// As [`Core::free`], and `layout` is the block's layout.
     ///
     /// # Examples
     /// ```
     /// use std::alloc::Layout;
     /// # let pd = rdma_pool::nic::Nic::soft().alloc_pd().unwrap();
-    /// # let pool = rdma_pool::alloc::Pool::new(&pd).unwrap();
+    /// # let pool = rdma_pool::Pool::new(&pd).unwrap();
     /// let l = Layout::new::<[u64; 4]>();
     /// let p = pool.alloc(l);
     /// // SAFETY: `p` came from this pool with `l`.
@@ -124,11 +127,11 @@ impl Pool {
         }
     }
 
-    /// [`Pool::free_sized`] of a pointer known to be in the pool's reservation (see
-    /// [`Pool::contains`]): the front end's check is not repeated.
+    /// [`Core::free_sized`] of a pointer known to be in the pool's reservation (see
+    /// [`Core::contains`]): the front end's check is not repeated.
     ///
     /// # Safety
-    /// As [`Pool::free_sized`], and `self.contains(p)`.
+    /// As [`Core::free_sized`], and `self.contains(p)`.
     #[inline(always)]
     pub(crate) unsafe fn free_sized_in(&self, p: *mut u8, layout: Layout) {
         let off = (p as usize).wrapping_sub(self.table.base);
@@ -136,13 +139,13 @@ impl Pool {
         unsafe { self.free_sized_at(p, off, layout) }
     }
 
-    /// [`Pool::free_sized_in`] given `p`'s offset in the reservation (a front end that has
+    /// [`Core::free_sized_in`] given `p`'s offset in the reservation (a front end that has
     /// computed it for its own range check passes it on). Up to [`TABLE_MAX`] bytes the fast
     /// path takes one size test and one table load; larger cached sizes go out of line.
     ///
     /// # Safety
-    /// As [`Pool::free_sized`], `self.contains(p)` and `off == p - base` (the reservation's
-    /// first address, [`Pool::span`]).
+    /// As [`Core::free_sized`], `self.contains(p)` and `off == p - base` (the reservation's
+    /// first address, [`Core::span`]).
     #[inline(always)]
     pub(crate) unsafe fn free_sized_at(&self, p: *mut u8, off: usize, layout: Layout) {
         let size = layout.size();
@@ -155,7 +158,7 @@ impl Pool {
     }
 
     /// A sized free the table does not class: cached sizes above [`TABLE_MAX`] take the
-    /// cached path with a computed class, the rest [`Pool::free`].
+    /// cached path with a computed class, the rest [`Core::free`].
     #[inline(never)]
     pub(super) unsafe fn free_sized_mid(&self, p: *mut u8, off: usize, layout: Layout) {
         let size = layout.size();
@@ -169,10 +172,10 @@ impl Pool {
 
     /// Free block `p` of a cached class `c` (the class of its layout's size): into this
     /// thread's cache when this thread's heap owns its page and no grant is open in its
-    /// granule, else through [`Pool::free`].
+    /// granule, else through [`Core::free`].
     ///
     /// # Safety
-    /// As [`Pool::free_sized_at`], and `c < CACHED_CLASSES` is the class of the block's size.
+    /// As [`Core::free_sized_at`], and `c < CACHED_CLASSES` is the class of the block's size.
     #[inline(always)]
     pub(super) unsafe fn free_cached(&self, p: *mut u8, off: usize, c: usize) {
         // SAFETY: `off` is in the reservation (the caller's contract).
@@ -203,7 +206,7 @@ impl Pool {
         unsafe { self.free_outlined(p) }
     }
 
-    /// [`Pool::free`] out of line, so the sized fast path stays a leaf function. A block of
+    /// [`Core::free`] out of line, so the sized fast path stays a leaf function. A block of
     /// another thread's page goes back to that page, never into this thread's cache: two
     /// threads then never end up writing blocks of one cache line (passive false sharing).
     #[inline(never)]

@@ -29,10 +29,10 @@
 //! Invariant (at quiescence, under ASan): a byte of the arena is poisoned ⇔ it lies in a freed
 //! block (outside a small block's link word), or in the guard page of a live large run.
 //! Without the feature every function here is an empty `#[inline(always)]` one, and the pool's
-//! hooks at the end (`impl Pool`) are behind `cfg!(feature = "memcheck")` at their call sites:
+//! hooks at the end (`impl Core`) are behind `cfg!(feature = "memcheck")` at their call sites:
 //! nothing is added to any path.
 
-use super::Pool;
+use super::Core;
 use super::page::{LARGE, Page, SMALL};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 
@@ -248,7 +248,7 @@ pub(crate) fn unguard(p: *mut u8, usable: usize) {
 }
 
 /// The pool's hooks (called only with the feature on).
-impl Pool {
+impl Core {
     /// The block at `p` (or null) is handed out.
     #[cold]
     #[inline(never)]

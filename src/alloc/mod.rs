@@ -1,5 +1,5 @@
 //! The allocator core: size classes, per-thread heaps with a few-instruction fast path,
-//! lock-free cross-thread frees, and [`Pool`], whose every byte is NIC-registered memory of an
+//! lock-free cross-thread frees, and [`Core`], whose every byte is NIC-registered memory of an
 //! [`Arena`].
 //!
 //! Contract:
@@ -14,7 +14,7 @@
 //!   needs a fresh page or a large run is not cached;
 //! - the core's metadata is mapped from the kernel, never taken from the global allocator.
 //!
-//! Layout of the module: `mod.rs` (the `Pool` handle and allocation), `free.rs` (freeing),
+//! Layout of the module: `mod.rs` (the `Core` handle and allocation), `free.rs` (freeing),
 //! `resize.rs` (resizing, block sizes), `class.rs` (size classes), `page.rs` (pages and their
 //! free lists), `heap.rs` (per-thread heaps: the fast paths; `heap/remote.rs`, frees from other
 //! threads), `heaps.rs` (claiming them), `tcache.rs` (their caches of freed blocks), `pool.rs`
@@ -33,6 +33,7 @@ mod nicbuf;
 mod page;
 mod pool;
 mod purge;
+mod quarantine;
 mod rails;
 mod resize;
 mod spare;
@@ -46,6 +47,7 @@ pub use memcheck::{LARGE_GUARD, MemcheckStats, memcheck_stats};
 // The memory checker's patterns and its ASan query: documented where it is built in.
 #[cfg_attr(not(feature = "memcheck"), doc(hidden))]
 pub use memcheck::{FILL_MAX, FREED, GUARD_FILL, asan_poisoned};
+pub(crate) use quarantine::Quarantine;
 pub use stats::{ClassStats, PoolStats};
 pub(crate) use tls::{any_live_pool, keys_of_any, keys_of_any_on};
 
@@ -68,122 +70,61 @@ const CACHED_MAX: usize = class_size(tcache::CACHED_CLASSES - 1);
 /// the alignment, so an over-aligned small block costs about its alignment, not a slab.
 const MAX_SMALL_ALIGN: usize = MAX_SMALL;
 
-/// A pool of NIC-registered memory: allocate from it through `&Pool` (allocator-api2's
-/// `Allocator`, e.g. `allocator_api2::vec::Vec::new_in(&pool)`) or the raw methods below.
-/// Several pools may live in one process (say, one per device or PD).
+/// The allocator core of a [`Pool`](crate::Pool): NIC-registered blocks from size-class
+/// pages and large runs of one [`Arena`], through per-thread heaps. Every method here is
+/// reached through a `Pool` (which dereferences to its core); the features (grants, queue
+/// memory) live beside it in the `Pool`, and reach the free path through its quarantine hook
+/// (`quarantine.rs`).
 ///
-/// Dropping a pool while blocks it handed out are still live does **not** unmap them: the pool
-/// then leaves its arena mapped and registered for the rest of the process (and says so in a
+/// Dropping a core while blocks it handed out are still live does **not** unmap them: it then
+/// leaves its arena mapped and registered for the rest of the process (and says so in a
 /// `tracing` warning), so those blocks stay valid memory; without live blocks, dropping
 /// deregisters every region and unmaps the arena.
-///
-/// # Examples
-/// ```
-/// use allocator_api2::vec::Vec;
-/// use rdma_pool::alloc::Pool;
-/// use rdma_pool::nic::Nic;
-/// let pd = Nic::soft().alloc_pd()?;
-/// let pool = Pool::new(&pd)?;
-/// let mut v: Vec<u8, &Pool> = Vec::new_in(&pool);
-/// v.extend_from_slice(b"NIC-ready");
-/// let keys = pool.keys_of(v.as_ptr()).unwrap();
-/// assert!(keys.contains(v.as_ptr() as usize, v.len()));
-/// # Ok::<(), rdma_pool::arena::Error>(())
-/// ```
-pub struct Pool {
+pub struct Core {
     /// Copies of the hot fields of `inner` (its id and page table): one load less per call.
     pub(crate) id: u64,
     table: PageTable,
     inner: ManuallyDrop<MmapBox<PoolInner>>,
 }
 
-impl std::fmt::Debug for Pool {
+impl std::fmt::Debug for Core {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Pool")
+        f.debug_struct("Core")
             .field("arena", &self.inner().arena)
             .finish_non_exhaustive()
     }
 }
 
-impl Pool {
-    /// A pool over a fresh arena on `pd` with the default [`ArenaConfig`] (64 GiB reserved,
-    /// hugepages preferred, no remote rights).
-    ///
-    /// # Errors
-    /// As [`Pool::with_config`].
-    pub fn new(pd: &Pd) -> Result<Pool, Error> {
-        Pool::with_config(pd, ArenaConfig::default())
-    }
-
-    /// A pool over a fresh arena configured by `cfg`, with the environment's `RDMA_POOL_*`
-    /// overrides applied (as every pool does: see [`ArenaConfig::with_env`]; an unknown value
-    /// is counted in [`PoolStats::env_ignored`]).
+impl Core {
+    /// A core over a fresh arena configured by `cfg`, with the environment's `RDMA_POOL_*`
+    /// overrides applied (see [`ArenaConfig::with_env`]).
     ///
     /// # Errors
     /// As [`Arena::new`]; [`Error::Config`] when 256 pools are already alive.
-    ///
-    /// # Examples
-    /// ```
-    /// use rdma_pool::alloc::Pool;
-    /// use rdma_pool::arena::{ArenaConfig, Hugepages};
-    /// let pd = rdma_pool::nic::Nic::soft().alloc_pd()?;
-    /// let cfg = ArenaConfig { reserve: 1 << 32, hugepages: Hugepages::Off, ..Default::default() };
-    /// let pool = Pool::with_config(&pd, cfg)?;
-    /// assert_eq!(pool.stats().arena.reserved_bytes, 1 << 32);
-    /// # Ok::<(), rdma_pool::arena::Error>(())
-    /// ```
-    pub fn with_config(pd: &Pd, cfg: ArenaConfig) -> Result<Pool, Error> {
+    pub(crate) fn with_config(pd: &Pd, cfg: ArenaConfig) -> Result<Core, Error> {
         let (cfg, ignored) = cfg.with_env_counted();
-        Pool::from_arena(Arena::new(pd, cfg)?, ignored)
+        Core::from_arena(Arena::new(pd, cfg)?, ignored)
     }
 
-    /// [`Pool::with_config`] with remote rights on the pool's own regions (`cfg.remote`): the
-    /// pool's rkey (`keys_of(..).rkey`) then lets a peer reach any block of the pool (see
-    /// [`Arena::with_remote_rights`]).
+    /// [`Core::with_config`] with remote rights on the pool's own regions (`cfg.remote`).
     ///
     /// # Safety
-    /// As [`Arena::with_remote_rights`]: whoever holds the pool's rkey may read (and with
-    /// `REMOTE_WRITE`/`REMOTE_ATOMIC` write) any memory of the pool — live blocks, freed ones
-    /// still holding another allocation's bytes, the pool's free lists inside freed blocks — at
-    /// any time. Every peer given it must be trusted to touch only the blocks and at the times
-    /// the program's protocol allows, and the program must access a block a peer may write
-    /// only once that protocol says the write completed. (Per-buffer grants,
-    /// [`Pool::grant`]/[`Pool::grant_owned`], need none of this.)
+    /// As [`Arena::with_remote_rights`].
     ///
     /// # Errors
-    /// As [`Pool::with_config`].
-    ///
-    /// # Examples
-    /// ```
-    /// use rdma_pool::alloc::Pool;
-    /// use rdma_pool::arena::ArenaConfig;
-    /// use rdma_pool::nic::{Access, Nic};
-    /// let pd = Nic::soft().alloc_pd()?;
-    /// let cfg = ArenaConfig { remote: Access::REMOTE_WRITE, ..Default::default() };
-    /// assert!(Pool::with_config(&pd, cfg.clone()).is_err());
-    /// // SAFETY: no peer gets the key in this example.
-    /// let pool = unsafe { Pool::with_remote_rights(&pd, cfg) }?;
-    /// assert!(pool.arena().access().contains(Access::REMOTE_WRITE));
-    /// # Ok::<(), rdma_pool::arena::Error>(())
-    /// ```
-    pub unsafe fn with_remote_rights(pd: &Pd, cfg: ArenaConfig) -> Result<Pool, Error> {
+    /// As [`Core::with_config`].
+    pub(crate) unsafe fn with_remote_rights(pd: &Pd, cfg: ArenaConfig) -> Result<Core, Error> {
         let (cfg, ignored) = cfg.with_env_counted();
         // SAFETY: forwarded from the caller.
-        Pool::from_arena(unsafe { Arena::with_remote_rights(pd, cfg) }?, ignored)
+        Core::from_arena(unsafe { Arena::with_remote_rights(pd, cfg) }?, ignored)
     }
 
     /// A pool over `arena`; `env_ignored` environment variables had values it did not know.
-    fn from_arena(arena: Arena, env_ignored: u32) -> Result<Pool, Error> {
+    fn from_arena(arena: Arena, env_ignored: u32) -> Result<Core, Error> {
         let id = tls::next_id();
-        let inner = PoolInner::new(id, arena, env_ignored).map_err(|errno| match errno {
-            crate::grant::NO_TAG => Error::Config(
-                "every grant tag is taken (65,536 pools alive, or dropped with grant requests \
-                 in flight)",
-            ),
-            errno => Error::Os {
-                what: "mmap of pool metadata",
-                errno,
-            },
+        let inner = PoolInner::new(id, arena, env_ignored).map_err(|errno| Error::Os {
+            what: "mmap of pool metadata",
+            errno,
         })?;
         let inner = MmapBox::new(inner).map_err(|(_, errno)| Error::Os {
             what: "mmap of pool metadata",
@@ -192,8 +133,7 @@ impl Pool {
         if !tls::register(id, &*inner) {
             return Err(Error::Config("too many pools alive (256)"));
         }
-        crate::nic::set_grant_sink(crate::grant::route);
-        Ok(Pool {
+        Ok(Core {
             id,
             table: inner.table,
             inner: ManuallyDrop::new(inner),
@@ -204,8 +144,8 @@ impl Pool {
     ///
     /// # Safety
     /// The pool stays alive while the alias is used (e.g. under the registry lock).
-    pub(crate) unsafe fn alias_of(inner: &PoolInner) -> ManuallyDrop<Pool> {
-        ManuallyDrop::new(Pool {
+    pub(crate) unsafe fn alias_of(inner: &PoolInner) -> ManuallyDrop<Core> {
+        ManuallyDrop::new(Core {
             id: inner.id,
             table: inner.table,
             // SAFETY: `inner` is the value of the pool's live box (the caller's contract).
@@ -226,7 +166,7 @@ impl Pool {
     /// ```
     /// use std::alloc::Layout;
     /// # let pd = rdma_pool::nic::Nic::soft().alloc_pd().unwrap();
-    /// # let pool = rdma_pool::alloc::Pool::new(&pd).unwrap();
+    /// # let pool = rdma_pool::Pool::new(&pd).unwrap();
     /// let p = pool.alloc(Layout::from_size_align(100, 64).unwrap());
     /// assert!(!p.is_null() && p as usize % 64 == 0);
     /// assert!(pool.usable_size(p).unwrap() >= 100);
@@ -243,17 +183,17 @@ impl Pool {
     }
 
     /// The fast path alone (a small block from this thread's cache or current page, nothing
-    /// called); null when it cannot serve `layout` — then [`Pool::alloc`]'s slow path, taken
+    /// called); null when it cannot serve `layout` — then [`Core::alloc`]'s slow path, taken
     /// as the caller's last call. Always null in memory-checker mode (its bookkeeping is on
     /// the slow path).
     #[inline(always)]
     pub(crate) fn alloc_fast(&self, layout: Layout) -> *mut u8 {
-        Pool::alloc_fast_in(self.id, layout)
+        Core::alloc_fast_in(self.id, layout)
     }
 
-    /// [`Pool::alloc_fast`] of the pool with id `id` (any id: null when this thread has no
+    /// [`Core::alloc_fast`] of the pool with id `id` (any id: null when this thread has no
     /// heap with it), for a front end that keeps the id beside its own state. Sizes up to the
-    /// class table's 1 KiB only: a front end's slow path tries [`Pool::alloc_fast_mid`] first.
+    /// class table's 1 KiB only: a front end's slow path tries [`Core::alloc_fast_mid`] first.
     #[inline(always)]
     pub(crate) fn alloc_fast_in(id: u64, layout: Layout) -> *mut u8 {
         let (size, align) = (layout.size(), layout.align());
@@ -267,7 +207,7 @@ impl Pool {
         null_mut()
     }
 
-    /// The fast path of the sizes [`Pool::alloc_fast_in`] leaves (above the class table's
+    /// The fast path of the sizes [`Core::alloc_fast_in`] leaves (above the class table's
     /// 1 KiB, up to [`MAX_SMALL`]), for the slow paths to try first; null when it cannot serve
     /// `layout`.
     #[inline(always)]
@@ -283,10 +223,10 @@ impl Pool {
         null_mut()
     }
 
-    /// [`Pool::alloc`] past its fast path (with memory-checker mode's bookkeeping).
+    /// [`Core::alloc`] past its fast path (with memory-checker mode's bookkeeping).
     #[inline(never)]
     fn alloc_outlined(&self, layout: Layout) -> *mut u8 {
-        let p = Pool::alloc_fast_mid(self.id, layout);
+        let p = Core::alloc_fast_mid(self.id, layout);
         if !p.is_null() {
             return p;
         }
@@ -297,7 +237,7 @@ impl Pool {
         p
     }
 
-    /// [`Pool::alloc`], zero-filled (fresh pages are not touched twice).
+    /// [`Core::alloc`], zero-filled (fresh pages are not touched twice).
     pub fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         let p = self.alloc_slow(layout, true);
         if cfg!(feature = "memcheck") {
@@ -306,7 +246,7 @@ impl Pool {
         p
     }
 
-    /// [`Pool::alloc`] or [`Pool::alloc_zeroed`], as `zero` says.
+    /// [`Core::alloc`] or [`Core::alloc_zeroed`], as `zero` says.
     #[inline(always)]
     pub(crate) fn alloc_with(&self, layout: Layout, zero: bool) -> *mut u8 {
         if zero {
@@ -348,7 +288,7 @@ impl Pool {
     /// # Examples
     /// ```
     /// # let pd = rdma_pool::nic::Nic::soft().alloc_pd().unwrap();
-    /// # let pool = rdma_pool::alloc::Pool::new(&pd).unwrap();
+    /// # let pool = rdma_pool::Pool::new(&pd).unwrap();
     /// let p = pool.alloc(std::alloc::Layout::new::<u64>());
     /// assert!(pool.contains(p) && !pool.contains(&0u8));
     /// # unsafe { pool.free(p) };
@@ -359,7 +299,7 @@ impl Pool {
     }
 
     /// `(base, window)` of the address space the pool's arena holds (every reservation it may
-    /// add): [`Pool::contains`] is `p - base < window`.
+    /// add): [`Core::contains`] is `p - base < window`.
     pub(crate) fn span(&self) -> (usize, usize) {
         self.table.span()
     }
@@ -369,8 +309,8 @@ impl Pool {
     ///
     /// # Safety
     /// The copy must not be used after `self` is dropped, and must never be dropped itself.
-    pub(crate) unsafe fn alias(&self) -> ManuallyDrop<Pool> {
-        // SAFETY: `Pool` is a handle (an id, a copy of the page table, a pointer); the caller
+    pub(crate) unsafe fn alias(&self) -> ManuallyDrop<Core> {
+        // SAFETY: `Core` is a handle (an id, a copy of the page table, a pointer); the caller
         // keeps the original alive and never drops the copy, so `inner` is dropped once.
         ManuallyDrop::new(unsafe { std::ptr::read(self) })
     }
@@ -400,7 +340,7 @@ impl Pool {
     ///
     /// # Examples
     /// ```
-    /// use rdma_pool::alloc::Pool;
+    /// use rdma_pool::Pool;
     /// use rdma_pool::arena::{ArenaConfig, Hugepages, NumaPolicy};
     /// let pd = rdma_pool::nic::Nic::soft().alloc_pd()?;
     /// let cfg = ArenaConfig { reserve: 1 << 32, hugepages: Hugepages::Off, numa: NumaPolicy::Node(0), ..Default::default() };
@@ -425,7 +365,7 @@ impl Pool {
     ///
     /// # Examples
     /// ```
-    /// use rdma_pool::alloc::Pool;
+    /// use rdma_pool::Pool;
     /// let app_pd = rdma_pool::nic::Nic::soft().alloc_pd()?;
     /// let pool = Pool::new(&app_pd)?;
     /// assert_eq!(pool.pd().as_raw(), app_pd.as_raw());
@@ -437,7 +377,7 @@ impl Pool {
         self.inner().arena.pd()
     }
 
-    /// The NIC of [`Pool::pd`].
+    /// The NIC of [`Core::pd`].
     pub fn nic(&self) -> &crate::nic::Nic {
         self.pd().nic()
     }
@@ -450,7 +390,7 @@ impl Pool {
     ///
     /// # Examples
     /// ```
-    /// use rdma_pool::alloc::Pool;
+    /// use rdma_pool::Pool;
     /// use std::alloc::Layout;
     /// let pool = Pool::new(&rdma_pool::nic::Nic::soft().alloc_pd()?)?;
     /// let layout = Layout::from_size_align(8 << 20, 4096)?;
@@ -459,7 +399,7 @@ impl Pool {
     /// unsafe { pool.free_sized(p, layout) };
     /// let purged = pool.purge(); // the run (and, under `memcheck`, its guard slab)
     /// assert!(purged >= 8 << 20);
-    /// assert_eq!(pool.stats().arena.purged_bytes, purged as u64);
+    /// assert_eq!(pool.stats().alloc.arena.purged_bytes, purged as u64);
     /// let q = pool.alloc(layout); // the same run, committed and registered again
     /// assert_eq!(q, p);
     /// assert!(pool.keys_of(q).is_some());
@@ -474,13 +414,15 @@ impl Pool {
         self.inner().purge_idle(true)
     }
 
-    /// Statistics per size class and totals, read without a lock.
-    pub fn stats(&self) -> PoolStats {
+    /// Statistics per size class and totals, read without a lock (the `alloc` branch of
+    /// [`Pool::stats`](crate::Pool::stats)).
+    pub(crate) fn stats(&self) -> PoolStats {
         self.inner().stats()
     }
 
-    /// Check the invariants of every page and of the arena (at quiescence; for tests).
-    pub fn validate(&self) -> bool {
+    /// Check the invariants of every page and of the arena (at quiescence; the core's part
+    /// of [`Pool::validate`](crate::Pool::validate)).
+    pub(crate) fn validate(&self) -> bool {
         self.inner().validate()
     }
 
@@ -490,11 +432,8 @@ impl Pool {
     }
 }
 
-impl Drop for Pool {
+impl Drop for Core {
     fn drop(&mut self) {
-        // No grant handle is alive (they borrow the pool): kill the keys of grants still
-        // revoking and free their parked blocks.
-        self.inner().grants.shutdown(self);
         // The refill thread reaches the arena: it stops before the arena can go.
         self.stop_refill();
         // SAFETY: `inner` is taken once, here, and the pool is not used afterwards.
@@ -505,7 +444,7 @@ impl Drop for Pool {
         if live > 0 {
             tracing::warn!(
                 live,
-                "rdma_pool: Pool dropped with live blocks; its memory stays mapped and registered"
+                "rdma_pool: Core dropped with live blocks; its memory stays mapped and registered"
             );
             inner.leak();
         }

@@ -126,7 +126,7 @@ fn changing_hands() -> crate::sys::atfork::Inside {
     crate::sys::atfork::inside()
 }
 
-/// Where the page descriptors are: copied into the `Pool` handle so `free` reaches a
+/// Where the page descriptors are: copied into the `Core` handle so `free` reaches a
 /// descriptor with one dependent load.
 #[derive(Clone, Copy)]
 pub(crate) struct PageTable {
@@ -205,14 +205,12 @@ impl PageTable {
     }
 }
 
-/// The shared state of a [`Pool`](super::Pool).
+/// The shared state of a [`Core`](super::Core).
 pub(crate) struct PoolInner {
-    /// First, so it is dropped (windows deallocated) before the arena's regions.
-    pub(crate) grants: crate::grant::Grants,
+    /// The free path's quarantine (`quarantine.rs`), installed by the pool's features.
+    pub(crate) quarantine: super::quarantine::Hook,
     /// The refill thread (`prefetch/refill.rs`), stopped by the pool's drop.
     pub(crate) refill: crate::arena::prefetch::Refill,
-    /// DEVX queue memory (`queue_mem/`): its UMEMs go before the arena's slabs.
-    pub(crate) queue: crate::queue_mem::QueueMem,
     pub(crate) id: u64,
     pub(crate) arena: Arena,
     pub(crate) table: PageTable,
@@ -247,9 +245,8 @@ impl PoolInner {
         let idle = Idle::new(reserve / SLAB, arena.purge_delay())?;
         let spare = super::spare::Spare::new(reserve / SLAB, base / SLAB)?;
         Ok(PoolInner {
-            grants: crate::grant::Grants::new()?,
+            quarantine: super::quarantine::Hook::default(),
             refill: crate::arena::prefetch::Refill::default(),
-            queue: crate::queue_mem::QueueMem::default(),
             id,
             arena,
             table,
@@ -475,6 +472,6 @@ impl PoolInner {
                 });
             }
         });
-        ok && self.arena.validate() && self.grants.validate() && self.queue.validate()
+        ok && self.arena.validate()
     }
 }

@@ -7,7 +7,7 @@
 //!   while it is in use, [`HANDLED`] once a purge dealt with it;
 //! - a slab idle for at least the pool's purge delay is purged by the next slow-path call of
 //!   [`PoolInner::maybe_purge`] (one load and a compare when nothing is due), or at once by
-//!   `Pool::purge`: it is taken out of its free list (so no thread can reuse it meanwhile),
+//!   `Core::purge`: it is taken out of its free list (so no thread can reuse it meanwhile),
 //!   handed to [`Arena::purge`](crate::arena::Arena::purge) — which removes pinned
 //!   registrations before dropping pages and refuses what it must — and put back; reuse
 //!   revives it (`Arena::revive`) before any block of it is handed out;

@@ -2,14 +2,14 @@
 //!
 //! Contract: a thin front end over the arena's rails (`arena/rails/`): every block of the
 //! pool is registered on every attached device, `keys_of_on` answers per device in O(1)
-//! without a lock, and [`Pool::keys_of`] keeps meaning the pool's own device. A grant names
+//! without a lock, and [`Core::keys_of`] keeps meaning the pool's own device. A grant names
 //! its device through its QP's PD; a PD with open grants is not detached.
 
-use super::Pool;
-use crate::arena::{Error, Keys, RailStats};
+use super::Core;
+use crate::arena::{Error, Keys};
 use crate::nic::{Nic, Pd, Sge};
 
-impl Pool {
+impl Core {
     /// Register the whole pool on `pd` too (a PD of another NIC, for a second rail): what is
     /// already committed now, everything later as it is committed. Returns the rail's index.
     ///
@@ -18,7 +18,7 @@ impl Pool {
     ///
     /// # Examples
     /// ```
-    /// use rdma_pool::alloc::Pool;
+    /// use rdma_pool::Pool;
     /// use rdma_pool::nic::Nic;
     /// let (rail0, rail1) = (Nic::soft(), Nic::soft());
     /// let pool = Pool::new(&rail0.alloc_pd()?)?;
@@ -28,46 +28,18 @@ impl Pool {
     /// let k1 = pool.keys_of_on(v.as_ptr(), &rail1).unwrap();
     /// assert!(k1.contains(v.as_ptr() as usize, v.len()));
     /// assert_eq!(Some(k0), pool.keys_of(v.as_ptr()));
-    /// assert_eq!(pool.rail_stats()[0].mrs, 1);
+    /// assert_eq!(pool.stats().rails[0].mrs, 1);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn attach(&self, pd: &Pd) -> Result<usize, Error> {
         self.arena().attach(pd)
     }
-
-    /// Deregister the pool from `pd` (see [`Arena::detach`](crate::arena::Arena::detach)).
-    ///
-    /// # Errors
-    /// [`Error::Busy`] while a grant whose QP is in `pd` is open; otherwise as
-    /// [`Arena::detach`](crate::arena::Arena::detach).
-    ///
-    /// # Examples
-    /// ```
-    /// # use rdma_pool::alloc::Pool;
-    /// # use rdma_pool::nic::Nic;
-    /// # let (rail0, rail1) = (Nic::soft(), Nic::soft());
-    /// # let pool = Pool::new(&rail0.alloc_pd()?)?;
-    /// let pd1 = rail1.alloc_pd()?;
-    /// pool.attach(&pd1)?;
-    /// let b = allocator_api2::boxed::Box::new_in([0u8; 256], &pool);
-    /// pool.detach(&pd1)?;
-    /// assert_eq!(pool.keys_of_on(b.as_ptr(), &rail1), None);
-    /// assert!(pool.keys_of_on(b.as_ptr(), &rail0).is_some());
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn detach(&self, pd: &Pd) -> Result<(), Error> {
-        self.inner()
-            .grants
-            .without_grants_on(pd, || self.arena().detach(pd))
-            .unwrap_or(Err(Error::Busy("open grants use this PD")))
-    }
-
     /// The keys of the registration covering `p` on `nic` (the pool's own device or an
     /// attached one); `None` where the pool is not registered on `nic`. O(1), no lock.
     ///
     /// # Examples
     /// ```
-    /// # use rdma_pool::alloc::Pool;
+    /// # use rdma_pool::Pool;
     /// # use rdma_pool::nic::Nic;
     /// let nic = Nic::soft();
     /// let pool = Pool::new(&nic.alloc_pd()?)?;
@@ -89,7 +61,7 @@ impl Pool {
     ///
     /// # Examples
     /// ```
-    /// # use rdma_pool::alloc::Pool;
+    /// # use rdma_pool::Pool;
     /// # use rdma_pool::nic::Nic;
     /// # let (rail0, rail1) = (Nic::soft(), Nic::soft());
     /// # let pool = Pool::new(&rail0.alloc_pd()?)?;
@@ -109,30 +81,16 @@ impl Pool {
     ///
     /// # Examples
     /// ```
-    /// # use rdma_pool::alloc::Pool;
+    /// # use rdma_pool::Pool;
     /// use rdma_pool::nic::{AsyncEvent, Nic};
     /// let nic = Nic::soft();
     /// let pool = Pool::new(&nic.alloc_pd()?)?;
     /// nic.as_soft().unwrap().inject_event(AsyncEvent::PortError { port: 1 });
     /// assert_eq!(pool.poll_device_events(), 1);
-    /// assert_eq!(pool.stats().arena.port_errors, 1);
+    /// assert_eq!(pool.stats().alloc.arena.port_errors, 1);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn poll_device_events(&self) -> usize {
         self.arena().poll_device_events()
-    }
-
-    /// What each attached device holds (see [`RailStats`]).
-    ///
-    /// # Examples
-    /// ```
-    /// # use rdma_pool::alloc::Pool;
-    /// # use rdma_pool::nic::Nic;
-    /// # let pool = Pool::new(&Nic::soft().alloc_pd()?)?;
-    /// assert!(pool.rail_stats().is_empty());
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn rail_stats(&self) -> Vec<RailStats> {
-        self.arena().rail_stats()
     }
 }

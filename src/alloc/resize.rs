@@ -4,7 +4,7 @@
 
 use super::*;
 
-impl Pool {
+impl Core {
     /// Resize a block, in place when its size class or slab run allows.
     ///
     /// # Safety
@@ -57,13 +57,13 @@ impl Pool {
     /// place when the block allows and is aligned for `new`, else moved with its contents.
     ///
     /// # Safety
-    /// As [`Pool::realloc`], with `old` the block's layout.
+    /// As [`Core::realloc`], with `old` the block's layout.
     ///
     /// # Examples
     /// ```
     /// use std::alloc::Layout;
     /// # let pd = rdma_pool::nic::Nic::soft().alloc_pd().unwrap();
-    /// # let pool = rdma_pool::alloc::Pool::new(&pd).unwrap();
+    /// # let pool = rdma_pool::Pool::new(&pd).unwrap();
     /// let old = Layout::from_size_align(24, 8).unwrap();
     /// let p = pool.alloc(old);
     /// // SAFETY: `p` came from this pool with `old`.
@@ -92,11 +92,11 @@ impl Pool {
         q
     }
 
-    /// [`Pool::resize`] to a larger `new`, the bytes past `old.size()` zeroed (allocator-api2's
+    /// [`Core::resize`] to a larger `new`, the bytes past `old.size()` zeroed (allocator-api2's
     /// `grow_zeroed`).
     ///
     /// # Safety
-    /// As [`Pool::resize`], and `new.size() >= old.size()`.
+    /// As [`Core::resize`], and `new.size() >= old.size()`.
     pub unsafe fn resize_zeroed(&self, p: *mut u8, old: Layout, new: Layout) -> *mut u8 {
         // SAFETY: forwarded from the caller.
         let q = unsafe { self.resize(p, old, new) };

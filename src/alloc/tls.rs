@@ -300,6 +300,12 @@ pub(crate) fn forget(pool: &PoolInner) {
     }
 }
 
+/// Run `f` under the registry lock: what [`any_live_pool`] sees is from before or after it.
+pub(crate) fn with_registry<T>(f: impl FnOnce() -> T) -> T {
+    let _r = registry();
+    f()
+}
+
 /// Call `f` on each live pool under the registry lock (which keeps them alive) until it
 /// returns true.
 pub(crate) fn any_live_pool(mut f: impl FnMut(&PoolInner) -> bool) -> bool {

@@ -1,5 +1,5 @@
 //! The environment's overrides of an [`ArenaConfig`]: one place for every pool of the process
-//! (a [`Pool`](crate::alloc::Pool) built with any configuration, and
+//! (a [`Pool`](crate::Pool) built with any configuration, and
 //! [`GlobalPool`](crate::GlobalPool)), so an operator changes them without a rebuild.
 //!
 //! Contract: read when a pool is built, with `getenv` (no allocation, no lock):

@@ -38,7 +38,7 @@ impl Arena {
     /// let after = arena.alloc_run(4096, 64)?; // still served, without keys
     /// assert_eq!(arena.keys_of(after.as_ptr()), None);
     /// # let _ = before;
-    /// # Ok::<(), rdma_pool::arena::Error>(())
+    /// # Ok::<(), rdma_pool::PoolError>(())
     /// ```
     pub fn poll_device_events(&self) -> usize {
         let mut n = 0;

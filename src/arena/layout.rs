@@ -55,7 +55,7 @@ impl Arena {
     /// let run = arena.alloc_run(4096, 64)?;
     /// assert_eq!(arena.chunk_of(run.as_ptr()), Some(0));
     /// assert_eq!(arena.chunk_of(run.as_ptr().wrapping_add(1 << 26)), Some(1));
-    /// # Ok::<(), rdma_pool::arena::Error>(())
+    /// # Ok::<(), rdma_pool::PoolError>(())
     /// ```
     pub fn chunk_of(&self, ptr: *const u8) -> Option<usize> {
         let off = (ptr as usize).wrapping_sub(self.base);

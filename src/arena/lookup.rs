@@ -30,7 +30,7 @@ impl Arena {
     /// let keys = arena.keys_of(run.as_ptr().wrapping_add(100)).unwrap();
     /// assert!(keys.contains(run.as_ptr() as usize, run.len()));
     /// assert_eq!(arena.keys_of(&keys as *const _ as *const u8), None); // not arena memory
-    /// # Ok::<(), rdma_pool::arena::Error>(())
+    /// # Ok::<(), rdma_pool::PoolError>(())
     /// ```
     pub fn keys_of(&self, ptr: *const u8) -> Option<Keys> {
         self.table.keys_of(ptr as usize)
@@ -67,7 +67,7 @@ impl Arena {
     /// let buf = unsafe { std::slice::from_raw_parts(run.as_ptr(), 512) };
     /// assert_eq!(arena.sge_of(buf)?.length, 512);
     /// assert!(arena.sge_of(&[0u8; 8]).is_err());
-    /// # Ok::<(), rdma_pool::arena::Error>(())
+    /// # Ok::<(), rdma_pool::PoolError>(())
     /// ```
     pub fn sge_of(&self, buf: &[u8]) -> Result<Sge, Error> {
         let keys = self.keys_of(buf.as_ptr()).ok_or(Error::NotRegistered)?;

@@ -170,7 +170,7 @@ struct State {
 /// buf.fill(7);
 /// let sge = arena.sge_of(buf)?;
 /// assert_eq!(sge.length, 4096);
-/// # Ok::<(), rdma_pool::arena::Error>(())
+/// # Ok::<(), rdma_pool::PoolError>(())
 /// ```
 pub struct Arena {
     pd: Pd,
@@ -253,7 +253,7 @@ impl Arena {
     /// assert_eq!(arena.stats().reserved_bytes, 1 << 30);
     /// assert_eq!(arena.stats().committed_bytes, 0);
     /// assert!(!arena.access().intersects(rdma_pool::nic::Access::REMOTE));
-    /// # Ok::<(), rdma_pool::arena::Error>(())
+    /// # Ok::<(), rdma_pool::PoolError>(())
     /// ```
     pub fn new(pd: &Pd, cfg: ArenaConfig) -> Result<Arena, Error> {
         if !cfg.remote.is_empty() {
@@ -289,7 +289,7 @@ impl Arena {
     /// // SAFETY: the key is given to no peer.
     /// let arena = unsafe { Arena::with_remote_rights(&pd, cfg) }?;
     /// assert!(arena.access().contains(Access::REMOTE_READ));
-    /// # Ok::<(), rdma_pool::arena::Error>(())
+    /// # Ok::<(), rdma_pool::PoolError>(())
     /// ```
     pub unsafe fn with_remote_rights(pd: &Pd, cfg: ArenaConfig) -> Result<Arena, Error> {
         let _mark = provision::Provisioning::enter();

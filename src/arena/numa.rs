@@ -45,7 +45,7 @@ pub use crate::sys::numa::{
 /// assert_eq!(Arena::new(&pd, cfg)?.numa_placement(), NumaPlacement::Node(0));
 /// let nowhere = ArenaConfig { numa: NumaPolicy::Node(100_000), ..cfg };
 /// assert!(matches!(Arena::new(&pd, nowhere), Err(rdma_pool::arena::Error::Config(_))));
-/// # Ok::<(), rdma_pool::arena::Error>(())
+/// # Ok::<(), rdma_pool::PoolError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum NumaPolicy {

@@ -26,7 +26,7 @@ impl Arena {
     /// let run = arena.alloc_run(4096, 64)?;
     /// assert_eq!(arena.chunk_node(run.as_ptr()), Some(0));
     /// assert_eq!(arena.stats().node_chunk_bytes[0], 1 << 26);
-    /// # Ok::<(), rdma_pool::arena::Error>(())
+    /// # Ok::<(), rdma_pool::PoolError>(())
     /// ```
     pub fn chunk_node(&self, ptr: *const u8) -> Option<u32> {
         let c = self.chunk_of(ptr)?;
@@ -47,7 +47,7 @@ impl Arena {
     /// let pd = Nic::soft().alloc_pd()?; // a soft NIC reports no node by default
     /// let cfg = ArenaConfig { reserve: 1 << 30, chunk: 1 << 26, hugepages: Hugepages::Off, numa: NumaPolicy::DeviceNode, ..Default::default() };
     /// assert_eq!(Arena::new(&pd, cfg)?.numa_placement(), NumaPlacement::DeviceHasNoNode);
-    /// # Ok::<(), rdma_pool::arena::Error>(())
+    /// # Ok::<(), rdma_pool::PoolError>(())
     /// ```
     ///
     /// [`ArenaConfig::numa`]: super::ArenaConfig::numa

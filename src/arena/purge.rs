@@ -220,7 +220,7 @@ impl Arena {
     /// assert_eq!(arena.keys_of(run.as_ptr()), None); // its pinned region is gone
     /// arena.revive(run.as_ptr(), run.len())?;
     /// assert!(arena.keys_of(run.as_ptr()).is_some());
-    /// # Ok::<(), rdma_pool::arena::Error>(())
+    /// # Ok::<(), rdma_pool::PoolError>(())
     /// ```
     pub unsafe fn purge(&self, ptr: *mut u8, len: usize) -> Result<usize, Error> {
         if provision::active() {

@@ -40,7 +40,7 @@ impl Arena {
     /// let big = arena.alloc_run(100 << 20, 4096)?; // larger than a chunk: a region of its own
     /// assert_eq!(arena.keys_of(big.as_ptr()).unwrap().len, 100 << 20);
     /// assert!(arena.alloc_run(0, 64).is_err());
-    /// # Ok::<(), rdma_pool::arena::Error>(())
+    /// # Ok::<(), rdma_pool::PoolError>(())
     /// ```
     pub fn alloc_run(&self, len: usize, align: usize) -> Result<Run, Error> {
         if len != 0

@@ -250,7 +250,7 @@ impl Arena {
     /// arena.alloc_run(3 << 20, 64)?;
     /// let s = arena.stats();
     /// assert_eq!((s.committed_bytes, s.registered_bytes, s.slabs_small), (4 << 20, 4 << 20, 2));
-    /// # Ok::<(), rdma_pool::arena::Error>(())
+    /// # Ok::<(), rdma_pool::PoolError>(())
     /// ```
     pub fn stats(&self) -> ArenaStats {
         self.counters.snapshot(Fixed {

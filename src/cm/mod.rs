@@ -5,7 +5,7 @@
 //! - rdma_cm opens each device itself and binds its ids to those contexts, and
 //!   `rdma_create_qp` refuses a PD of another context; so the pool whose memory the
 //!   connections use must be built on rdma_cm's context: [`open`] / [`open_default`] give a
-//!   [`Nic`] on it (for [`Pool::new`](crate::alloc::Pool::new), or as
+//!   [`Nic`] on it (for [`Pool::new`](crate::Pool::new), or as
 //!   [`GlobalConfig::open`](crate::global::GlobalConfig::open) of a
 //!   [`GlobalPool`](crate::GlobalPool)). A connection that arrives on, or resolves to, another
 //!   device is refused with [`CmError::WrongDevice`] (and rejected, on the passive side).

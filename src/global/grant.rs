@@ -1,4 +1,4 @@
-//! Grants on the global pool: [`Pool::grant`](crate::alloc::Pool::grant) for any heap buffer
+//! Grants on the global pool: [`Pool::grant`](crate::Pool::grant) for any heap buffer
 //! of the program. `GlobalAlloc::dealloc` of granted memory never blocks: it parks the block
 //! until the grant's revocation completed (see [`crate::grant`]).
 
@@ -8,11 +8,11 @@ use crate::nic::{Access, Completion, Qp};
 
 impl GlobalPool {
     /// Grant the peer at the other end of `qp` the right to READ exactly `buf`, a heap buffer
-    /// the global pool handed out (see [`Pool::grant`](crate::alloc::Pool::grant)).
+    /// the global pool handed out (see [`Pool::grant`](crate::Pool::grant)).
     ///
     /// # Errors
     /// [`GrantError::Unavailable`] when the pool could not initialise; as
-    /// [`Pool::grant_with`](crate::alloc::Pool::grant_with) otherwise (a bootstrap or degraded
+    /// [`Pool::grant_with`](crate::Pool::grant_with) otherwise (a bootstrap or degraded
     /// block is [`GrantError::OutsidePool`]).
     ///
     /// # Examples
@@ -31,11 +31,11 @@ impl GlobalPool {
         pool.grant(buf, qp)
     }
 
-    /// [`Pool::grant_with`](crate::alloc::Pool::grant_with) on the global pool: any rights on
+    /// [`Pool::grant_with`](crate::Pool::grant_with) on the global pool: any rights on
     /// a shared borrow, of a given kind.
     ///
     /// # Safety
-    /// As [`Pool::grant_with`](crate::alloc::Pool::grant_with): with a write or atomic right,
+    /// As [`Pool::grant_with`](crate::Pool::grant_with): with a write or atomic right,
     /// the program does not touch `buf` but atomically until the revocation completed.
     ///
     /// # Errors
@@ -52,7 +52,7 @@ impl GlobalPool {
         unsafe { pool.grant_with(buf, qp, access, kind) }
     }
 
-    /// [`Pool::grant_owned`](crate::alloc::Pool::grant_owned) on the global pool: any rights
+    /// [`Pool::grant_owned`](crate::Pool::grant_owned) on the global pool: any rights
     /// to a whole heap buffer the grant owns until the key is dead.
     ///
     /// # Errors
@@ -69,19 +69,14 @@ impl GlobalPool {
         }
     }
 
-    /// [`Pool::on_completion`](crate::alloc::Pool::on_completion) of the global pool (false
+    /// [`Pool::on_completion`](crate::Pool::on_completion) of the global pool (false
     /// before it is ready): for completions polled outside the crate only.
     ///
     /// # Safety
-    /// As [`Pool::on_completion`](crate::alloc::Pool::on_completion): `wc` is a completion
+    /// As [`Pool::on_completion`](crate::Pool::on_completion): `wc` is a completion
     /// the device reported, handed over once.
     pub unsafe fn on_completion(&self, wc: &Completion) -> bool {
         // SAFETY: forwarded from the caller.
         self.ready().is_some_and(|p| unsafe { p.on_completion(wc) })
-    }
-
-    /// [`Pool::grant_stats`](crate::alloc::Pool::grant_stats) of the global pool, once ready.
-    pub fn grant_stats(&self) -> Option<crate::grant::GrantStats> {
-        self.ready().map(|p| p.grant_stats())
     }
 }

@@ -4,6 +4,7 @@
 //! `Err(Reentrant)` instead of waiting for itself. See the module contract (`mod.rs`).
 
 use super::*;
+use crate::PoolError;
 
 /// What [`GlobalPool::init`] answers when called from inside the pool's own initialisation.
 static REENTRANT: Error = Error::Reentrant;
@@ -102,7 +103,7 @@ impl GlobalPool {
         if let Ok(ready) = &result {
             // SAFETY: `ready.pool` is never dropped (it is mapped for good), and neither is the
             // copy; nobody reads `hot` before READY is published below.
-            unsafe { (*self.hot.get()).write(ready.pool.alias()) };
+            unsafe { (*self.hot.get()).write(ready.pool.core().alias()) };
             let (base, reserve) = ready.pool.span();
             self.base.store(base, Relaxed);
             self.reserve.store(reserve, Release);
@@ -145,10 +146,10 @@ impl GlobalPool {
                 Pool::with_config(&pd, arena)
             };
             match made {
-                Err(Error::Os {
+                Err(PoolError::Arena(Error::Os {
                     errno: libc::ENOMEM,
                     what,
-                }) if cfg.arena.reserve / 2 >= MIN_RESERVE => {
+                })) if cfg.arena.reserve / 2 >= MIN_RESERVE => {
                     tracing::info!(
                         what,
                         reserve = cfg.arena.reserve,
@@ -157,7 +158,7 @@ impl GlobalPool {
                     cfg.arena.reserve /= 2;
                     cfg.arena.chunk = cfg.arena.chunk.min(cfg.arena.reserve);
                 }
-                made => break made?,
+                made => break made.map_err(Error::from)?,
             }
         };
         tracing::info!(nic = %nic.caps().name, ?cfg.arena.registration, ?cfg.arena.hugepages,

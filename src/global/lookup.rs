@@ -10,14 +10,14 @@ use super::*;
 ///
 /// # Examples
 /// ```
-/// use rdma_pool::alloc::Pool;
+/// use rdma_pool::Pool;
 /// let pd = rdma_pool::nic::Nic::soft().alloc_pd()?;
 /// let pool = Pool::new(&pd)?;
 /// let p = pool.alloc(std::alloc::Layout::new::<[u8; 64]>());
 /// assert_eq!(rdma_pool::keys_of(p), pool.keys_of(p));
 /// assert!(rdma_pool::keys_of(&0u8).is_none());
 /// # unsafe { pool.free(p) };
-/// # Ok::<(), rdma_pool::arena::Error>(())
+/// # Ok::<(), rdma_pool::PoolError>(())
 /// ```
 pub fn keys_of<T: ?Sized>(p: *const T) -> Option<Keys> {
     let p = p.cast::<u8>();
@@ -41,7 +41,7 @@ pub(super) fn not_ready() -> Error {
 ///
 /// # Examples
 /// ```
-/// use rdma_pool::alloc::Pool;
+/// use rdma_pool::Pool;
 /// use rdma_pool::nic::Nic;
 /// let (a, b) = (Nic::soft(), Nic::soft());
 /// let pool = Pool::new(&a.alloc_pd()?)?;
@@ -51,7 +51,7 @@ pub(super) fn not_ready() -> Error {
 /// assert!(rdma_pool::keys_of_on(p, &b).is_some());
 /// assert!(rdma_pool::keys_of_on(&0u8, &a).is_none());
 /// # unsafe { pool.free(p) };
-/// # Ok::<(), rdma_pool::arena::Error>(())
+/// # Ok::<(), rdma_pool::PoolError>(())
 /// ```
 pub fn keys_of_on<T: ?Sized>(p: *const T, nic: &crate::nic::Nic) -> Option<Keys> {
     let p = p.cast::<u8>();
@@ -90,7 +90,7 @@ pub fn stats() -> Option<GlobalStats> {
     if !provision::active() {
         exit_report::report(counters);
     }
-    Some(counters.snapshot(state, instance().map(|r| r.pool.stats())))
+    Some(counters.snapshot(state, instance().map(|r| r.pool.core().stats())))
 }
 
 fn instance() -> Option<&'static Ready> {

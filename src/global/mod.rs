@@ -82,7 +82,8 @@ use lookup::not_ready;
 pub use lookup::{keys_of, keys_of_on, stats};
 pub use stats::{DegradeReason, DegradedBy, GlobalState, GlobalStats};
 
-use crate::alloc::Pool;
+use crate::Pool;
+use crate::alloc::Core;
 use crate::arena::{Error, Keys};
 use crate::nic::{Nic, Pd, Sge};
 use crate::sys::os::MmapBox;
@@ -164,7 +165,7 @@ pub struct GlobalPool {
     slot: UnsafeCell<MaybeUninit<Result<&'static Ready, Error>>>,
     /// A copy of the ready pool's handle (of `Ready::pool`, never dropped), kept here so that
     /// the fast paths read the pool's id and page table from this static, written before READY.
-    hot: UnsafeCell<MaybeUninit<ManuallyDrop<Pool>>>,
+    hot: UnsafeCell<MaybeUninit<ManuallyDrop<Core>>>,
     /// The ready pool's reservation, `(0, 0)` before: `dealloc` tests `p - base < reserve`
     /// without loading the state (a reserve of 0 contains nothing — the empty sentinel).
     /// `reserve` is stored last, with `Release`, after `hot`.
@@ -326,9 +327,19 @@ impl GlobalPool {
         }
     }
 
-    /// The pool, when ready (never initialises): one load of the state.
+    /// The pool, when ready (never initialises): a load of the state and of the slot.
     #[inline(always)]
     fn ready(&self) -> Option<&Pool> {
+        match self.slot() {
+            Some(Ok(r)) => Some(&r.pool),
+            _ => None,
+        }
+    }
+
+    /// The pool's core, when ready (never initialises): the copy kept in this static, one
+    /// load of the state (what the allocation paths and key lookups use).
+    #[inline(always)]
+    fn hot(&self) -> Option<&Core> {
         if self.state.load(Acquire) == READY {
             // SAFETY: `hot` is written before READY is published, and never again.
             Some(unsafe { (*self.hot.get()).assume_init_ref() })
@@ -348,7 +359,7 @@ impl GlobalPool {
     /// ```
     /// static POOL: rdma_pool::GlobalPool = rdma_pool::GlobalPool::new();
     /// let pool = POOL.init().expect("the soft NIC is always there");
-    /// assert!(pool.stats().arena.reserved_bytes > 0);
+    /// assert!(pool.stats().alloc.arena.reserved_bytes > 0);
     /// ```
     pub fn init(&self) -> Result<&Pool, &Error> {
         let r = self.published(None).map(|r| &r.pool);
@@ -372,7 +383,7 @@ impl GlobalPool {
     /// The pool, if it is ready and `p` lies in its reservation: two loads and a compare, no
     /// load of the state.
     #[inline(always)]
-    fn owner_of(&self, p: *const u8) -> Option<&Pool> {
+    fn owner_of(&self, p: *const u8) -> Option<&Core> {
         let reserve = self.reserve.load(Acquire);
         let base = self.base.load(Relaxed);
         if (p as usize).wrapping_sub(base) < reserve {
@@ -394,7 +405,7 @@ impl GlobalPool {
     /// assert!(POOL.validate());
     /// ```
     pub fn validate(&self) -> bool {
-        let ok = match (self.slot(), self.ready()) {
+        let ok = match (self.slot(), self.hot()) {
             (Some(Ok(r)), Some(hot)) => {
                 std::ptr::eq(hot.arena(), r.pool.arena()) && r.pool.validate()
             }
@@ -464,21 +475,21 @@ impl GlobalPool {
     /// degraded blocks have none).
     #[inline]
     pub fn keys_of(&self, p: *const u8) -> Option<Keys> {
-        self.ready()?.keys_of(p)
+        self.hot()?.keys_of(p)
     }
 
     /// The keys of the registration covering `p` on `nic`: the pool's own device, or one it
     /// was attached to with [`GlobalPool::attach`].
     #[inline]
     pub fn keys_of_on(&self, p: *const u8, nic: &crate::nic::Nic) -> Option<Keys> {
-        self.ready()?.keys_of_on(p, nic)
+        self.hot()?.keys_of_on(p, nic)
     }
 
     /// Register every heap block of the program on `pd` too (a second rail): see
-    /// [`Pool::attach`].
+    /// [`Pool::attach`](crate::alloc::Core::attach).
     ///
     /// # Errors
-    /// Why initialisation failed, or as [`Pool::attach`].
+    /// Why initialisation failed, or as [`Pool::attach`](crate::alloc::Core::attach).
     ///
     /// # Examples
     /// ```
@@ -525,7 +536,7 @@ impl GlobalPool {
         }
     }
 
-    /// Return every idle slab of the pool to the system now (see [`Pool::purge`]); 0 before
+    /// Return every idle slab of the pool to the system now (see [`Pool::purge`](crate::alloc::Core::purge)); 0 before
     /// the pool is ready. Purging also happens on its own after
     /// [`ArenaConfig::purge_delay`](crate::arena::ArenaConfig::purge_delay).
     ///
@@ -535,7 +546,7 @@ impl GlobalPool {
     /// let _ = POOL.purge();
     /// ```
     pub fn purge(&self) -> usize {
-        self.ready().map_or(0, |p| p.purge())
+        self.hot().map_or(0, |p| p.purge())
     }
 
     /// A snapshot of the statistics (no lock, no allocation). The bootstrap region's figures
@@ -545,6 +556,6 @@ impl GlobalPool {
         let p = self.counters.load(Acquire);
         // SAFETY: a non-null pointer is a `&'static Counters`.
         let counters = if p.is_null() { &ZERO } else { unsafe { &*p } };
-        counters.snapshot(self.state(), self.ready().map(|p| p.stats()))
+        counters.snapshot(self.state(), self.hot().map(|p| p.stats()))
     }
 }

@@ -9,7 +9,7 @@ impl GlobalPool {
     #[inline(always)]
     pub(super) fn alloc_fast(&self, layout: Layout, zero: bool) -> *mut u8 {
         if !zero {
-            let p = Pool::alloc_fast_in(self.fast_id.load(Relaxed), layout);
+            let p = Core::alloc_fast_in(self.fast_id.load(Relaxed), layout);
             if !p.is_null() {
                 return p;
             }
@@ -23,7 +23,7 @@ impl GlobalPool {
     #[inline(never)]
     pub(super) fn alloc_cold(&self, layout: Layout, zero: bool) -> *mut u8 {
         if !zero {
-            let p = Pool::alloc_fast_mid(self.fast_id.load(Relaxed), layout);
+            let p = Core::alloc_fast_mid(self.fast_id.load(Relaxed), layout);
             if !p.is_null() {
                 return p;
             }
@@ -32,7 +32,7 @@ impl GlobalPool {
         // be handled and leave `errno` set: a successful allocation leaves it as it found it
         // (C's `malloc` is this path too).
         let _errno = ErrnoGuard::save();
-        let ready = self.ready();
+        let ready = self.hot();
         if let Some(pool) = ready {
             let p = pool.alloc_with(layout, zero);
             if !p.is_null() {

@@ -2,13 +2,13 @@
 
 use super::GlobalPool;
 use crate::nic::Advice;
-use crate::prefetch::{PrefetchError, PrefetchStats};
+use crate::prefetch::PrefetchError;
 
 impl GlobalPool {
-    /// [`Pool::prefetch`](crate::alloc::Pool::prefetch) of a heap buffer of the global pool.
+    /// [`Pool::prefetch`](crate::alloc::Core::prefetch) of a heap buffer of the global pool.
     ///
     /// # Errors
-    /// As [`Pool::prefetch`](crate::alloc::Pool::prefetch); [`PrefetchError::OutsidePool`]
+    /// As [`Pool::prefetch`](crate::alloc::Core::prefetch); [`PrefetchError::OutsidePool`]
     /// before the pool is ready.
     pub fn prefetch(&self, buf: &[u8], advice: Advice) -> Result<usize, PrefetchError> {
         self.ready()
@@ -16,7 +16,7 @@ impl GlobalPool {
             .prefetch(buf, advice)
     }
 
-    /// [`Pool::start_refill`](crate::alloc::Pool::start_refill) on the global pool,
+    /// [`Pool::start_refill`](crate::alloc::Core::start_refill) on the global pool,
     /// initialising it first. Call it from `main`, never from inside an allocation.
     ///
     /// # Errors
@@ -40,11 +40,5 @@ impl GlobalPool {
         if let Some(p) = self.ready() {
             p.stop_refill();
         }
-    }
-
-    /// [`Pool::prefetch_stats`](crate::alloc::Pool::prefetch_stats) of the global pool, once
-    /// ready.
-    pub fn prefetch_stats(&self) -> Option<PrefetchStats> {
-        self.ready().map(|p| p.prefetch_stats())
     }
 }

@@ -10,9 +10,9 @@
 //! handle leaves the key live and the buffer borrowed or owned for good: nothing the program
 //! can reach again.
 
+use super::GrantCtx;
 use super::issue::Issued;
 use super::{GrantError, GrantKind, GrantWire};
-use crate::alloc::Pool;
 use crate::nic::{Access, Completion, Cq, Qp, Rkey, WcStatus};
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
@@ -30,7 +30,7 @@ pub const WAIT: Duration = Duration::from_secs(10);
 /// # Examples
 /// ```
 /// use allocator_api2::vec;
-/// use rdma_pool::alloc::Pool;
+/// use rdma_pool::Pool;
 /// use rdma_pool::nic::{Access, Nic, QpCaps};
 /// let nic = Nic::soft();
 /// let pd = nic.alloc_pd()?;
@@ -46,12 +46,12 @@ pub const WAIT: Duration = Duration::from_secs(10);
 /// let wire = grant.wire();  // what the client needs
 /// assert_eq!((wire.addr, wire.len), (buf.as_ptr() as u64, 4096));
 /// grant.revoke(&cq, |_| {})?; // the key is dead
-/// assert_eq!(pool.grant_stats().open, 0);
+/// assert_eq!(pool.stats().grants.open, 0);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[must_use = "dropping a grant revokes it"]
 pub struct Grant<'a> {
-    pool: &'a Pool,
+    pool: GrantCtx<'a>,
     g: Issued,
     pub(super) revoked: bool,
     _buf: PhantomData<&'a [u8]>,
@@ -106,14 +106,14 @@ impl<'a> Grant<'a> {
     /// the pool, `Some(Ok(()))` once it succeeded (the key works), `Some(Err(_))` when it
     /// failed ([`GrantError::BindFailed`]; the grant is then revoked) or the grant was revoked
     /// ([`GrantError::Revoked`]). For code that polls the CQ itself and hands the pool its
-    /// completions ([`Pool::on_completion`]), such as the C API.
+    /// completions ([`Pool::on_completion`](crate::Pool::on_completion)), such as the C API.
     ///
     /// # Examples
     /// ```
     /// # use rdma_pool::nic::{Nic, QpCaps};
     /// # let nic = Nic::soft();
     /// # let pd = nic.alloc_pd()?;
-    /// # let pool = rdma_pool::alloc::Pool::new(&pd)?;
+    /// # let pool = rdma_pool::Pool::new(&pd)?;
     /// # let cq = nic.create_cq(64)?;
     /// # let (a, b) = (pd.create_qp(&cq, &cq, QpCaps::default())?, nic.alloc_pd()?.create_qp(&cq, &cq, QpCaps::default())?);
     /// # a.connect(&b.endpoint()?)?;
@@ -133,7 +133,6 @@ impl<'a> Grant<'a> {
     /// Whether the revocation completed (the key is dead).
     pub fn is_revoked(&self) -> bool {
         self.pool
-            .inner()
             .grants
             .state(self.g.key, self.g.seq)
             .is_none_or(|(_, done)| done)
@@ -153,7 +152,7 @@ impl<'a> Grant<'a> {
 
     /// Where the bind stands: `None` while in flight. A failed bind revokes the grant.
     pub(super) fn bound(&self) -> Option<Result<(), GrantError>> {
-        let grants = &self.pool.inner().grants;
+        let grants = self.pool.grants;
         match grants.state(self.g.key, self.g.seq) {
             Some((Some(WcStatus::Success), _)) => Some(Ok(())),
             Some((Some(s), _)) => Some(Err(GrantError::BindFailed(s))),
@@ -162,7 +161,7 @@ impl<'a> Grant<'a> {
         }
         .inspect(|r| {
             if r.is_err() {
-                let _ = grants.revoke(self.pool, self.g.key, self.g.seq);
+                let _ = grants.revoke(self.pool.core, self.g.key, self.g.seq);
             }
         })
     }
@@ -197,10 +196,10 @@ impl<'a> Grant<'a> {
     /// `Some` once the key is dead. A region that refused deregistration is retried here: no
     /// completion would.
     pub(super) fn dead(&self) -> Option<Result<(), GrantError>> {
-        let grants = &self.pool.inner().grants;
+        let grants = self.pool.grants;
         let (key, seq) = (self.g.key, self.g.seq);
         let done = grants.state(key, seq).is_none_or(|(_, done)| done);
-        (done || grants.retry(self.pool, key, seq)).then_some(Ok(()))
+        (done || grants.retry(self.pool.core, key, seq)).then_some(Ok(()))
     }
 
     /// Start the revocation without waiting: the key dies when a poll of the QP's send CQ
@@ -215,9 +214,8 @@ impl<'a> Grant<'a> {
         }
         self.revoked = true;
         self.pool
-            .inner()
             .grants
-            .revoke(self.pool, self.g.key, self.g.seq)
+            .revoke(self.pool.core, self.g.key, self.g.seq)
     }
 
     fn poll(
@@ -244,9 +242,8 @@ impl<'a> Grant<'a> {
 impl Drop for Grant<'_> {
     fn drop(&mut self) {
         self.pool
-            .inner()
             .grants
-            .release(self.pool, self.g.key, self.g.seq);
+            .release(self.pool.core, self.g.key, self.g.seq);
     }
 }
 
@@ -285,7 +282,7 @@ grant_buf!(
 /// # Examples
 /// ```
 /// use allocator_api2::vec;
-/// use rdma_pool::alloc::Pool;
+/// use rdma_pool::Pool;
 /// use rdma_pool::nic::{Access, Nic, QpCaps};
 /// let nic = Nic::soft();
 /// let pd = nic.alloc_pd()?;
@@ -355,7 +352,7 @@ impl<'p, B: GrantBuf> OwnedGrant<'p, B> {
     /// use rdma_pool::nic::{Access, Nic, QpCaps};
     /// let nic = Nic::soft();
     /// let pd = nic.alloc_pd()?;
-    /// let pool = rdma_pool::alloc::Pool::new(&pd)?;
+    /// let pool = rdma_pool::Pool::new(&pd)?;
     /// let cq = nic.create_cq(8)?;
     /// let (a, b) = (pd.create_qp(&cq, &cq, QpCaps::default())?, pd.create_qp(&cq, &cq, QpCaps::default())?);
     /// a.connect(&b.endpoint()?)?;
@@ -407,72 +404,18 @@ impl<'p, B: GrantBuf> OwnedGrant<'p, B> {
     }
 }
 
-impl Pool {
-    /// Grant the peer at the other end of `qp` the right to READ exactly `buf`, a buffer (or
-    /// part of one) of this pool, with the safest kind the device offers (see the
-    /// [module contract](super)). Read-only, as `buf` is only borrowed: a grant with a write
-    /// or atomic right owns its buffer ([`Pool::grant_owned`]).
-    ///
-    /// # Errors
-    /// See [`Pool::grant_with`].
-    pub fn grant<'a>(&'a self, buf: &'a [u8], qp: &Qp) -> Result<Grant<'a>, GrantError> {
-        self.grant_read_with(buf, qp, GrantKind::Auto)
-    }
-
-    /// [`Pool::grant`] of a given kind.
-    ///
-    /// # Errors
-    /// See [`Pool::grant_with`].
-    pub fn grant_read_with<'a>(
-        &'a self,
-        buf: &'a [u8],
-        qp: &Qp,
-        kind: GrantKind,
-    ) -> Result<Grant<'a>, GrantError> {
-        // SAFETY: a read right only: the peer reads what the borrow lets the program read.
-        unsafe { self.grant_with(buf, qp, Access::REMOTE_READ, kind) }
-    }
-
-    /// A grant of any `access` on a shared borrow, of a given kind: the raw form of
-    /// [`Pool::grant`] and [`Pool::grant_owned`].
+impl<'p> GrantCtx<'p> {
+    /// A grant of `access` on `buf` ([`Pool::grant_with`](crate::Pool::grant_with)).
     ///
     /// # Safety
-    /// With a write or atomic right, the peer may write `buf` whenever the key works: the
-    /// program must not access `buf` while a peer access may be in flight — only once its
-    /// protocol says the peer's accesses completed, or after the revocation completed
-    /// ([`Grant::is_revoked`]) — except by atomic or volatile accesses. (Freeing it is fine:
-    /// the quarantine keeps it from reuse until the key is dead.) With only a read right there
-    /// is nothing to promise.
-    ///
-    /// # Errors
-    /// [`GrantError::Empty`], [`GrantError::OutsidePool`], [`GrantError::NotAllocated`],
-    /// [`GrantError::AcrossBlocks`], [`GrantError::Unregistered`] for a bad range;
-    /// [`GrantError::ForeignQp`], [`GrantError::QpNotReady`] for a bad QP;
-    /// [`GrantError::Rights`] for rights a grant cannot carry; [`GrantError::Unsupported`]
-    /// for a kind the device lacks; [`GrantError::Limit`]; the NIC's failure.
-    ///
-    /// # Examples
-    /// ```
-    /// use rdma_pool::grant::{GrantError, GrantKind};
-    /// use rdma_pool::nic::{Access, Nic, QpCaps};
-    /// let nic = Nic::soft();
-    /// let pd = nic.alloc_pd()?;
-    /// let pool = rdma_pool::alloc::Pool::new(&pd)?;
-    /// let cq = nic.create_cq(8)?;
-    /// let qp = pd.create_qp(&cq, &cq, QpCaps::default())?; // not connected
-    /// let buf = allocator_api2::vec![in &pool; 0u8; 64];
-    /// let r = pool.grant_read_with(&buf, &qp, GrantKind::Type1);
-    /// assert!(matches!(r, Err(GrantError::QpNotReady(_))));
-    /// assert!(matches!(pool.grant(&[0u8; 4], &qp), Err(GrantError::OutsidePool)));
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub unsafe fn grant_with<'a>(
-        &'a self,
-        buf: &'a [u8],
+    /// As `Pool::grant_with`.
+    pub(crate) unsafe fn grant_with(
+        self,
+        buf: &'p [u8],
         qp: &Qp,
         access: Access,
         kind: GrantKind,
-    ) -> Result<Grant<'a>, GrantError> {
+    ) -> Result<Grant<'p>, GrantError> {
         let g = self.issue(buf.as_ptr() as usize, buf.len(), qp, access, kind)?;
         Ok(Grant {
             pool: self,
@@ -482,33 +425,14 @@ impl Pool {
         })
     }
 
-    /// Grant the peer at the other end of `qp` `access` (any remote rights) to exactly `buf`,
-    /// a whole buffer of this pool that the grant then owns: the program gets it back once
-    /// the key is dead ([`OwnedGrant::revoke`]) and reads it meanwhile through
-    /// [`OwnedGrant::read_at`].
-    ///
-    /// # Errors
-    /// As [`Pool::grant_with`], with the buffer given back.
-    pub fn grant_owned<B: GrantBuf>(
-        &self,
-        buf: B,
-        qp: &Qp,
-        access: Access,
-    ) -> Result<OwnedGrant<'_, B>, (B, GrantError)> {
-        self.grant_owned_with(buf, qp, access, GrantKind::Auto)
-    }
-
-    /// [`Pool::grant_owned`] of a given kind.
-    ///
-    /// # Errors
-    /// As [`Pool::grant_with`], with the buffer given back.
-    pub fn grant_owned_with<B: GrantBuf>(
-        &self,
+    /// A grant of `access` owning `buf` ([`Pool::grant_owned_with`](crate::Pool::grant_owned_with)).
+    pub(crate) fn grant_owned_with<B: GrantBuf>(
+        self,
         buf: B,
         qp: &Qp,
         access: Access,
         kind: GrantKind,
-    ) -> Result<OwnedGrant<'_, B>, (B, GrantError)> {
+    ) -> Result<OwnedGrant<'p, B>, (B, GrantError)> {
         let bytes = buf.bytes();
         match self.issue(bytes.as_ptr() as usize, bytes.len(), qp, access, kind) {
             Ok(g) => Ok(OwnedGrant {

@@ -5,10 +5,7 @@
 //! then fails (dedicated region, ledger record, window) is returned before the error is.
 
 use super::windows::Lent;
-use super::{
-    Active, GrantError, GrantKind, GrantLimits, GrantStats, Grants, OP_BIND, Wr, lock, wr_id,
-};
-use crate::alloc::Pool;
+use super::{Active, GrantCtx, GrantError, GrantKind, Grants, OP_BIND, Wr, lock, wr_id};
 use crate::nic::quirks::{self, Quirk};
 use crate::nic::{Access, Mr, MwType, Qp, QpState, Rkey};
 use std::sync::atomic::Ordering::Relaxed;
@@ -38,7 +35,7 @@ struct Checked<'p> {
     dedicated: bool,
 }
 
-impl Pool {
+impl GrantCtx<'_> {
     /// Check `[addr, addr + len)`, `qp` and `access`, and choose the kind.
     fn check_grant<'p, 'a>(
         &'p self,
@@ -165,7 +162,7 @@ impl Pool {
         access: Access,
         kind: GrantKind,
     ) -> Result<Issued, GrantError> {
-        let g = &self.inner().grants;
+        let g = self.grants;
         let _gate = g.rails_gate.read();
         let c = self.check_grant(addr, len, qp, access, kind)?;
         let dedicated = if c.dedicated {
@@ -267,38 +264,6 @@ impl Pool {
             kind: c.kind,
             dedicated: c.dedicated,
         })
-    }
-
-    /// What the pool's grants are doing.
-    ///
-    /// # Examples
-    /// ```
-    /// # let pool = rdma_pool::alloc::Pool::new(&rdma_pool::nic::Nic::soft().alloc_pd()?)?;
-    /// assert_eq!(pool.grant_stats().open, 0);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn grant_stats(&self) -> GrantStats {
-        self.inner().grants.stats()
-    }
-
-    /// Bound the dedicated regions grants may create (see [`GrantLimits`]); grants beyond
-    /// them fail with [`GrantError::Limit`].
-    ///
-    /// # Examples
-    /// ```
-    /// use rdma_pool::grant::GrantLimits;
-    /// # let pool = rdma_pool::alloc::Pool::new(&rdma_pool::nic::Nic::soft().alloc_pd()?)?;
-    /// pool.set_grant_limits(GrantLimits { regions: 16, region_bytes: 1 << 20, ..Default::default() });
-    /// assert_eq!(pool.grant_limits().regions, 16);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn set_grant_limits(&self, limits: GrantLimits) {
-        self.inner().grants.set_limits(limits);
-    }
-
-    /// The bounds in force (see [`Pool::set_grant_limits`]).
-    pub fn grant_limits(&self) -> GrantLimits {
-        self.inner().grants.limits()
     }
 }
 

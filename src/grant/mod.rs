@@ -10,13 +10,13 @@
 //! ```
 //!
 //! Contract:
-//! - **Kinds** ([`GrantKind`]). `Type2` (what `Auto` and [`Pool::grant`](crate::alloc::Pool::grant) make): a type 2
+//! - **Kinds** ([`GrantKind`]). `Type2` (what `Auto` and [`Pool::grant`](crate::Pool::grant) make): a type 2
 //!   window bound by a BIND_MW work request on the peer's QP, so its key works through that QP
 //!   only. `Type1`: a type 1 window (`ibv_bind_mw`), usable from any QP of the PD. `Region`: a
 //!   region of its own over exactly the range (usable from any QP of the PD). The PD-wide kinds
 //!   are opt-in: another client of the PD that guesses a key (a driver-chosen index, often
 //!   sequential, and an 8-bit variant) uses it through its own connection. Isolation with them
-//!   takes a PD per peer with the arena attached to it ([`Pool::attach`](crate::alloc::Pool::attach)). `Auto` refuses
+//!   takes a PD per peer with the arena attached to it ([`Pool::attach`](crate::alloc::Core::attach)). `Auto` refuses
 //!   ([`GrantError::Unsupported`]) where the device has no type 2 windows or the range is longer
 //!   than a window may be (2 GiB on mlx5). A window grants no more than the region under it
 //!   (C10-74): the pool's regions carry `LOCAL_WRITE | MW_BIND` and no remote right.
@@ -30,7 +30,7 @@
 //!   raw posts refuse. [`Cq::poll`](crate::nic::Cq::poll) hands them to their pool and never
 //!   to the application, so no completion of a grant can be forged in safe code; only a CQ the
 //!   application polls with `ibv_poll_cq` itself needs the `unsafe`
-//!   [`Pool::on_completion`](crate::alloc::Pool::on_completion). [`Grant::revoke`] polls the
+//!   [`Pool::on_completion`](crate::Pool::on_completion). [`Grant::revoke`] polls the
 //!   CQ and hands the application's completions to the caller's closure. A grant uses one
 //!   send-queue slot for its bind and one for its invalidation while they are in flight: size
 //!   `max_send_wr` for them.
@@ -63,7 +63,7 @@
 //!   or a `GlobalAlloc` free meets the quarantine. `Drop` of a grant never blocks.
 //! - **Borrow rules** (`handle.rs`): a grant on a borrow is read-only; write and atomic
 //!   rights need a grant that owns its buffer ([`OwnedGrant`]), read meanwhile only by atomic
-//!   copy; [`Pool::grant_with`](crate::alloc::Pool::grant_with), any rights on a borrow, is
+//!   copy; [`Pool::grant_with`](crate::Pool::grant_with), any rights on a borrow, is
 //!   `unsafe`. No safe path leads to the CPU and the NIC racing on one byte.
 //!
 //! Invariant (checked by `Pool::validate`): `|active| == open ledger records + finished
@@ -85,6 +85,7 @@ pub use error::GrantError;
 pub use handle::{Grant, GrantBuf, OwnedGrant, WAIT};
 pub use wire::GrantWire;
 
+use crate::alloc::{Core, Quarantine};
 use crate::nic::{Mr, Qp, Rkey};
 use crate::sys::atfork::{ForkGuard, ForkLock, ForkRwLock};
 use ledger::Ledger;
@@ -104,7 +105,7 @@ pub enum GrantKind {
     Type2,
     /// A type 1 window, usable from *any QP of the PD*: another client of the PD that guesses
     /// the key (a driver-chosen index and the previous variant plus one) uses it through its
-    /// own connection. Isolate with a PD per peer ([`Pool::attach`](crate::alloc::Pool::attach)).
+    /// own connection. Isolate with a PD per peer ([`Pool::attach`](crate::alloc::Core::attach)).
     Type1,
     /// A region of its own over exactly the range (up to `max_mr_size`), usable from *any QP
     /// of the PD*, with the guessing threat of `Type1`; revoked, it is retired (see the module
@@ -248,7 +249,23 @@ struct Counters {
     limit_horizon: AtomicU64,
 }
 
-/// The pool's grant state (a field of the pool's shared state).
+/// One pool's grant feature at work: its allocator core and its grants' state (what the
+/// feature's code reaches, from a [`Pool`](crate::Pool) or from the completion router).
+#[derive(Clone, Copy)]
+pub(crate) struct GrantCtx<'p> {
+    pub(crate) core: &'p Core,
+    pub(crate) grants: &'p Grants,
+}
+
+impl std::ops::Deref for GrantCtx<'_> {
+    type Target = Core;
+
+    fn deref(&self) -> &Core {
+        self.core
+    }
+}
+
+/// A pool's grant state (kept by the [`Pool`](crate::Pool) facade beside its core).
 pub(crate) struct Grants {
     /// Held (shared) while a grant is issued, so that a rail it uses is not detached under
     /// it; exclusively by `Pool::detach`.
@@ -408,6 +425,31 @@ impl Grants {
     /// The free path's cold branch (see `ledger.rs`).
     pub(crate) fn park(&self, block: usize) -> bool {
         self.ledger.park(block)
+    }
+
+    /// The quarantine hook of these grants, for [`Core::set_quarantine`]: the free path parks
+    /// a block a grant is open on (`ledger.rs`).
+    pub(crate) fn quarantine(&self) -> Quarantine {
+        /// # Safety
+        /// `ctx` is the `Grants` that made the hook, alive.
+        unsafe fn park(ctx: *const (), block: usize) -> bool {
+            // SAFETY: the caller's contract.
+            unsafe { &*(ctx as *const Grants) }.park(block)
+        }
+        Quarantine {
+            ctx: self as *const Grants as *const (),
+            park,
+        }
+    }
+
+    /// The grants of `core`, from its quarantine hook (`None`: it has none).
+    ///
+    /// # Safety
+    /// The only quarantine installed in `core` is a [`Grants::quarantine`] whose grants are
+    /// alive while the result is used (they are, under the registry lock).
+    pub(crate) unsafe fn of(core: &Core) -> Option<&Grants> {
+        // SAFETY: the caller's contract: the context is a live `Grants`.
+        unsafe { (core.quarantine_ctx() as *const Grants).as_ref() }
     }
 
     pub(crate) fn stats(&self) -> GrantStats {

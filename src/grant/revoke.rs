@@ -7,8 +7,10 @@
 //! other case (QP cannot post, invalidation failed, peer invalidated, bind failed) it is
 //! deallocated, which kills any key it had. Nothing here blocks but [`Grants::wait`]'s caller.
 
-use super::{Active, GrantError, GrantKind, Grants, OP_BIND, OP_INV, Wr, lock, parse, wr_id};
-use crate::alloc::Pool;
+use super::{
+    Active, GrantCtx, GrantError, GrantKind, Grants, OP_BIND, OP_INV, Wr, lock, parse, wr_id,
+};
+use crate::alloc::Core;
 use crate::nic::{Access, Completion, QpState, WcStatus};
 use slab::Slab;
 use std::sync::atomic::Ordering::Relaxed;
@@ -23,42 +25,25 @@ type Freed = Option<(usize, usize)>;
 pub(crate) fn route(wc: &Completion, nic: &crate::nic::Nic) {
     crate::alloc::any_live_pool(|inner| {
         // SAFETY: the registry lock keeps the pool alive while the alias is used.
-        let pool = unsafe { Pool::alias_of(inner) };
-        pool.take_completion(wc, Some(nic)) && super::is_pool_wr_id(wc.wr_id)
+        let core = unsafe { Core::alias_of(inner) };
+        // SAFETY: the one quarantine a pool installs is its grants' (`Grants::quarantine`),
+        // taken out under the registry lock before they go.
+        let Some(grants) = (unsafe { Grants::of(&core) }) else {
+            return false;
+        };
+        let cx = GrantCtx {
+            core: &core,
+            grants,
+        };
+        cx.take_completion(wc, Some(nic)) && super::is_pool_wr_id(wc.wr_id)
     });
 }
 
-impl Pool {
-    /// Hand the pool a completion the application polled itself from a CQ its grants post
-    /// on, with `ibv_poll_cq` on the raw handle (completions read through
-    /// [`Cq::poll`](crate::nic::Cq::poll) reach the pool on their own and never come out of
-    /// it): returns `true` when it was the completion of a bind or invalidation the pool
-    /// posted (consumed), `false` when it belongs to the application. A receive completion
-    /// reporting a peer's SEND_WITH_INV is not taken for a grant's (it names a QP number, and
-    /// QP numbers are per device: the pool cannot tell which device's); the revocation
-    /// invalidates the window itself.
-    ///
-    /// # Safety
-    /// `wc` is a completion the device reported, as `ibv_poll_cq` returned it, handed over
-    /// once: a made-up or repeated completion could make the pool recycle a window, or free a
-    /// quarantined block, whose key still works.
-    ///
-    /// # Examples
-    /// ```
-    /// use rdma_pool::nic::Completion;
-    /// # let pool = rdma_pool::alloc::Pool::new(&rdma_pool::nic::Nic::soft().alloc_pd()?)?;
-    /// // SAFETY: not one of the pool's (no tagged wr_id): nothing is done with it.
-    /// assert!(!unsafe { pool.on_completion(&Completion { wr_id: 7, ..Default::default() }) });
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub unsafe fn on_completion(&self, wc: &Completion) -> bool {
-        self.take_completion(wc, None)
-    }
-
+impl GrantCtx<'_> {
     /// [`Pool::on_completion`] of a completion the crate polled from a CQ of `nic` (`None`:
     /// the device is unknown, and a peer's invalidation is not noted).
     pub(crate) fn take_completion(&self, wc: &Completion, nic: Option<&crate::nic::Nic>) -> bool {
-        let g = &self.inner().grants;
+        let g = self.grants;
         let Some((op, tag, key, seq)) = parse(wc.wr_id) else {
             if let (Some(rkey), Some(nic)) = (wc.invalidated_rkey, nic) {
                 g.peer_invalidated(nic, wc.qp_num, rkey);
@@ -68,24 +53,24 @@ impl Pool {
         if tag != g.tag {
             return false;
         }
-        let freed = g.completed(self, op, key, seq, wc.status);
-        self.unpark(freed);
+        let freed = g.completed(self.core, op, key, seq, wc.status);
+        unpark(self.core, freed);
         true
     }
+}
 
-    /// Free a block that left quarantine.
-    pub(super) fn unpark(&self, freed: Freed) {
-        if let Some((block, _)) = freed {
-            // SAFETY: the block was freed by its owner and parked; its last grant's key is
-            // dead now, and the ledger hands it out once.
-            unsafe { self.free_plain(block as *mut u8) };
-        }
+/// Free a block of `core` that left quarantine.
+pub(super) fn unpark(core: &Core, freed: Freed) {
+    if let Some((block, _)) = freed {
+        // SAFETY: the block was freed by its owner and parked; its last grant's key is dead
+        // now, and the ledger hands it out once.
+        unsafe { core.free_plain(block as *mut u8) };
     }
 }
 
 impl Grants {
     /// A completion of the pool's work request `op` for entry `key`.
-    fn completed(&self, pool: &Pool, op: u64, key: usize, seq: u16, status: WcStatus) -> Freed {
+    fn completed(&self, pool: &Core, op: u64, key: usize, seq: u16, status: WcStatus) -> Freed {
         // Every completion of the pool's frees its slot, whether its grant is still there.
         let _ = self
             .counters
@@ -115,7 +100,7 @@ impl Grants {
 
     /// Finish entry `key` if its revocation can complete now; drop the entry once finished
     /// and orphaned.
-    fn advance(&self, pool: &Pool, active: &mut Slab<Active>, key: usize) -> Freed {
+    fn advance(&self, pool: &Core, active: &mut Slab<Active>, key: usize) -> Freed {
         let a = active.get_mut(key)?;
         let mut freed = None;
         if a.revoking && !a.done && a.bind != Wr::InFlight && a.inv != Wr::InFlight {
@@ -128,7 +113,7 @@ impl Grants {
     }
 
     /// Release what the grant holds (see the module contract) and close its record.
-    fn finish(&self, pool: &Pool, a: &mut Active) -> Freed {
+    fn finish(&self, pool: &Core, a: &mut Active) -> Freed {
         let (now, horizon) = self.clock();
         if let Some(l) = a.window.take() {
             // A window the peer invalidated (the device said so) is as free as one the pool
@@ -175,7 +160,7 @@ impl Grants {
 
     /// Start revoking `a` (entry `key`): post its invalidation, or deallocate its window when
     /// that cannot be posted, or deregister its region.
-    fn start(&self, pool: &Pool, key: usize, a: &mut Active) {
+    fn start(&self, pool: &Core, key: usize, a: &mut Active) {
         a.revoking = true;
         let needs_inv = a.window.is_some()
             && !a.peer_invalidated
@@ -234,7 +219,7 @@ impl Grants {
     ///
     /// # Errors
     /// [`GrantError::Revoked`] when revocation was already asked for.
-    pub(super) fn revoke(&self, pool: &Pool, key: usize, seq: u16) -> Result<(), GrantError> {
+    pub(super) fn revoke(&self, pool: &Core, key: usize, seq: u16) -> Result<(), GrantError> {
         let mut active = lock(&self.active);
         let Some(a) = active.get_mut(key).filter(|a| a.seq == seq) else {
             return Err(GrantError::Revoked);
@@ -245,13 +230,13 @@ impl Grants {
         self.start(pool, key, a);
         let freed = self.advance(pool, &mut active, key);
         drop(active);
-        pool.unpark(freed);
+        unpark(pool, freed);
         Ok(())
     }
 
     /// The handle of entry `key` is dropped: revoke it if needed, and let the entry go once
     /// finished. Never blocks.
-    pub(super) fn release(&self, pool: &Pool, key: usize, seq: u16) {
+    pub(super) fn release(&self, pool: &Core, key: usize, seq: u16) {
         let mut active = lock(&self.active);
         let Some(a) = active.get_mut(key).filter(|a| a.seq == seq) else {
             return;
@@ -262,12 +247,12 @@ impl Grants {
         }
         let freed = self.advance(pool, &mut active, key);
         drop(active);
-        pool.unpark(freed);
+        unpark(pool, freed);
     }
 
     /// Try again to finish entry `key` (a revocation whose region refused deregistration has
     /// no work request whose completion would retry it): whether it is finished now.
-    pub(super) fn retry(&self, pool: &Pool, key: usize, seq: u16) -> bool {
+    pub(super) fn retry(&self, pool: &Core, key: usize, seq: u16) -> bool {
         let mut active = lock(&self.active);
         let Some(a) = active.get(key).filter(|a| a.seq == seq) else {
             return true;
@@ -278,7 +263,7 @@ impl Grants {
         let freed = self.advance(pool, &mut active, key);
         let done = active.get(key).is_none_or(|a| a.seq != seq || a.done);
         drop(active);
-        pool.unpark(freed);
+        unpark(pool, freed);
         done
     }
 
@@ -312,14 +297,14 @@ impl Grants {
 
     /// The pool is dropped: deallocate every window still bound, deregister every dedicated
     /// region, and free every parked block (no handle is alive: they borrow the pool).
-    pub(crate) fn shutdown(&self, pool: &Pool) {
+    pub(crate) fn shutdown(&self, pool: &Core) {
         let mut active = lock(&self.active);
         for (_, a) in active.iter_mut().filter(|(_, a)| !a.done) {
             a.revoking = true;
             a.inv = Wr::Done(WcStatus::WrFlushErr);
             a.bind = Wr::Done(WcStatus::WrFlushErr);
             let freed = self.finish(pool, a);
-            pool.unpark(freed);
+            unpark(pool, freed);
         }
         active.clear();
     }

@@ -21,7 +21,7 @@ impl Grant<'_> {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use allocator_api2::vec;
-    /// use rdma_pool::alloc::Pool;
+    /// use rdma_pool::Pool;
     /// use rdma_pool::nic::{AsyncCq, Nic, QpCaps};
     /// let nic = Nic::soft();
     /// let pd = nic.alloc_pd()?;

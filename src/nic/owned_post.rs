@@ -33,7 +33,7 @@ impl Qp {
     /// # let cq = nic.create_cq(8)?;
     /// # let (a, b) = (pd.create_qp(&cq, &cq, QpCaps::default())?, pd.create_qp(&cq, &cq, QpCaps::default())?);
     /// # a.connect(&b.endpoint()?)?; b.connect(&a.endpoint()?)?;
-    /// let pool: &'static _ = Box::leak(Box::new(rdma_pool::alloc::Pool::new(&pd)?));
+    /// let pool: &'static _ = Box::leak(Box::new(rdma_pool::Pool::new(&pd)?));
     /// let rx = b.post_recv_owned(1, allocator_api2::vec![in pool; 0u8; 64])?;
     /// let tx = a.post_send_owned(2, allocator_api2::vec![in pool; 7u8; 16])?;
     /// let sent = tx.wait(Duration::from_secs(5))?;

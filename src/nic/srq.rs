@@ -1,5 +1,5 @@
 //! Shared receive queues: one pool of receives for many QPs, and [`RecvRing`], a ring of owned
-//! receive buffers that refills itself from an allocator (a [`Pool`](crate::alloc::Pool), or
+//! receive buffers that refills itself from an allocator (a [`Pool`](crate::Pool), or
 //! the global one under [`GlobalPool`](crate::GlobalPool)).
 //!
 //! Contract:
@@ -250,7 +250,7 @@ impl Srq {
 /// # let (server, client) = (Nic::soft(), Nic::soft());
 /// # let (spd, cpd) = (server.alloc_pd()?, client.alloc_pd()?);
 /// # let (scq, ccq) = (server.create_cq(64)?, client.create_cq(64)?);
-/// let pool: &'static _ = Box::leak(Box::new(rdma_pool::alloc::Pool::new(&spd)?));
+/// let pool: &'static _ = Box::leak(Box::new(rdma_pool::Pool::new(&spd)?));
 /// let srq = spd.create_srq(&scq, 8, 1)?;
 /// let mut ring = RecvRing::new(&srq, 4, || allocator_api2::vec![in pool; 0u8; 256])?;
 /// # let s = spd.create_qp_on_srq(&scq, &srq, QpCaps::default())?;

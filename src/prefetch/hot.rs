@@ -1,11 +1,11 @@
-//! Prefetch of hot ranges, and the refill, for applications: [`Pool::prefetch`],
-//! [`Pool::prefetch_all`], [`Pool::start_refill`].
+//! Prefetch of hot ranges, and the refill, for applications: [`Core::prefetch`],
+//! [`Core::prefetch_all`], [`Core::start_refill`].
 
-use super::{PrefetchError, PrefetchStats};
-use crate::alloc::Pool;
+use super::PrefetchError;
+use crate::alloc::Core;
 use crate::nic::{Advice, AdviseFlags};
 
-impl Pool {
+impl Core {
     /// Make the NIC's translations of `buf` (pool memory) present now, waiting until they are
     /// (`FLUSH`): `Prefetch`/`PrefetchWrite` fault the pages in (after a purge dropped them,
     /// say), `PrefetchNoFault` maps only the pages the CPU already has (e.g. after a
@@ -18,7 +18,7 @@ impl Pool {
     ///
     /// # Examples
     /// ```
-    /// use rdma_pool::alloc::Pool;
+    /// use rdma_pool::Pool;
     /// use rdma_pool::arena::{ArenaConfig, Registration};
     /// use rdma_pool::nic::{Advice, Nic};
     /// let pd = Nic::soft().alloc_pd()?;
@@ -33,11 +33,11 @@ impl Pool {
         self.prefetch_all(&[buf], advice, AdviseFlags::FLUSH)
     }
 
-    /// [`Pool::prefetch`] of several buffers with `flags` (without `FLUSH` the device may
+    /// [`Core::prefetch`] of several buffers with `flags` (without `FLUSH` the device may
     /// postpone the work and drops its errors): one `advise_mr` call per 4095 entries.
     ///
     /// # Errors
-    /// As [`Pool::prefetch`]; nothing is advised when a buffer is refused.
+    /// As [`Core::prefetch`]; nothing is advised when a buffer is refused.
     pub fn prefetch_all(
         &self,
         bufs: &[&[u8]],
@@ -70,15 +70,10 @@ impl Pool {
         Ok(bytes)
     }
 
-    /// What prefetching did (see [`PrefetchStats`]).
-    pub fn prefetch_stats(&self) -> PrefetchStats {
-        self.arena().prefetch_stats()
-    }
-
     /// Keep `slabs` (at most [`RESERVE_MAX`](super::RESERVE_MAX)) one-slab runs
     /// committed, registered and prefetched ahead of demand, by a background thread; `0`
     /// stops it. Call it from ordinary code (not from inside an allocator); the thread stops
-    /// with [`Pool::stop_refill`] or when the pool is dropped. Under
+    /// with [`Core::stop_refill`] or when the pool is dropped. Under
     /// [`NumaPolicy::Local`](crate::arena::NumaPolicy::Local) placement the reserve is not used
     /// (runs come from the calling thread's node), and the call starts nothing.
     ///
@@ -87,11 +82,11 @@ impl Pool {
     ///
     /// # Examples
     /// ```
-    /// # let pool = rdma_pool::alloc::Pool::new(&rdma_pool::nic::Nic::soft().alloc_pd()?)?;
+    /// # let pool = rdma_pool::Pool::new(&rdma_pool::nic::Nic::soft().alloc_pd()?)?;
     /// pool.start_refill(2)?;
-    /// assert_eq!(pool.prefetch_stats().reserve_target, 2);
+    /// assert_eq!(pool.stats().prefetch.reserve_target, 2);
     /// pool.stop_refill();
-    /// assert_eq!(pool.prefetch_stats().reserve_target, 0);
+    /// assert_eq!(pool.stats().prefetch.reserve_target, 0);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn start_refill(&self, slabs: usize) -> std::io::Result<()> {

@@ -1,5 +1,5 @@
-//! Prefetch for applications: [`Pool::prefetch`](crate::alloc::Pool::prefetch) of hot ranges,
-//! [`Pool::start_refill`](crate::alloc::Pool::start_refill) of the refill reserve (`hot.rs`).
+//! Prefetch for applications: [`Pool::prefetch`](crate::alloc::Core::prefetch) of hot ranges,
+//! [`Pool::start_refill`](crate::alloc::Core::start_refill) of the refill reserve (`hot.rs`).
 //!
 //! The machinery is the arena's (`arena/prefetch/`): the arena prefetches every run it commits
 //! in ODP mode, with the retry and error rules written there, and keeps the reserve a refill

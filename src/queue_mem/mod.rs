@@ -30,7 +30,7 @@ mod error;
 
 pub use error::QueueMemError;
 
-use crate::alloc::Pool;
+use crate::alloc::Core;
 use crate::arena::{PageKind, SLAB};
 use crate::sys::atfork::{ForkGuard, ForkLock};
 use area::Area;
@@ -46,7 +46,7 @@ pub const UNIT: usize = 64;
 /// Dropping it returns the memory to its UMEM (destroy the DEVX object using it first).
 #[must_use = "dropping queue memory returns it"]
 pub struct QueueBuf<'p> {
-    pool: &'p Pool,
+    queue: &'p QueueMem,
     area: u32,
     umem_id: u32,
     offset: usize,
@@ -100,10 +100,7 @@ impl QueueBuf<'_> {
 
 impl Drop for QueueBuf<'_> {
     fn drop(&mut self) {
-        self.pool
-            .inner()
-            .queue
-            .free(self.area, self.offset, self.len);
+        self.queue.free(self.area, self.offset, self.len);
     }
 }
 
@@ -193,38 +190,15 @@ impl QueueMem {
     }
 }
 
-impl Pool {
-    /// `len` bytes of DEVX queue memory aligned to `align` (a power of two; 64 for a doorbell
-    /// record, the page size or more for a queue buffer), carved from a UMEM of the pool's NIC
-    /// (see the [module contract](self)).
+impl QueueMem {
+    /// `len` bytes aligned to `align` for [`Pool::queue_memory_with`](crate::Pool::queue_memory_with),
+    /// carved from a UMEM of `core`'s NIC over `core`'s arena.
     ///
     /// # Errors
-    /// [`QueueMemError::Unsupported`] without DEVX; [`QueueMemError::InvalidArgument`] for a
-    /// zero length or a bad alignment; [`QueueMemError::PageSize`] when the device takes none
-    /// of the page sizes; the arena's or the NIC's failure.
-    ///
-    /// # Examples
-    /// ```
-    /// use rdma_pool::alloc::Pool;
-    /// let pool = Pool::new(&rdma_pool::nic::Nic::soft().alloc_pd()?)?;
-    /// let db = pool.queue_memory(64, 64)?;
-    /// let sq = pool.queue_memory(16 << 10, 4096)?;
-    /// assert_eq!(db.umem_id(), sq.umem_id()); // one UMEM for both
-    /// assert!(sq.offset() % 4096 == 0 && db.offset() % 64 == 0);
-    /// assert!(pool.keys_of(sq.as_ptr()).is_none()); // no region covers queue memory
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn queue_memory(&self, len: usize, align: usize) -> Result<QueueBuf<'_>, QueueMemError> {
-        self.queue_memory_with(len, align, None)
-    }
-
-    /// [`Pool::queue_memory`] registering any new UMEM with exactly the page-size bitmap
-    /// `pgsz_bitmap` (bit `n` = pages of `2ⁿ` bytes) instead of the one its slabs allow.
-    ///
-    /// # Errors
-    /// As [`Pool::queue_memory`].
-    pub fn queue_memory_with(
+    /// As `Pool::queue_memory_with`.
+    pub(crate) fn carve_from(
         &self,
+        core: &Core,
         len: usize,
         align: usize,
         pgsz_bitmap: Option<u64>,
@@ -237,13 +211,12 @@ impl Pool {
                 "alignment must be a power of two up to 2 MiB",
             ));
         }
-        if !self.nic().caps().devx {
+        if !core.nic().caps().devx {
             return Err(QueueMemError::Unsupported);
         }
         let len = len.next_multiple_of(UNIT);
         let align = align.max(UNIT);
-        let q = &self.inner().queue;
-        let mut st = q.lock();
+        let mut st = self.lock();
         for (i, a) in st.areas.iter_mut().enumerate() {
             if let Some(off) = a.as_mut().and_then(|a| a.take(len, align)) {
                 let a = a.as_ref().expect("just carved");
@@ -252,16 +225,16 @@ impl Pool {
         }
         // A new UMEM: on spare slabs if they fit, else on fresh ones.
         let want = len
-            .max(UMEM_BYTES.min(self.arena().chunk_size()))
+            .max(UMEM_BYTES.min(core.arena().chunk_size()))
             .next_multiple_of(SLAB);
         let run = match st.spare.iter().position(|r| r.1 >= want) {
             Some(i) => st.spare.swap_remove(i),
             None => {
-                let (run, kind) = self.arena().alloc_unregistered(want)?;
+                let (run, kind) = core.arena().alloc_unregistered(want)?;
                 (run.as_ptr() as usize, run.len(), kind)
             }
         };
-        let mut a = match Area::register(self.nic(), run, pgsz_bitmap) {
+        let mut a = match Area::register(core.nic(), run, pgsz_bitmap) {
             Ok(a) => a,
             Err(e) => {
                 st.spare.push(run);
@@ -288,7 +261,7 @@ impl Pool {
         let ptr = a.addr() + off;
         debug_assert!(a.addr() % a.page_size() == 0 && off + len <= a.len());
         QueueBuf {
-            pool: self,
+            queue: self,
             area: i as u32,
             umem_id: a.umem_id(),
             offset: off,
@@ -296,10 +269,5 @@ impl Pool {
             ptr: NonNull::new(ptr as *mut u8).expect("arena memory is never null"),
             page_size: a.page_size(),
         }
-    }
-
-    /// What the pool's queue memory holds.
-    pub fn queue_stats(&self) -> QueueStats {
-        self.inner().queue.stats()
     }
 }

@@ -466,12 +466,19 @@ impl<T> MmapBox<T> {
     ///
     /// # Safety
     /// `ptr` is the value of a live `MmapBox<T>`, and the alias is not used after that box is
-    /// dropped.
+    /// dropped, nor mutated through ([`MmapBox::get_mut`]).
     pub(crate) unsafe fn alias(ptr: *const T) -> std::mem::ManuallyDrop<MmapBox<T>> {
         std::mem::ManuallyDrop::new(MmapBox {
             // SAFETY: the value of a live box is not null (the caller's contract).
             ptr: unsafe { NonNull::new_unchecked(ptr as *mut T) },
         })
+    }
+
+    /// The value, mutably (the owner's box: an alias is never mutated through, see
+    /// [`MmapBox::alias`]).
+    pub(crate) fn get_mut(&mut self) -> &mut T {
+        // SAFETY: initialised in `new`; `&mut self` is the only handle in use.
+        unsafe { self.ptr.as_mut() }
     }
 
     /// Leave the value mapped for the rest of the process (memory still in use elsewhere).

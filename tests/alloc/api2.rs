@@ -81,7 +81,7 @@ fn resizing_to_another_alignment_keeps_classes_and_alignment() {
     // SAFETY: `r` has `small`.
     unsafe { pool.free_sized(r, small) };
     assert_eq!(pool.live_blocks(), 0);
-    for c in &pool.stats().classes {
+    for c in &pool.stats().alloc.classes {
         assert_eq!(c.allocated, 0, "{c:?}");
     }
     // Growing to a larger alignment: every result is aligned for it, whatever the first

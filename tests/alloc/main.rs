@@ -15,7 +15,7 @@ mod teardown;
 mod threads;
 
 use common::*;
-use rdma_pool::alloc::Pool;
+use rdma_pool::Pool;
 use rdma_pool::arena::{ArenaConfig, Hugepages};
 use rdma_pool::nic::*;
 

@@ -55,7 +55,7 @@ fn medium_sizes_come_from_per_thread_class_pages() {
     }
     let s = pool.stats();
     assert_eq!(
-        s.large_allocated_bytes, 0,
+        s.alloc.large_allocated_bytes, 0,
         "no slab run for a block up to 1 MiB"
     );
     assert_eq!(pool.live_blocks(), 0);
@@ -75,7 +75,7 @@ fn medium_blocks_freed_by_other_threads_are_reused_by_their_owner() {
             p as usize
         })
         .collect();
-    let committed = pool.stats().arena.committed_bytes;
+    let committed = pool.stats().alloc.arena.committed_bytes;
     std::thread::scope(|s| {
         // Joined explicitly: that waits for the thread's exit (its heap given back), where
         // the end of the scope only waits for its closure.
@@ -98,7 +98,7 @@ fn medium_blocks_freed_by_other_threads_are_reused_by_their_owner() {
             .iter()
             .all(|p| blocks.iter().any(|&b| slab(b) == slab(*p as usize)))
     );
-    assert_eq!(pool.stats().arena.committed_bytes, committed);
+    assert_eq!(pool.stats().alloc.arena.committed_bytes, committed);
     for p in again {
         // SAFETY: as above.
         unsafe { pool.free_sized(p, layout) };
@@ -148,7 +148,7 @@ fn over_aligned_small_blocks_cost_about_their_alignment() {
             p
         })
         .collect();
-    let committed = pool.stats().arena.committed_bytes;
+    let committed = pool.stats().alloc.arena.committed_bytes;
     assert!(
         committed <= 1000 * (128 << 10) + (4 << 20),
         "{} MiB for 1000 blocks at 128 KiB alignment",
@@ -196,7 +196,7 @@ fn each_size_goes_to_its_kind_of_block() {
     // Memory-checker mode keeps a guard page after a large run, outside its usable bytes.
     let guard = rdma_pool::alloc::LARGE_GUARD;
     assert_eq!(pool.usable_size(big), Some((2 << 20) - guard));
-    assert_eq!(pool.stats().large_allocated_bytes, 2 << 20);
+    assert_eq!(pool.stats().alloc.large_allocated_bytes, 2 << 20);
     assert!(format!("{pool:?}").starts_with("Pool"));
     assert_eq!(pool.live_blocks(), 4);
     for p in [small, medium, aligned, big] {

@@ -77,14 +77,14 @@ fn idle_slabs_of_every_kind_are_purged_on_request() {
     let l_blocks = blocks_from_a_thread(&pool, large, 1);
     let keep = s_blocks[0] as *mut u8; // stays live: its slab is not idle
     let s_blocks = &s_blocks[1..];
-    let before = pool.stats().arena;
+    let before = pool.stats().alloc.arena;
     free_all(&pool, s_blocks, small);
     free_all(&pool, &m_blocks, medium);
     free_all(&pool, &l_blocks, large);
     // Nothing is purged without a delay until asked.
-    assert_eq!(pool.stats().arena.purged_bytes, 0);
+    assert_eq!(pool.stats().alloc.arena.purged_bytes, 0);
     let purged = pool.purge();
-    let after = pool.stats().arena;
+    let after = pool.stats().alloc.arena;
     assert_eq!(purged, 2 * SLAB, "the large run and the 2 MiB page");
     // The last small block goes: now its slab is idle too.
     // SAFETY: a block of the pool, freed once.
@@ -112,7 +112,7 @@ fn idle_slabs_of_every_kind_are_purged_on_request() {
         let k = pool.keys_of(p as *const u8).expect("registered again");
         assert!(k.contains(p, 16 << 10));
     }
-    assert!(pool.stats().arena.revived_bytes > 0);
+    assert!(pool.stats().alloc.arena.revived_bytes > 0);
     // A peer writes into the revived large block (remote opt-in), a page in.
     let k = pool.keys_of(big).unwrap();
     let (_mem, src) = bed.b.reg_buf(4096, 0x6D, RW);
@@ -153,14 +153,18 @@ fn idle_slabs_are_purged_after_the_delay() {
     let a = pool.alloc(large);
     // SAFETY: a block of the pool, freed once.
     unsafe { pool.free_sized(a, large) };
-    assert_eq!(pool.stats().arena.purged_bytes, 0, "not before the delay");
+    assert_eq!(
+        pool.stats().alloc.arena.purged_bytes,
+        0,
+        "not before the delay"
+    );
     std::thread::sleep(Duration::from_millis(60));
     // Any slow path after the delay purges: here another large free.
     let other = Layout::from_size_align(5 << 20, 4096).unwrap();
     let b = pool.alloc(other);
     // SAFETY: as above.
     unsafe { pool.free_sized(b, other) };
-    let s = pool.stats().arena;
+    let s = pool.stats().alloc.arena;
     assert!(s.purged_bytes >= SLAB as u64, "{s:?}");
     assert_eq!(stale(&bed), 0);
     assert!(pool.validate());
@@ -206,7 +210,7 @@ fn purging_under_churn_loses_no_live_byte() {
             pool.purge();
         }
     }
-    assert!(pool.stats().arena.purges > 0);
+    assert!(pool.stats().alloc.arena.purges > 0);
     for (p, l, fill) in live {
         // SAFETY: as above.
         let got = unsafe { std::slice::from_raw_parts(p as *const u8, l.size()) };

@@ -60,7 +60,7 @@ fn memory_freed_on_one_thread_comes_back_shape_after_shape() {
     ] {
         build_and_drop(&pool, size, TOTAL);
         pool.purge();
-        let committed = pool.stats().arena.committed_bytes;
+        let committed = pool.stats().alloc.arena.committed_bytes;
         after.push((size, committed >> 20));
         // What stays: at most a current page per class (up to 8 MiB for the largest classes)
         // and the slabs those pages share.
@@ -82,7 +82,7 @@ fn a_due_purge_runs_on_fast_path_churn_alone() {
     let pool = reclaim_pool(&pd, Some(delay));
     let start = std::time::Instant::now();
     build_and_drop(&pool, 4000, 64 << 20);
-    let before = pool.stats().arena;
+    let before = pool.stats().alloc.arena;
     let built_in = start.elapsed();
     std::thread::sleep(delay + Duration::from_millis(100));
     // Only the thread cache's fast path from here: one block allocated and freed again.
@@ -93,7 +93,7 @@ fn a_due_purge_runs_on_fast_path_churn_alone() {
         // SAFETY: the block just allocated with `layout`.
         unsafe { pool.free_sized(p, layout) };
     }
-    let after = pool.stats().arena;
+    let after = pool.stats().alloc.arena;
     assert!(
         after.committed_bytes <= 8 << 20 && after.purged_bytes >= 48 << 20,
         "no purge on churn: committed {} -> {}, purged {}",
@@ -132,7 +132,7 @@ fn thousands_of_threads_get_heaps_and_reuse_them() {
         }
     });
     let stats = pool.stats();
-    assert_eq!(stats.failed_allocations, 0, "{stats:?}");
+    assert_eq!(stats.alloc.failed_allocations, 0, "{stats:?}");
     // Waves of short-lived threads reuse the heaps given back: no growth per wave.
     for _ in 0..5 {
         std::thread::scope(|s| {
@@ -147,7 +147,7 @@ fn thousands_of_threads_get_heaps_and_reuse_them() {
         });
     }
     assert_eq!(
-        pool.stats().heaps_created,
+        pool.stats().alloc.heaps_created,
         n as u64,
         "heaps were not reused"
     );
@@ -185,7 +185,11 @@ fn a_thread_keeps_its_heaps_in_eight_pools() {
         }
     }
     for pool in &pools {
-        assert_eq!(pool.stats().heap_claims, 1, "the thread's heap was evicted");
+        assert_eq!(
+            pool.stats().alloc.heap_claims,
+            1,
+            "the thread's heap was evicted"
+        );
     }
 }
 
@@ -287,7 +291,7 @@ fn purging_a_huge_untouched_run_makes_nothing_resident() {
             grown >> 20
         );
     }
-    assert_eq!(pool.stats().failed_allocations, 0);
+    assert_eq!(pool.stats().alloc.failed_allocations, 0);
 }
 
 #[test]
@@ -329,7 +333,7 @@ fn a_pinned_run_larger_than_memory_is_refused_not_populated() {
         rss() < before + (256 << 20),
         "it was populated before the refusal"
     );
-    assert_eq!(pool.stats().failed_allocations, 1);
+    assert_eq!(pool.stats().alloc.failed_allocations, 1);
     // The arena says why.
     match pool.arena().alloc_run(too_big, rdma_pool::arena::SLAB) {
         Err(rdma_pool::arena::Error::NoMemory { len, available }) => {
@@ -362,12 +366,16 @@ fn address_space_freed_by_one_shape_serves_the_next() {
     // Shape 1: 1 KiB blocks (64 KiB pages), 48 MiB of them, freed and purged.
     build_and_drop(&pool, 1024, 48 << 20);
     pool.purge();
-    let chunks = pool.stats().arena.chunks;
-    assert!(pool.stats().spare_bytes >= 40 << 20, "{:?}", pool.stats());
+    let chunks = pool.stats().alloc.arena.chunks;
+    assert!(
+        pool.stats().alloc.spare_bytes >= 40 << 20,
+        "{:?}",
+        pool.stats()
+    );
     // Shape 2: 200 KiB blocks (2 MiB pages) in the same address space.
     build_and_drop(&pool, 200 << 10, 40 << 20);
     assert_eq!(
-        pool.stats().arena.chunks,
+        pool.stats().alloc.arena.chunks,
         chunks,
         "fresh address space for a new shape"
     );
@@ -376,7 +384,7 @@ fn address_space_freed_by_one_shape_serves_the_next() {
     let l3 = Layout::from_size_align(6 << 20, 4096).unwrap();
     let runs: Vec<*mut u8> = (0..6).map(|_| pool.alloc(l3)).collect();
     assert!(runs.iter().all(|p| !p.is_null()));
-    assert_eq!(pool.stats().arena.chunks, chunks);
+    assert_eq!(pool.stats().alloc.arena.chunks, chunks);
     for p in runs {
         // SAFETY: from this pool with `l3`.
         unsafe { pool.free_sized(p, l3) };
@@ -392,7 +400,7 @@ fn address_space_freed_by_one_shape_serves_the_next() {
         // SAFETY: a live run of 10 MiB.
         unsafe { p.write_bytes(5, 10 << 20) };
     }
-    assert_eq!(pool.stats().arena.chunks, chunks);
+    assert_eq!(pool.stats().alloc.arena.chunks, chunks);
     for p in runs {
         // SAFETY: from this pool with `l5`.
         unsafe { pool.free_sized(p, l5) };
@@ -413,7 +421,7 @@ fn a_new_shape_reuses_the_empty_pages_of_the_last_one_before_any_purge() {
     let mut peak = 0;
     for (round, &size) in shapes.iter().cycle().take(12).enumerate() {
         build_and_drop(&pool, size, 48 << 20);
-        let committed = pool.stats().arena.committed_bytes;
+        let committed = pool.stats().alloc.arena.committed_bytes;
         peak = peak.max(committed);
         assert!(
             committed <= 100 << 20,
@@ -421,7 +429,7 @@ fn a_new_shape_reuses_the_empty_pages_of_the_last_one_before_any_purge() {
             committed >> 20
         );
     }
-    assert_eq!(pool.stats().arena.purged_bytes, 0);
+    assert_eq!(pool.stats().alloc.arena.purged_bytes, 0);
     assert_eq!(pool.live_blocks(), 0);
     assert!(pool.validate());
     // Zeroed blocks from recycled (dirty) slabs are zero.
@@ -515,8 +523,8 @@ fn a_purged_run_of_several_chunks_gives_its_address_space_back() {
         unsafe { pool.free_sized(p, l) };
         assert!(pool.validate());
         let st = pool.stats();
-        assert_eq!(st.failed_allocations, 0);
-        assert!(st.arena.chunks <= 16);
+        assert_eq!(st.alloc.failed_allocations, 0);
+        assert!(st.alloc.arena.chunks <= 16);
         drop(pool);
     }
 }
@@ -552,15 +560,18 @@ fn over_aligned_blocks_past_the_first_reservation_keep_their_keys() {
     }
     let s = pool.stats();
     assert!(
-        s.arena.reservations >= 3,
+        s.alloc.arena.reservations >= 3,
         "{} reservations",
-        s.arena.reservations
+        s.alloc.arena.reservations
     );
     assert_eq!(
-        s.arena.reserved_bytes,
-        u64::from(s.arena.reservations) << 32
+        s.alloc.arena.reserved_bytes,
+        u64::from(s.alloc.arena.reservations) << 32
     );
-    assert_eq!((s.failed_allocations, s.arena.unregistered_bytes), (0, 0));
+    assert_eq!(
+        (s.alloc.failed_allocations, s.alloc.arena.unregistered_bytes),
+        (0, 0)
+    );
     for p in blocks {
         // SAFETY: from this pool with `layout`.
         unsafe { pool.free_sized(p, layout) };
@@ -689,7 +700,7 @@ fn blocks_a_parked_producer_handed_out_come_back_without_it() {
                 let _ = wake_rx.recv();
             });
             let blocks = blocks_rx.recv().unwrap();
-            let built = pool.stats().arena.committed_bytes;
+            let built = pool.stats().alloc.arena.committed_bytes;
             assert!(built >= 96 << 20);
             // Two consumers share every page (every other block each), free, and stay alive
             // without allocating again.
@@ -726,9 +737,9 @@ fn blocks_a_parked_producer_handed_out_come_back_without_it() {
             pool.purge();
             let s1 = pool.stats();
             assert!(
-                s1.arena.committed_bytes <= 16 << 20,
+                s1.alloc.arena.committed_bytes <= 16 << 20,
                 "consumer allocates: {consumer_allocates}: {} MiB of {} MiB stay committed",
-                s1.arena.committed_bytes >> 20,
+                s1.alloc.arena.committed_bytes >> 20,
                 built >> 20
             );
             assert_eq!(pool.live_blocks(), 0);
@@ -789,7 +800,7 @@ fn frees_from_a_thread_that_can_no_longer_have_a_heap_retire_abandoned_pages() {
         let _ = wake_rx.recv();
     });
     *LATE.lock().unwrap() = blocks_rx.recv().unwrap();
-    let built = pool.stats().arena.committed_bytes;
+    let built = pool.stats().alloc.arena.committed_bytes;
     std::thread::spawn(|| {
         // A heap first, so that the pool's key destructor runs at this thread's exit.
         let l = Layout::from_size_align(64, 8).unwrap();
@@ -812,7 +823,7 @@ fn frees_from_a_thread_that_can_no_longer_have_a_heap_retire_abandoned_pages() {
     );
     assert!(LATE.lock().unwrap().is_empty());
     pool.purge();
-    let committed = pool.stats().arena.committed_bytes;
+    let committed = pool.stats().alloc.arena.committed_bytes;
     assert!(
         committed <= 8 << 20,
         "{} MiB of {} MiB stay committed",

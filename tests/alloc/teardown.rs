@@ -36,7 +36,7 @@ fn dropping_an_idle_pool_releases_its_regions() {
         // SAFETY: blocks of the pool, freed once.
         unsafe { pool.free(p) };
     }
-    let mrs = pool.stats().arena.mrs;
+    let mrs = pool.stats().alloc.arena.mrs;
     assert!(mrs > 0);
     let deregs = soft.counters().deregistrations;
     drop(pool);
@@ -64,10 +64,10 @@ fn an_exiting_thread_hands_its_pages_back() {
     });
     let s = pool.stats();
     assert!(
-        s.empty_pages > 0,
+        s.alloc.empty_pages > 0,
         "empty pages of the exited thread went back: {s:?}"
     );
-    let pages_before = s.classes.iter().map(|c| c.pages).sum::<u64>() + s.empty_pages;
+    let pages_before = s.alloc.classes.iter().map(|c| c.pages).sum::<u64>() + s.alloc.empty_pages;
     // The main thread frees the block the exited thread kept (a remote free), and a new
     // thread reuses the handed-back pages instead of carving new ones.
     // SAFETY: the kept block, freed once.
@@ -82,7 +82,7 @@ fn an_exiting_thread_hands_its_pages_back() {
         });
     });
     let s = pool.stats();
-    let pages_after = s.classes.iter().map(|c| c.pages).sum::<u64>() + s.empty_pages;
+    let pages_after = s.alloc.classes.iter().map(|c| c.pages).sum::<u64>() + s.alloc.empty_pages;
     assert_eq!(pages_after, pages_before, "no new pages carved: {s:?}");
     assert_eq!(pool.live_blocks(), 0);
     assert!(pool.validate());

@@ -116,7 +116,7 @@ fn threads_free_each_others_blocks_and_rdma_sees_exact_bytes() {
         unsafe { pool.free(s.0 as *mut u8) };
     }
     assert!(pool.validate());
-    assert_eq!(pool.live_blocks(), 0, "{:?}", pool.stats().arena);
+    assert_eq!(pool.live_blocks(), 0, "{:?}", pool.stats().alloc.arena);
 }
 
 #[test]
@@ -162,7 +162,7 @@ fn steady_state_makes_no_nic_calls() {
     };
     churn(100); // warm up: pages and a large run are carved and registered once
     let before = soft.counters();
-    let arena_regs = pool.stats().arena.regs;
+    let arena_regs = pool.stats().alloc.arena.regs;
     churn(20_000);
     let after = soft.counters();
     assert_eq!(
@@ -174,7 +174,7 @@ fn steady_state_makes_no_nic_calls() {
         "re-registrations in steady state"
     );
     assert_eq!(after.deregistrations, before.deregistrations);
-    assert_eq!(pool.stats().arena.regs, arena_regs);
+    assert_eq!(pool.stats().alloc.arena.regs, arena_regs);
 }
 
 #[test]
@@ -184,7 +184,12 @@ fn blocks_freed_by_another_thread_go_back_to_their_pages_and_are_reused() {
     let pool = pool_on(&pd, Access::empty());
     let l = std::alloc::Layout::from_size_align(256, 8).unwrap();
     let c = rdma_pool::alloc::CLASSES;
-    let pages_of = |pool: &Pool| -> u64 { pool.stats().classes[..c].iter().map(|k| k.pages).sum() };
+    let pages_of = |pool: &Pool| -> u64 {
+        pool.stats().alloc.classes[..c]
+            .iter()
+            .map(|k| k.pages)
+            .sum()
+    };
     let mut pages = 0;
     for round in 0..5 {
         // This thread allocates; another frees them, with their size: they go back to this

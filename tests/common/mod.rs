@@ -333,11 +333,11 @@ pub fn has_cap_ipc_lock() -> bool {
 
 /// Pools that live for the test binary (owned requests take `'static` buffers), kept here so
 /// that the leak checker of the ASan run (`scripts/memcheck.sh`) sees them reachable.
-static KEPT_POOLS: Mutex<Vec<&'static rdma_pool::alloc::Pool>> = Mutex::new(Vec::new());
+static KEPT_POOLS: Mutex<Vec<&'static rdma_pool::Pool>> = Mutex::new(Vec::new());
 
 /// `pool`, for the rest of the test binary.
-pub fn keep_pool(pool: rdma_pool::alloc::Pool) -> &'static rdma_pool::alloc::Pool {
-    let pool: &'static rdma_pool::alloc::Pool = Box::leak(Box::new(pool));
+pub fn keep_pool(pool: rdma_pool::Pool) -> &'static rdma_pool::Pool {
+    let pool: &'static rdma_pool::Pool = Box::leak(Box::new(pool));
     KEPT_POOLS
         .lock()
         .unwrap_or_else(|e| e.into_inner())

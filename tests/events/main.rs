@@ -9,7 +9,7 @@
 mod common;
 
 use common::*;
-use rdma_pool::alloc::Pool;
+use rdma_pool::Pool;
 use rdma_pool::arena::{ArenaConfig, DegradeCause, Registration, RegistrationPolicy};
 use rdma_pool::grant::GrantError;
 use rdma_pool::nic::*;
@@ -28,7 +28,7 @@ fn a_healthy_device_has_no_pending_events_and_polling_does_not_block() {
     let pool = Pool::with_config(&n0.alloc_pd().unwrap(), cfg()).unwrap();
     let v = allocator_api2::vec![in &pool; 1u8; 3 << 20]; // a growth: the pool polls too
     assert_eq!(pool.poll_device_events(), 0);
-    assert!(!pool.stats().arena.device_dead);
+    assert!(!pool.stats().alloc.arena.device_dead);
     assert!(pool.keys_of(v.as_ptr()).is_some());
     assert!(t.elapsed() < std::time::Duration::from_secs(5));
 }
@@ -42,7 +42,7 @@ fn a_port_going_down_and_up_is_counted_and_changes_nothing_else() {
     soft.inject_event(AsyncEvent::PortError { port: 1 });
     soft.inject_event(AsyncEvent::PortActive { port: 1 });
     assert_eq!(pool.poll_device_events(), 2);
-    let s = pool.stats().arena;
+    let s = pool.stats().alloc.arena;
     assert_eq!(
         (s.device_events, s.port_errors, s.device_dead),
         (2, 1, false)
@@ -65,7 +65,7 @@ fn after_a_fatal_event_the_pool_serves_memory_unregistered_and_calls_the_device_
     // The next growth reads the event itself.
     let regs = soft.counters().registrations;
     let after = allocator_api2::vec![in &pool; 9u8; 20 << 20];
-    let s = pool.stats().arena;
+    let s = pool.stats().alloc.arena;
     assert!(s.device_dead && s.device_events == 1, "{s:?}");
     assert_eq!(
         pool.keys_of(after.as_ptr()),
@@ -121,5 +121,5 @@ fn after_a_fatal_event_the_pool_serves_memory_unregistered_and_calls_the_device_
             .alloc(Layout::from_size_align(20 << 20, 8).unwrap())
             .is_null()
     );
-    assert!(strict.stats().failed_allocations >= 1);
+    assert!(strict.stats().alloc.failed_allocations >= 1);
 }

@@ -20,7 +20,7 @@
 mod common;
 
 use common::*;
-use rdma_pool::alloc::Pool;
+use rdma_pool::Pool;
 use rdma_pool::arena::{ArenaConfig, ForkPolicy, Hugepages, Registration};
 use rdma_pool::nic::soft::SoftConfig;
 use rdma_pool::nic::*;
@@ -101,7 +101,7 @@ fn children_follow_the_fork_policy_and_parents_keep_their_memory() {
     // KernelCopies, pinned and ODP: the child has a copy and can allocate.
     for registration in [Registration::Pinned, Registration::Odp] {
         let (server, peer, pool) = pool_with(ForkStatus::Unneeded, registration);
-        assert_eq!(pool.stats().arena.fork, ForkPolicy::KernelCopies);
+        assert_eq!(pool.stats().alloc.arena.fork, ForkPolicy::KernelCopies);
         let p = pool.alloc(l);
         // SAFETY: a fresh block of LEN bytes.
         unsafe { std::ptr::write_bytes(p, 0x5A, LEN) };
@@ -145,7 +145,7 @@ fn children_follow_the_fork_policy_and_parents_keep_their_memory() {
 
     // DontFork: the child has no pool memory (it faults), a child that only execs runs.
     let (server, peer, pool) = pool_with(ForkStatus::Enabled, Registration::Pinned);
-    assert_eq!(pool.stats().arena.fork, ForkPolicy::DontFork);
+    assert_eq!(pool.stats().alloc.arena.fork, ForkPolicy::DontFork);
     let p = pool.alloc(l);
     // SAFETY: a fresh block.
     unsafe { std::ptr::write_bytes(p, 0x3C, LEN) };

@@ -7,7 +7,7 @@ use rdma_pool::arena::provision::Provisioning;
 #[test]
 fn allocations_while_provisioning_never_grow_the_arena() {
     let before = A.stats();
-    let grown_before = A.pool().unwrap().stats().arena.runs;
+    let grown_before = A.pool().unwrap().stats().alloc.arena.runs;
     // A live block of the class keeps a page of it with room in this thread's heap (empty
     // pages leave the heap).
     let warm = vec![1u8; 1000];
@@ -33,7 +33,7 @@ fn allocations_while_provisioning_never_grow_the_arena() {
     big.reserve_exact(41 << 20);
     assert!(rdma_pool::keys_of(big.as_ptr()).is_some());
     assert_eq!(&big[..], b"needs growth");
-    assert!(A.pool().unwrap().stats().arena.runs > grown_before);
+    assert!(A.pool().unwrap().stats().alloc.arena.runs > grown_before);
     assert_eq!(small.iter().map(|&b| b as u64).sum::<u64>(), 7000);
     assert_eq!(warm.iter().map(|&b| b as u64).sum::<u64>(), 1000);
     assert_healthy();

@@ -62,6 +62,6 @@ fn heaps_of_exited_threads_are_handed_back() {
         .join()
         .unwrap();
     }
-    assert_eq!(pool.stats().failed_allocations, 0);
+    assert_eq!(pool.stats().alloc.failed_allocations, 0);
     assert_healthy();
 }

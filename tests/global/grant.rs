@@ -37,7 +37,7 @@ fn a_heap_vec_is_granted_and_its_key_dies_on_revoke() {
     g.revoke(&p.cq, |wc| panic!("{wc:?}")).unwrap();
     assert_ne!(peer_writes(&p, 64, w.addr, w.rkey), WcStatus::Success);
     drop(g);
-    let s = A.grant_stats().unwrap();
+    let s = A.pool().unwrap().stats().grants;
     assert_eq!((s.open, s.quarantined_blocks), (0, 0), "{s:?}");
 }
 
@@ -51,7 +51,7 @@ fn a_vec_dropped_while_its_grant_revokes_is_parked_by_dealloc() {
     // Revocation starts; the pool has not seen its completion yet.
     drop(g);
     drop(v);
-    assert_eq!(A.grant_stats().unwrap().quarantined_blocks, 1);
+    assert_eq!(A.pool().unwrap().stats().grants.quarantined_blocks, 1);
     let others: Vec<Vec<u8>> = (0..256).map(|_| vec![1u8; 1000]).collect();
     assert!(
         others.iter().all(|o| o.as_ptr() as usize != addr),
@@ -60,7 +60,7 @@ fn a_vec_dropped_while_its_grant_revokes_is_parked_by_dealloc() {
     drop(others);
     // The pool's completions reach it inside the poll; none comes out.
     let deadline = std::time::Instant::now() + WAIT;
-    while A.grant_stats().unwrap().quarantined_blocks != 0 {
+    while A.pool().unwrap().stats().grants.quarantined_blocks != 0 {
         assert_eq!(
             p.cq.poll_one().unwrap(),
             None,
@@ -72,6 +72,6 @@ fn a_vec_dropped_while_its_grant_revokes_is_parked_by_dealloc() {
         );
         std::thread::yield_now();
     }
-    let s = A.grant_stats().unwrap();
+    let s = A.pool().unwrap().stats().grants;
     assert_eq!((s.open, s.quarantined_blocks), (0, 0), "{s:?}");
 }

@@ -100,12 +100,15 @@ fn environment_overrides_are_applied_and_unknown_values_counted() {
     let p = pool.alloc(std::alloc::Layout::new::<[u8; 100]>());
     let stats = pool.stats();
     if mode == "1" {
-        assert_eq!(stats.arena.numa, NumaPlacement::Node(0));
-        assert_eq!(stats.arena.slabs_hugetlb, 0, "RDMA_POOL_HUGEPAGES=off");
-        assert_eq!(stats.env_ignored, 0);
+        assert_eq!(stats.alloc.arena.numa, NumaPlacement::Node(0));
+        assert_eq!(
+            stats.alloc.arena.slabs_hugetlb, 0,
+            "RDMA_POOL_HUGEPAGES=off"
+        );
+        assert_eq!(stats.alloc.env_ignored, 0);
     } else {
-        assert_eq!(stats.arena.numa, NumaPlacement::Unbound);
-        assert_eq!(stats.env_ignored, 2, "{stats:?}");
+        assert_eq!(stats.alloc.arena.numa, NumaPlacement::Unbound);
+        assert_eq!(stats.alloc.env_ignored, 2, "{stats:?}");
     }
     // SAFETY: allocated above.
     unsafe { pool.free(p) };

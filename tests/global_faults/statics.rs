@@ -177,7 +177,7 @@ fn odp_registration_serves_odp_memory() {
         Ok(pool) => {
             assert!(caps.is_some_and(|c| c.odp.explicit));
             assert!(round_trip(&P, Layout::new::<[u8; 64]>()));
-            let s = pool.stats().arena;
+            let s = pool.stats().alloc.arena;
             assert_eq!(
                 (s.mode, s.mode_reason),
                 (RegMode::Odp, ModeReason::Requested)

@@ -85,7 +85,7 @@ fn bad_ranges_qps_and_rights_are_refused() {
         Err(GrantError::QpNotReady(QpState::Init))
     ));
     nothing_leaked(&pool);
-    assert_eq!(pool.grant_stats().issued, 0);
+    assert_eq!(pool.stats().grants.issued, 0);
 }
 
 #[test]
@@ -141,7 +141,7 @@ fn limits_are_typed_errors_and_a_refused_grant_returns_what_it_took() {
             max: 100
         })
     ));
-    assert_eq!(pool.grant_stats().open, 2);
+    assert_eq!(pool.stats().grants.open, 2);
     revoke(&mut g, &bed.b);
     revoke(&mut r, &bed.b);
     assert!(matches!(
@@ -153,7 +153,7 @@ fn limits_are_typed_errors_and_a_refused_grant_returns_what_it_took() {
     let mut g2 =
         unsafe { pool.grant_with(&b, &bed.qb, rw, rdma_pool::grant::GrantKind::Auto) }.unwrap();
     bound(&mut g2, &bed.b);
-    assert_eq!(pool.grant_stats().windows, 1);
+    assert_eq!(pool.stats().grants.windows, 1);
     revoke(&mut g2, &bed.b);
     drop((g, r, g2));
     nothing_leaked(&pool);
@@ -170,7 +170,7 @@ fn dropping_grants_and_the_pool_without_draining_leaks_nothing() {
         drop(g);
     }
     drop(v);
-    let s = pool.grant_stats();
+    let s = pool.stats().grants;
     assert!(s.open >= 2 && s.quarantined_blocks == 1, "{s:?}");
     // Dropping the pool deallocates the windows still revoking and frees the parked block.
     drop(pool);
@@ -211,7 +211,7 @@ fn owned_grants_give_the_buffer_back() {
         .grant_owned(buf, &bed.qb, Access::REMOTE_WRITE)
         .unwrap();
     drop(og);
-    assert_eq!(pool.grant_stats().quarantined_blocks, 1);
+    assert_eq!(pool.stats().grants.quarantined_blocks, 1);
     drain(&pool, &bed.b);
     nothing_leaked(&pool);
     assert_eq!(pool.live_blocks(), 0);
@@ -239,15 +239,15 @@ fn two_pools_on_one_qp_never_take_each_others_completions() {
         // routed to the wrong pool would leave the right one waiting (`drain` then times out
         // with work in flight).
         let before = (
-            p1.grant_stats().wrs_in_flight,
-            p2.grant_stats().wrs_in_flight,
+            p1.stats().grants.wrs_in_flight,
+            p2.stats().grants.wrs_in_flight,
         );
         assert_eq!(before, (2, 2));
         drain(&p1, &bed.b);
         drain(&p2, &bed.b);
         let after = (
-            p1.grant_stats().wrs_in_flight,
-            p2.grant_stats().wrs_in_flight,
+            p1.stats().grants.wrs_in_flight,
+            p2.stats().grants.wrs_in_flight,
         );
         assert_eq!(after, (0, 0), "each pool owns its bind and invalidation");
     }
@@ -272,12 +272,12 @@ fn a_region_that_refuses_deregistration_keeps_its_grant_open() {
     soft.fail_next(rdma_pool::nic::Verb::ReregMr, 1, libc::EBUSY);
     soft.fail_next(rdma_pool::nic::Verb::DeregMr, 1, libc::EBUSY);
     g.start_revoke().unwrap();
-    let s = pool.grant_stats();
+    let s = pool.stats().grants;
     assert_eq!((s.stuck_revocations, s.open), (1, 1), "{s:?}");
     assert!(!g.is_revoked(), "the key may still work: not revoked");
     // Dropping the handle tries again; now the region goes and the grant closes.
     drop(g);
-    assert_eq!(pool.grant_stats().open, 0);
+    assert_eq!(pool.stats().grants.open, 0);
     assert!(refused(write(&bed.a, &bed.qa, &src, 8, w.addr, w.rkey)));
     nothing_leaked(&pool);
 }
@@ -352,7 +352,7 @@ fn one_pools_revocation_hands_the_others_completions_to_the_other_pool() {
     .unwrap();
     drop(g1);
     drain(&p2, &bed.b);
-    let s = p2.grant_stats();
+    let s = p2.stats().grants;
     assert_eq!((s.open, s.wrs_in_flight), (0, 0), "{s:?}");
     nothing_leaked(&p1);
     nothing_leaked(&p2);

@@ -82,7 +82,7 @@ fn no_revoked_key_comes_back_for_any_kind_whatever_rereg_does() {
             // 300 > the 128 grants after which a region key came back, > 256 variants.
             churn(&mut bed, &pool, &[kind], 300, &format!("{mode:?} {kind:?}"));
         }
-        let s = pool.grant_stats();
+        let s = pool.stats().grants;
         if matches!(mode, ReregMode::Mlx5 | ReregMode::KeepKeys) {
             assert_eq!(s.regions_retired, 300, "{mode:?}: {s:?}");
         }
@@ -151,7 +151,7 @@ fn a_window_deallocated_after_its_qp_failed_gives_no_later_grant_its_keys() {
             let (qa, qb) = connect(&bed.a, &bed.b);
             (bed.qa, bed.qb) = (qa, qb);
         }
-        assert_eq!(pool.grant_stats().revoked_by_dealloc, 2, "{mode:?}");
+        assert_eq!(pool.stats().grants.revoked_by_dealloc, 2, "{mode:?}");
         // Every later grant, of every kind, has a key none of the stale ones is.
         for i in 0..300 {
             let kind = [GrantKind::Region, GrantKind::Type1, GrantKind::Type2][i % 3];
@@ -221,7 +221,7 @@ fn a_small_max_mw_refuses_grants_rather_than_give_a_key_back_early() {
         seen.fresh(g.rkey(), i, 100, "horizon 100");
         revoke(&mut g, &bed.b);
     }
-    assert!(pool.grant_stats().windows_recycled > 0);
+    assert!(pool.stats().grants.windows_recycled > 0);
     nothing_leaked(&pool);
 }
 
@@ -246,7 +246,7 @@ fn retired_regions_are_bounded_by_a_quarter_of_max_mr_and_their_keys_stay_refuse
             seen.fresh(g.rkey(), i, usize::MAX, &format!("{mode:?}"));
             revoke(&mut g, &bed.b);
         }
-        let retired = pool.grant_stats().regions_retired;
+        let retired = pool.stats().grants.regions_retired;
         match mode {
             ReregMode::Unsupported => assert_eq!(retired, 0),
             _ => assert_eq!(retired, 16),
@@ -401,7 +401,7 @@ fn a_send_with_inv_on_another_device_kills_no_key_here() {
         revoke(&mut gx, &bed_x.b);
     }
     assert!(met, "the same key turned up on the other device");
-    assert_eq!(pool_y.grant_stats().peer_invalidations, 0);
+    assert_eq!(pool_y.stats().grants.peer_invalidations, 0);
     revoke(&mut gy, &bed_y.b);
     drop(gy);
     let addr = buf_y.as_ptr() as u64;
@@ -445,7 +445,7 @@ fn two_pools_on_one_pd_never_share_a_stale_key() {
         .fail_next(rdma_pool::nic::Verb::AllocMw, 1, libc::ENOMEM);
     revoke(&mut g, &bed.b);
     drop(g);
-    assert_eq!(pool_a.grant_stats().revoked_by_dealloc, 1);
+    assert_eq!(pool_a.stats().grants.revoked_by_dealloc, 1);
     (bed.qa, bed.qb) = connect(&bed.a, &bed.b);
     for i in 0..300 {
         let mut g = pool_b
@@ -600,7 +600,7 @@ fn region_placeholders_are_bounded_and_leave_windows_for_grants() {
                 .unwrap_or_else(|e| panic!("max_mw {max_mw}: region grant {i}: {e}"));
             revoke(&mut g, &bed.b);
         }
-        let s = pool.grant_stats();
+        let s = pool.stats().grants;
         assert!(s.region_placeholders <= max_mw as u64 / 4, "{s:?}");
         assert!(s.region_placeholders > 0 || max_mw < 4, "{s:?}");
         let mut g = pool

@@ -14,7 +14,7 @@ mod peers;
 mod quarantine;
 
 use common::*;
-use rdma_pool::alloc::Pool;
+use rdma_pool::Pool;
 use rdma_pool::arena::{ArenaConfig, Hugepages};
 use rdma_pool::grant::{Grant, GrantKind};
 use rdma_pool::nic::quirks::{Quirk, applies};
@@ -69,13 +69,13 @@ pub fn revoke(g: &mut Grant<'_>, server: &Side) {
 /// or `WAIT` passed; returns how many of the pool's completions arrived. None of them comes
 /// out of the poll.
 pub fn drain(pool: &Pool, server: &Side) -> usize {
-    let before = pool.grant_stats().wrs_in_flight;
+    let before = pool.stats().grants.wrs_in_flight;
     let deadline = std::time::Instant::now() + WAIT;
     loop {
         while let Some(wc) = server.cq.poll_one().unwrap() {
             assert!(!rdma_pool::nic::is_reserved_wr_id(wc.wr_id), "{wc:?}");
         }
-        let left = pool.grant_stats().wrs_in_flight;
+        let left = pool.stats().grants.wrs_in_flight;
         if left == 0 || std::time::Instant::now() > deadline {
             return (before - left) as usize;
         }
@@ -98,7 +98,7 @@ pub fn refused(s: WcStatus) -> bool {
 
 /// Everything a pool's grants held is back: no grant open, no dedicated region, no window lent.
 pub fn nothing_leaked(pool: &Pool) {
-    let s = pool.grant_stats();
+    let s = pool.stats().grants;
     assert_eq!(
         (s.open, s.quarantined_blocks, s.dedicated_regions),
         (0, 0, 0),

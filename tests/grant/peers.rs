@@ -164,7 +164,7 @@ fn stale_keys_never_match_after_hundreds_of_rebinds() {
             );
             revoke(&mut g, &bed.b);
         }
-        let s = pool.grant_stats();
+        let s = pool.stats().grants;
         assert!(
             s.windows_retired >= 1,
             "{kind:?}: a window spent its variants: {s:?}"
@@ -209,7 +209,7 @@ fn a_grant_whose_qp_failed_is_revoked_by_deallocating_its_window() {
     assert!(!taken, "the application's completion is not the pool's");
     assert_eq!(bed.qb.state().unwrap(), QpState::Error);
     revoke(&mut g, &bed.b);
-    assert_eq!(pool.grant_stats().revoked_by_dealloc, 1);
+    assert_eq!(pool.stats().grants.revoked_by_dealloc, 1);
     let (qa, _qb) = connect(&bed.a, &bed.b);
     let st = write(&bed.a, &qa, &src, 8, w.addr, w.rkey);
     assert!(refused(st), "{st:?}");
@@ -256,7 +256,7 @@ fn a_peers_send_with_invalidate_kills_its_key_where_the_device_reports_it() {
     // The receive is the application's; the poll told the pool of the SEND_WITH_INV.
     assert!(!rdma_pool::nic::is_reserved_wr_id(wc.wr_id));
     let reported = !applies(bed.b.nic.caps(), Quirk::SendWithInvNotReported);
-    assert_eq!(pool.grant_stats().peer_invalidations, reported as u64);
+    assert_eq!(pool.stats().grants.peer_invalidations, reported as u64);
     let st = write(&bed.a, &bed.qa, &src, 8, g.addr() as u64, g.rkey());
     assert!(refused(st), "the key died with the SEND_WITH_INV: {st:?}");
     revoke(&mut g, &bed.b);
@@ -295,7 +295,7 @@ fn without_windows_a_grant_is_a_region_of_its_own() {
     .unwrap();
     bound(&mut g, &bed.b);
     assert_eq!((g.kind(), g.is_dedicated()), (GrantKind::Region, true));
-    assert_eq!(pool.grant_stats().dedicated_regions, 1);
+    assert_eq!(pool.stats().grants.dedicated_regions, 1);
     let w = g.wire();
     assert_eq!(
         write(&bed.a, &bed.qa, &src, 2, w.addr + 98, w.rkey),

@@ -33,7 +33,7 @@ fn memory_freed_while_revoking_comes_back_only_after_the_invalidation_completed(
         drop(g);
         // SAFETY: the block is ours, freed once.
         unsafe { pool.free_sized(p, layout) };
-        let s = pool.grant_stats();
+        let s = pool.stats().grants;
         let parked = kind != GrantKind::Region;
         assert_eq!(s.quarantined_blocks, parked as u64, "{size}: {s:?}");
         let again: Vec<_> = (0..64).map(|_| pool.alloc(layout)).collect();
@@ -74,7 +74,7 @@ fn a_granted_block_is_moved_not_resized_in_place() {
     // SAFETY: `p` came from this pool with `layout`.
     let q = unsafe { pool.realloc(p, layout, 100 << 10) };
     assert_ne!(q, p);
-    assert_eq!(pool.grant_stats().quarantined_blocks, 1);
+    assert_eq!(pool.stats().grants.quarantined_blocks, 1);
     drain(&pool, &bed.b);
     // SAFETY: `q` is the live block now.
     unsafe { pool.free(q) };
@@ -147,7 +147,7 @@ fn threads_freeing_granted_memory_never_get_a_parked_block_back() {
             });
         }
     });
-    let s = pool.grant_stats();
+    let s = pool.stats().grants;
     assert_eq!(s.quarantined_blocks, (THREADS * ROUNDS) as u64, "{s:?}");
     assert_eq!(s.open, (THREADS * ROUNDS) as u64);
     assert_eq!(
@@ -157,7 +157,7 @@ fn threads_freeing_granted_memory_never_get_a_parked_block_back() {
     );
     // The pool takes its completions inside the poll; none comes out.
     let deadline = std::time::Instant::now() + WAIT;
-    while pool.grant_stats().wrs_in_flight != 0 {
+    while pool.stats().grants.wrs_in_flight != 0 {
         assert_eq!(
             cq.poll_one().unwrap(),
             None,
@@ -222,7 +222,7 @@ fn purge_never_touches_granted_or_parked_memory() {
             pool.free_sized(idle, layout),
         )
     };
-    assert_eq!(pool.grant_stats().quarantined_blocks, 1);
+    assert_eq!(pool.stats().grants.quarantined_blocks, 1);
     assert!(pool.purge() >= 4 << 20, "the idle block is purged");
     let arena = pool.arena();
     assert!(arena.is_purged(idle));

@@ -6,6 +6,7 @@
 //! zero), and no input panics. Runs on the soft NIC and on `rxe0`/`rxe1` in the QEMU guest.
 
 use super::*;
+use rdma_pool::PoolError;
 use rdma_pool::alloc::FreeError;
 use rdma_pool::arena::{Arena, Error, SLAB};
 use rdma_pool::grant::{GrantError, GrantKind};
@@ -93,7 +94,10 @@ fn configurations_that_cannot_work_are_refused() {
     ];
     for c in bad {
         assert!(
-            matches!(tried(Pool::with_config(&pd, c)), Err(Error::Config(_))),
+            matches!(
+                tried(Pool::with_config(&pd, c)),
+                Err(PoolError::Arena(Error::Config(_)))
+            ),
             "{c:?}"
         );
     }
@@ -105,7 +109,7 @@ fn configurations_that_cannot_work_are_refused() {
     };
     assert!(matches!(
         tried(Pool::with_config(&pd, huge)),
-        Err(Error::Config(_))
+        Err(PoolError::Arena(Error::Config(_)))
     ));
 
     eprintln!("bad inputs tried so far: {}", TRIED.load(Relaxed));
@@ -116,13 +120,13 @@ fn allocation_sizes_and_alignments_at_the_edges() {
     let _g = serial();
     let b = bed2();
     let pool = &b.pool;
-    let failed = || pool.stats().failed_allocations;
+    let failed = || pool.stats().alloc.failed_allocations;
     // Zero-size layouts get a unique, usable pointer.
     let z1 = tried(pool.alloc(Layout::from_size_align(0, 1).unwrap()));
     let z2 = tried(pool.alloc(Layout::from_size_align(0, 4096).unwrap()));
     assert!(!z1.is_null() && !z2.is_null() && z1 != z2 && z2 as usize % 4096 == 0);
     // Sizes the arena can never hold: null, counted, nothing committed.
-    let committed = pool.stats().arena.committed_bytes;
+    let committed = pool.stats().alloc.arena.committed_bytes;
     for size in [isize::MAX as usize - 4096, 1 << 40, (1 << 32) + 1] {
         let f0 = failed();
         let p = tried(pool.alloc(Layout::from_size_align(size, 8).unwrap()));
@@ -131,7 +135,7 @@ fn allocation_sizes_and_alignments_at_the_edges() {
         let p = tried(pool.alloc_zeroed(Layout::from_size_align(size, 8).unwrap()));
         assert!(p.is_null());
     }
-    assert_eq!(pool.stats().arena.committed_bytes, committed);
+    assert_eq!(pool.stats().alloc.arena.committed_bytes, committed);
     // Alignments from 1 to beyond a chunk: honoured, or null.
     for shift in [0u32, 3, 12, 16, 17, 21, 24, 25, 31, 40] {
         let l = Layout::from_size_align(100, 1 << shift).unwrap();
@@ -420,7 +424,7 @@ fn grants_refuse_bad_ranges_rights_and_qps_and_leak_nothing() {
         Err(GrantError::Revoked)
     ));
     drop(g);
-    let s = pool.grant_stats();
+    let s = pool.stats().grants;
     assert_eq!(
         (s.open, s.dedicated_regions, s.quarantined_blocks),
         (0, 0, 0),

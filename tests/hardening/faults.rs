@@ -131,7 +131,7 @@ impl Fx {
         }
         // SAFETY: a live block of this pool.
         unsafe { self.pool.free(p) };
-        let g = self.pool.grant_stats();
+        let g = self.pool.stats().grants;
         assert_eq!((g.open, g.quarantined_blocks), (0, 0), "{g:?}");
         assert!(self.pool.validate());
     }
@@ -222,11 +222,11 @@ fn reg_mr_rows(rows: &mut Vec<Row>) {
     for errno in REG {
         // Pinned growth, ODP on the device: the chunk's ODP region takes over.
         let fx = Fx::new(Registration::Pinned);
-        let before = fx.pool.stats().arena;
+        let before = fx.pool.stats().alloc.arena;
         fx.soft().fail_next(Verb::RegMr, 1, errno);
         let p = fx.alloc(20 * MIB);
         assert!(!p.is_null());
-        let s = fx.pool.stats().arena;
+        let s = fx.pool.stats().alloc.arena;
         let keys = fx.pool.keys_of(p);
         let outcome = if s.odp_fallbacks > before.odp_fallbacks {
             assert!(keys.is_some());
@@ -251,7 +251,7 @@ fn reg_mr_rows(rows: &mut Vec<Row>) {
         let p = fx.alloc(20 * MIB);
         assert!(!p.is_null());
         assert_eq!(fx.pool.keys_of(p), None);
-        assert_eq!(fx.pool.stats().arena.unregistered_runs, 1);
+        assert_eq!(fx.pool.stats().alloc.arena.unregistered_runs, 1);
         let q = fx.alloc(20 * MIB);
         assert!(
             fx.pool.keys_of(q).is_some(),
@@ -273,7 +273,7 @@ fn reg_mr_rows(rows: &mut Vec<Row>) {
         let p = fx.alloc(20 * MIB);
         assert!(!p.is_null());
         assert_eq!(fx.pool.keys_of(p), None);
-        assert!(fx.pool.stats().arena.unregistered_bytes >= 20 * MIB as u64);
+        assert!(fx.pool.stats().alloc.arena.unregistered_bytes >= 20 * MIB as u64);
         fx.free(p);
         fx.after();
         rows.push(Row {
@@ -289,12 +289,12 @@ fn reg_mr_rows(rows: &mut Vec<Row>) {
             ..cfg(Registration::Pinned)
         };
         let fx = Fx::with(no_odp(), strict);
-        let committed = fx.pool.stats().arena.committed_bytes;
+        let committed = fx.pool.stats().alloc.arena.committed_bytes;
         fx.soft().fail_next(Verb::RegMr, 1, errno);
         assert!(fx.alloc(20 * MIB).is_null());
         let s = fx.pool.stats();
-        assert_eq!(s.arena.committed_bytes, committed);
-        assert!(s.failed_allocations >= 1);
+        assert_eq!(s.alloc.arena.committed_bytes, committed);
+        assert!(s.alloc.failed_allocations >= 1);
         fx.after();
         rows.push(Row {
             verb: "reg_mr",
@@ -311,7 +311,7 @@ fn reg_mr_rows(rows: &mut Vec<Row>) {
         fx.soft().fail_next(Verb::RegMr, 1, errno);
         let r = fx.pool.grant_read_with(buf, &fx.qs, GrantKind::Region);
         let outcome = nic_errno(r, errno);
-        assert_eq!(fx.pool.grant_stats().dedicated_regions, 0);
+        assert_eq!(fx.pool.stats().grants.dedicated_regions, 0);
         fx.after();
         rows.push(Row {
             verb: "reg_mr",
@@ -325,7 +325,7 @@ fn reg_mr_rows(rows: &mut Vec<Row>) {
         let rail = Nic::soft_with(no_odp());
         rail.as_soft().unwrap().fail_next(Verb::RegMr, 1, errno);
         fx.pool.attach(&rail.alloc_pd().unwrap()).unwrap();
-        let st = fx.pool.rail_stats()[0].clone();
+        let st = fx.pool.stats().rails[0].clone();
         assert!(st.unregistered_bytes > 0 && st.degradations == 1, "{st:?}");
         fx.after();
         rows.push(Row {
@@ -350,10 +350,10 @@ fn rereg_rows(rows: &mut Vec<Row>) {
             let fx = Fx::new(Registration::Pinned);
             let arena = fx.pool.arena();
             let a = arena.alloc_run(2 * MIB, 2 * MIB).unwrap();
-            let before = fx.pool.stats().arena;
+            let before = fx.pool.stats().alloc.arena;
             fx.soft().fail_next_rereg(kind, 1, errno);
             let b = arena.alloc_run(2 * MIB, 2 * MIB).unwrap();
-            let s = fx.pool.stats().arena;
+            let s = fx.pool.stats().alloc.arena;
             let ka = arena
                 .keys_of(a.as_ptr())
                 .expect("the old run keeps a region");
@@ -404,7 +404,7 @@ fn dereg_rows(rows: &mut Vec<Row>) {
         unsafe { fx.pool.free_sized(p, l) };
         fx.soft().fail_next(Verb::DeregMr, 1, errno);
         let purged = fx.pool.purge();
-        let s = fx.pool.stats().arena;
+        let s = fx.pool.stats().alloc.arena;
         assert!(purged < 8 * MIB && s.purges_refused >= 1, "{purged} {s:?}");
         let q = fx.pool.alloc(l);
         assert!(fx.pool.keys_of(q).is_some());
@@ -432,12 +432,12 @@ fn dereg_rows(rows: &mut Vec<Row>) {
         fx.soft().fail_next(Verb::DeregMr, 1, errno);
         g.start_revoke().unwrap();
         assert!(!g.is_revoked(), "the key may still work");
-        assert!(fx.pool.grant_stats().stuck_revocations >= 1);
-        assert_eq!(fx.pool.grant_stats().open, 1, "the grant stays open");
+        assert!(fx.pool.stats().grants.stuck_revocations >= 1);
+        assert_eq!(fx.pool.stats().grants.open, 1, "the grant stays open");
         // Waiting for the revocation tries the deregistration again.
         g.wait_revoked(&fx.server.cq, |_| {}).unwrap();
         assert!(g.is_revoked());
-        assert_eq!(fx.pool.grant_stats().open, 0);
+        assert_eq!(fx.pool.stats().grants.open, 0);
         drop(g);
         fx.after();
         rows.push(Row {
@@ -458,7 +458,7 @@ fn dereg_rows(rows: &mut Vec<Row>) {
             Err(Error::Nic(e)) => assert_eq!(e.errno(), Some(errno)),
             r => panic!("detach under a failing dereg: {r:?}"),
         }
-        assert!(fx.pool.rail_stats().is_empty());
+        assert!(fx.pool.stats().rails.is_empty());
         assert_eq!(fx.pool.keys_of(fx.keep[2].0), k0);
         fx.after();
         rows.push(Row {
@@ -480,12 +480,12 @@ fn advise_rows(rows: &mut Vec<Row>) {
         let r = fx.pool.prefetch(buf, Advice::PrefetchWrite);
         let outcome = match (errno, &r) {
             (libc::EAGAIN | libc::ENOMEM, Ok(_)) => {
-                assert!(fx.pool.prefetch_stats().retries >= 1);
+                assert!(fx.pool.stats().prefetch.retries >= 1);
                 "retried: ok".to_string()
             }
             (_, Err(e)) => {
                 if errno == libc::EOPNOTSUPP {
-                    assert!(!fx.pool.prefetch_stats().enabled, "turned off");
+                    assert!(!fx.pool.stats().prefetch.enabled, "turned off");
                 }
                 format!("PrefetchError::{e:?}")
             }
@@ -504,7 +504,7 @@ fn advise_rows(rows: &mut Vec<Row>) {
         fx.soft().fail_next(Verb::AdviseMr, 1, errno);
         let p = fx.alloc(20 * MIB);
         assert!(!p.is_null() && fx.pool.keys_of(p).is_some());
-        let ps = fx.pool.prefetch_stats();
+        let ps = fx.pool.stats().prefetch;
         assert!(ps.automatic_failures + ps.retries >= 1, "{ps:?}");
         fx.free(p);
         fx.after();
@@ -581,7 +581,7 @@ fn window_rows(rows: &mut Vec<Row>) {
         g.revoke(&fx.server.cq, |_| {}).unwrap();
         assert!(g.is_revoked());
         drop(g);
-        assert!(fx.pool.grant_stats().revoked_by_dealloc >= 1);
+        assert!(fx.pool.stats().grants.revoked_by_dealloc >= 1);
         let (qc, qs2) = connect(&fx.client, &fx.server);
         let (_m, src) = fx.client.reg_buf(8, 0xEE, RW);
         // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
@@ -647,7 +647,7 @@ fn umem_rows(rows: &mut Vec<Row>) {
             Err(e) => format!("QueueMemError::{e:?}"),
             Ok(_) => panic!("queue memory through a failing umem_reg"),
         };
-        assert_eq!(fx.pool.queue_stats().umems, 0);
+        assert_eq!(fx.pool.stats().queue.umems, 0);
         let q = fx
             .pool
             .queue_memory(4096, 64)
@@ -665,10 +665,10 @@ fn umem_rows(rows: &mut Vec<Row>) {
         let fx = Fx::new(Registration::Pinned);
         let a = fx.pool.queue_memory(6 * MIB, 64).unwrap();
         let b = fx.pool.queue_memory(6 * MIB, 64).unwrap();
-        assert_eq!(fx.pool.queue_stats().umems, 2);
+        assert_eq!(fx.pool.stats().queue.umems, 2);
         fx.soft().fail_next(Verb::UmemDereg, 1, errno);
         drop(b);
-        assert_eq!(fx.pool.queue_stats().umems, 2, "the refused UMEM is kept");
+        assert_eq!(fx.pool.stats().queue.umems, 2, "the refused UMEM is kept");
         let c = fx.pool.queue_memory(6 * MIB, 64).expect("carving goes on");
         drop((a, c));
         fx.after();
@@ -830,7 +830,7 @@ fn hugetlb_running_dry_is_typed_and_the_pool_keeps_serving() {
     let p = pool.alloc(Layout::from_size_align((free + 4) * 2 * MIB, 4096).unwrap());
     assert!(p.is_null());
     let s = pool.stats();
-    assert!(s.failed_allocations >= 1, "{s:?}");
+    assert!(s.alloc.failed_allocations >= 1, "{s:?}");
     if let Some(v) = small {
         assert!(v.iter().all(|&b| b == 7));
         assert!(pool.keys_of(v.as_ptr()).is_some());
@@ -873,13 +873,13 @@ fn a_window_that_cannot_be_deallocated_keeps_its_grant_open() {
             !g.is_revoked(),
             "{kind:?}: reported revoked with its window alive"
         );
-        let s = fx.pool.grant_stats();
+        let s = fx.pool.stats().grants;
         assert!(s.stuck_revocations >= 1 && s.open == 1, "{kind:?}: {s:?}");
         // Later tries deallocate it (the second fails too, the third succeeds).
         g.wait_revoked(&fx.server.cq, |_| {}).unwrap();
         assert!(g.is_revoked());
         drop(g);
-        let s = fx.pool.grant_stats();
+        let s = fx.pool.stats().grants;
         assert_eq!((s.open, s.quarantined_blocks), (0, 0), "{kind:?}: {s:?}");
         fx.after();
     }

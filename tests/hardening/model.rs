@@ -447,7 +447,7 @@ pub fn run(ops: &[Op], mode: Registration) -> Figures {
                     rkey: key.1,
                     seen: key.2,
                 });
-                assert!(pool.grant_stats().quarantined_blocks <= parked.len() as u64);
+                assert!(pool.stats().grants.quarantined_blocks <= parked.len() as u64);
             }
             Op::Store { pick, at, byte } if n > 0 => {
                 let i = pick % n;
@@ -532,7 +532,7 @@ pub fn run(ops: &[Op], mode: Registration) -> Figures {
                 }
                 // The soft NIC completes an invalidation as it is posted: once its completion
                 // is seen, nothing stays parked.
-                assert_eq!(pool.grant_stats().quarantined_blocks, 0);
+                assert_eq!(pool.stats().grants.quarantined_blocks, 0);
                 polled(&mut parked);
             }
             _ => {}
@@ -555,7 +555,7 @@ pub fn run(ops: &[Op], mode: Registration) -> Figures {
     while let Some(wc) = bed.server.cq.poll_one().unwrap() {
         assert!(!rdma_pool::nic::is_reserved_wr_id(wc.wr_id), "{wc:?}");
     }
-    let s = pool.grant_stats();
+    let s = pool.stats().grants;
     assert_eq!((s.open, s.quarantined_blocks), (0, 0), "{s:?}");
     assert_eq!(pool.live_blocks(), 0);
     assert!(pool.validate());

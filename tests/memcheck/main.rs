@@ -11,7 +11,8 @@
 mod common;
 
 use common::*;
-use rdma_pool::alloc::{FREED, GUARD_FILL, Pool, asan_poisoned, memcheck_stats};
+use rdma_pool::Pool;
+use rdma_pool::alloc::{FREED, GUARD_FILL, asan_poisoned, memcheck_stats};
 use rdma_pool::nic::*;
 use std::alloc::Layout;
 

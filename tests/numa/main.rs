@@ -4,7 +4,7 @@
 //! runs them: with one node the bindings to node 0 are still made and checked, with several
 //! every online node is asked for in turn and a thread's `Local` chunks follow its CPU.
 
-use rdma_pool::alloc::Pool;
+use rdma_pool::Pool;
 use rdma_pool::arena::numa::{
     MPOL_DEFAULT, MPOL_PREFERRED, current_node, is_available, node_of_page, online_nodes, policy_of,
 };
@@ -174,7 +174,7 @@ fn a_node_the_machine_does_not_have_is_a_config_error() {
             &Nic::soft().alloc_pd().unwrap(),
             cfg(NumaPolicy::Node(missing), Hugepages::Off)
         ),
-        Err(Error::Config(_))
+        Err(rdma_pool::PoolError::Arena(Error::Config(_)))
     ));
 }
 
@@ -289,7 +289,7 @@ fn the_pool_reports_the_node_of_its_blocks() {
         assert_eq!(policy_of(p), Some((MPOL_PREFERRED, Some(0))));
     }
     assert_eq!(pool.node_of(&0u8), None);
-    assert_eq!(pool.stats().arena.numa, NumaPlacement::Node(0));
+    assert_eq!(pool.stats().alloc.arena.numa, NumaPlacement::Node(0));
     let unbound = Pool::with_config(
         &Nic::soft().alloc_pd().unwrap(),
         cfg(NumaPolicy::Any, Hugepages::Off),
@@ -307,11 +307,11 @@ fn local_placement_keeps_no_refill_reserve() {
     assert!(pin_to(allowed_cpus()[0]));
     let local = Pool::with_config(&pd, cfg(NumaPolicy::Local, Hugepages::Off)).unwrap();
     local.start_refill(2).unwrap();
-    assert_eq!(local.prefetch_stats().reserve_target, 0);
+    assert_eq!(local.stats().prefetch.reserve_target, 0);
     let v = allocator_api2::vec![in &local; 1u8; 100];
     assert_eq!(local.node_of(v.as_ptr()), current_node());
     let fixed = Pool::with_config(&pd, cfg(NumaPolicy::Node(0), Hugepages::Off)).unwrap();
     fixed.start_refill(2).unwrap();
-    assert_eq!(fixed.prefetch_stats().reserve_target, 2);
+    assert_eq!(fixed.stats().prefetch.reserve_target, 2);
     fixed.stop_refill();
 }

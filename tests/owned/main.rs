@@ -7,7 +7,7 @@ mod common;
 
 use allocator_api2::vec::Vec as PoolVec;
 use common::*;
-use rdma_pool::alloc::Pool;
+use rdma_pool::Pool;
 use rdma_pool::nic::*;
 use std::time::{Duration, Instant};
 
@@ -422,7 +422,13 @@ fn pools_with_remote_rights_need_the_unsafe_constructor() {
             ..small_arena()
         };
         let e = Pool::with_config(&bed.a.pd, cfg).unwrap_err();
-        assert!(matches!(e, rdma_pool::arena::Error::Config(_)), "{e:?}");
+        assert!(
+            matches!(
+                e,
+                rdma_pool::PoolError::Arena(rdma_pool::arena::Error::Config(_))
+            ),
+            "{e:?}"
+        );
     }
     // An implicit ODP region's key would reach the whole process.
     let implicit = rdma_pool::arena::ArenaConfig {

@@ -8,7 +8,7 @@
 mod common;
 
 use common::*;
-use rdma_pool::alloc::Pool;
+use rdma_pool::Pool;
 use rdma_pool::arena::{ArenaConfig, Hugepages, Registration};
 use rdma_pool::nic::*;
 use rdma_pool::prefetch::PrefetchError;
@@ -84,7 +84,7 @@ fn a_peers_first_write_into_fresh_odp_memory_faults_only_without_prefetch() {
         if bed.b.nic.as_soft().is_some() {
             assert_eq!(taken, if prefetch { 0 } else { 16 }, "prefetch {prefetch}");
         }
-        let s = pool.prefetch_stats();
+        let s = pool.stats().prefetch;
         assert_eq!(s.automatic_enabled, prefetch && bed.b.nic.caps().advise_mr);
         assert_eq!(s.automatic > 0, s.automatic_enabled, "{s:?}");
         assert_eq!(s.automatic_failures, 0, "{s:?}");
@@ -156,7 +156,7 @@ fn advice_with_and_without_flush_and_no_fault_leaves_absent_pages_alone() {
     if soft.is_some() {
         assert_eq!(faults(&bed.b.nic), before);
     }
-    let s = pool.prefetch_stats();
+    let s = pool.stats().prefetch;
     assert!(s.advise_calls >= 4 && s.pages >= 3 * 256, "{s:?}");
     // SAFETY: as above.
     unsafe { pool.free_sized(p, block()) };
@@ -174,7 +174,7 @@ fn advise_errors_are_retried_turn_prefetch_off_or_come_back_typed() {
     // EAGAIN twice: retried, then done.
     soft.fail_next(Verb::AdviseMr, 2, libc::EAGAIN);
     pool.prefetch(buf, Advice::PrefetchWrite).unwrap();
-    let s = pool.prefetch_stats();
+    let s = pool.stats().prefetch;
     assert_eq!((s.retries, s.failures[0]), (2, 2), "{s:?}");
     // ENOMEM past every retry: Busy.
     soft.fail_next(Verb::AdviseMr, 10, libc::ENOMEM);
@@ -203,14 +203,14 @@ fn advise_errors_are_retried_turn_prefetch_off_or_come_back_typed() {
     soft.fail_next(Verb::AdviseMr, 1, libc::EFAULT);
     let q = pool.alloc(Layout::from_size_align(4 << 20, 4096).unwrap());
     assert!(!q.is_null() && pool.keys_of(q).is_some());
-    assert_eq!(pool.prefetch_stats().automatic_failures, 1);
+    assert_eq!(pool.stats().prefetch.automatic_failures, 1);
     // EOPNOTSUPP turns prefetch off for good; the pool keeps serving.
     soft.fail_next(Verb::AdviseMr, 1, libc::EOPNOTSUPP);
     assert!(matches!(
         pool.prefetch(buf, Advice::Prefetch),
         Err(PrefetchError::Unsupported)
     ));
-    let s = pool.prefetch_stats();
+    let s = pool.stats().prefetch;
     assert!(!s.enabled && !s.automatic_enabled, "{s:?}");
     assert_eq!(s.disabled_errno, Some(libc::EOPNOTSUPP));
     let calls = s.advise_calls;
@@ -223,7 +223,7 @@ fn advise_errors_are_retried_turn_prefetch_off_or_come_back_typed() {
         })
     ));
     assert_eq!(
-        pool.prefetch_stats().advise_calls,
+        pool.stats().prefetch.advise_calls,
         calls,
         "no more advise calls"
     );
@@ -256,7 +256,7 @@ fn pinned_memory_needs_no_prefetch() {
     .unwrap();
     let v = allocator_api2::vec![in &pool; 0u8; 4096];
     assert_eq!(pool.prefetch(&v, Advice::PrefetchWrite).unwrap(), 0);
-    let s = pool.prefetch_stats();
+    let s = pool.stats().prefetch;
     assert_eq!((s.automatic_enabled, s.advise_calls), (false, 0));
 }
 
@@ -284,12 +284,12 @@ fn the_refill_keeps_prefetched_slabs_ready_and_stops_cleanly() {
     let pool = odp_pool(&bed.b.pd, true);
     pool.start_refill(4).unwrap();
     until("a full reserve", || {
-        pool.prefetch_stats().reserve_slabs == 4
+        pool.stats().prefetch.reserve_slabs == 4
     });
     assert_eq!(refill_threads(), 1);
     // Three one-slab blocks come from the reserve, ready: the peer's writes take no fault.
     let blocks: Vec<_> = (0..3).map(|_| pool.alloc(block())).collect();
-    assert_eq!(pool.prefetch_stats().reserve_hits, 3);
+    assert_eq!(pool.stats().prefetch.reserve_hits, 3);
     let before = faults(&bed.b.nic);
     for &p in &blocks {
         peer_writes(&bed, &pool, p, 64 << 10, 3);
@@ -297,12 +297,12 @@ fn the_refill_keeps_prefetched_slabs_ready_and_stops_cleanly() {
     if bed.b.nic.as_soft().is_some() {
         assert_eq!(faults(&bed.b.nic), before);
     }
-    until("the refill", || pool.prefetch_stats().reserve_slabs == 4);
-    assert!(pool.prefetch_stats().refilled >= 7);
+    until("the refill", || pool.stats().prefetch.reserve_slabs == 4);
+    assert!(pool.stats().prefetch.refilled >= 7);
     pool.stop_refill();
     // Joined; the kernel may list the exited thread in /proc for a moment longer.
     until("the thread gone", || refill_threads() == 0);
-    let s = pool.prefetch_stats();
+    let s = pool.stats().prefetch;
     assert_eq!(
         (s.reserve_target, s.reserve_slabs),
         (0, 4),
@@ -314,7 +314,7 @@ fn the_refill_keeps_prefetched_slabs_ready_and_stops_cleanly() {
     // The restarted thread refills what is taken from the reserve.
     let more: Vec<_> = (0..4).map(|_| pool.alloc(block())).collect();
     until("the restarted refill", || {
-        pool.prefetch_stats().reserve_slabs == 2
+        pool.stats().prefetch.reserve_slabs == 2
     });
     for p in blocks.into_iter().chain(more) {
         // SAFETY: blocks of this pool with this layout.
@@ -342,9 +342,9 @@ fn refill_start_and_stop_from_two_threads_never_hang_or_leak_a_thread() {
     });
     pool.start_refill(1).unwrap();
     until("a running refill", || {
-        pool.prefetch_stats().reserve_slabs >= 1
+        pool.stats().prefetch.reserve_slabs >= 1
     });
     pool.stop_refill();
     until("no refill thread", || refill_threads() == 0);
-    assert_eq!(pool.prefetch_stats().reserve_target, 0);
+    assert_eq!(pool.stats().prefetch.reserve_target, 0);
 }

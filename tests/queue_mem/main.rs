@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use rdma_pool::alloc::Pool;
+use rdma_pool::Pool;
 use rdma_pool::arena::{ArenaConfig, Hugepages, SLAB};
 use rdma_pool::nic::quirks::{Quirk, applies};
 use rdma_pool::nic::soft::SoftConfig;
@@ -44,7 +44,7 @@ fn carves_are_aligned_inside_one_umem_no_region_covers_and_come_back() {
             pool.queue_memory(64, 64),
             Err(QueueMemError::Unsupported)
         ));
-        assert_eq!(pool.queue_stats().umems, 0);
+        assert_eq!(pool.stats().queue.umems, 0);
         return;
     }
     let db = pool.queue_memory(8, 64).unwrap();
@@ -66,7 +66,7 @@ fn carves_are_aligned_inside_one_umem_no_region_covers_and_come_back() {
     assert!(pool.keys_of(sq.as_ptr()).is_none() && pool.keys_of(db.as_ptr()).is_none());
     // SAFETY: the carve is ours, `len` bytes.
     unsafe { std::ptr::write_bytes(sq.as_ptr(), 0xAB, sq.len()) };
-    let s = pool.queue_stats();
+    let s = pool.stats().queue;
     assert_eq!((s.umems, s.carves), (1, 3), "{s:?}");
     assert_eq!(s.carved_bytes as usize, 64 + (64 << 10) + 10_048);
     let (off, umem) = (sq.offset(), sq.umem_id());
@@ -78,14 +78,14 @@ fn carves_are_aligned_inside_one_umem_no_region_covers_and_come_back() {
         "the freed carve is reused"
     );
     drop((db, cq, again));
-    let s = pool.queue_stats();
+    let s = pool.stats().queue;
     assert_eq!(
         (s.umems, s.carves, s.carved_bytes),
         (1, 0, 0),
         "the last UMEM is kept"
     );
     assert!(pool.validate());
-    assert_eq!(pool.stats().arena.queue_bytes as usize, UMEM_BYTES);
+    assert_eq!(pool.stats().alloc.arena.queue_bytes as usize, UMEM_BYTES);
 }
 
 #[test]
@@ -105,22 +105,22 @@ fn a_full_umem_gets_a_neighbour_and_empty_ones_are_deregistered() {
     // Larger than a UMEM: one of its own.
     let big = pool.queue_memory(UMEM_BYTES + 1, 4096).unwrap();
     assert!(big.len() > UMEM_BYTES);
-    let s = pool.queue_stats();
+    let s = pool.stats().queue;
     assert_eq!(s.umems, 3, "{s:?}");
     drop(bufs);
     drop(big);
-    let s = pool.queue_stats();
+    let s = pool.stats().queue;
     assert_eq!((s.umems, s.carves), (1, 0), "{s:?}");
     assert!(
         s.spare_bytes > 0,
         "deregistered UMEMs leave their slabs for the next"
     );
     // Spare slabs host the next UMEMs: no new slabs are committed.
-    let committed = pool.stats().arena.queue_bytes;
+    let committed = pool.stats().alloc.arena.queue_bytes;
     let b: Vec<_> = (0..3)
         .map(|_| pool.queue_memory(half, 4096).unwrap())
         .collect();
-    assert_eq!(pool.stats().arena.queue_bytes, committed);
+    assert_eq!(pool.stats().alloc.arena.queue_bytes, committed);
     drop(b);
     assert!(pool.validate());
 }
@@ -140,17 +140,17 @@ fn page_sizes_follow_the_slabs_and_a_bitmap_the_memory_cannot_back_is_a_typed_er
         matches!(e, QueueMemError::PageSize { bitmap } if bitmap == SLAB as u64),
         "{e}"
     );
-    assert_eq!(small.queue_stats().umems, 0, "nothing kept");
+    assert_eq!(small.stats().queue.umems, 0, "nothing kept");
     // The slabs of the refused UMEM serve the next one.
     let b = small.queue_memory(4096, 4096).unwrap();
-    assert_eq!(small.stats().arena.queue_bytes as usize, UMEM_BYTES);
+    assert_eq!(small.stats().alloc.arena.queue_bytes as usize, UMEM_BYTES);
     drop(b);
     // Hugetlb slabs (where the machine has hugetlb pages) allow 2 MiB pages.
     let huge = pool_on(&nic, Hugepages::Prefer);
     let b = huge.queue_memory(1 << 20, 4096).unwrap();
-    if huge.stats().arena.slabs_hugetlb > 0 {
+    if huge.stats().alloc.arena.slabs_hugetlb > 0 {
         assert_eq!(b.page_size(), SLAB);
-        assert_eq!(huge.queue_stats().umems_2m, 1);
+        assert_eq!(huge.stats().queue.umems_2m, 1);
     } else {
         assert_eq!(b.page_size(), 4096);
     }
@@ -181,7 +181,7 @@ fn a_device_without_devx_says_unsupported() {
         pool.queue_memory(64, 64),
         Err(QueueMemError::Unsupported)
     ));
-    assert_eq!(pool.stats().arena.queue_bytes, 0, "nothing committed");
+    assert_eq!(pool.stats().alloc.arena.queue_bytes, 0, "nothing committed");
 }
 
 #[test]
@@ -233,7 +233,7 @@ fn threads_carve_disjoint_memory() {
     let mut r = ranges.into_inner().unwrap();
     r.sort();
     assert!(r.windows(2).all(|w| w[0].1 <= w[1].0), "carves overlap");
-    let s = pool.queue_stats();
+    let s = pool.stats().queue;
     assert_eq!((s.carves, s.carved_bytes), (0, 0), "{s:?}");
     assert!(pool.validate());
 }

@@ -21,9 +21,9 @@ fn each_rail_registers_in_its_own_devices_mode() {
         ..config()
     };
     let t = TwoRails::on(Nic::soft(), Nic::soft_with(no_odp()), cfg, true);
-    assert_eq!(t.pool.stats().arena.mode, RegMode::Odp);
+    assert_eq!(t.pool.stats().alloc.arena.mode, RegMode::Odp);
     let mut b = allocator_api2::vec![in &t.pool; 0u8; 3 << 20];
-    let rail = &t.pool.rail_stats()[0];
+    let rail = &t.pool.stats().rails[0];
     assert_eq!(
         (rail.mode, rail.mode_reason),
         (RegMode::Pinned, ModeReason::NoOdp)
@@ -39,7 +39,7 @@ fn each_rail_registers_in_its_own_devices_mode() {
     let pool = Pool::with_config(&Nic::soft().alloc_pd().unwrap(), strict).unwrap();
     let pd = Nic::soft_with(no_odp()).alloc_pd().unwrap();
     assert!(matches!(pool.attach(&pd), Err(Error::Config(_))));
-    assert!(pool.rail_stats().is_empty());
+    assert!(pool.stats().rails.is_empty());
 }
 
 #[test]
@@ -52,7 +52,7 @@ fn a_refusal_on_one_rail_leaves_the_other_alone() {
     // Registered on rail 0, not on rail 1 (no ODP there to fall back to): counted.
     covered(&t.pool, refused.as_ptr(), refused.len(), &t.s0.nic);
     assert_eq!(t.pool.keys_of_on(refused.as_ptr(), &t.s1.nic), None);
-    let rail = t.pool.rail_stats()[0].clone();
+    let rail = t.pool.stats().rails[0].clone();
     assert_eq!((rail.degradations, rail.unregistered_bytes), (1, 4 << 20));
     t.round_trip(0, &mut refused, 3);
     // The next run registers on rail 1 again.
@@ -69,12 +69,12 @@ fn a_refusal_on_one_rail_leaves_the_other_alone() {
     let mut b = allocator_api2::vec![in &t2.pool; 0u8; 3 << 20];
     let k = covered(&t2.pool, b.as_ptr(), b.len(), &t2.s1.nic);
     assert_eq!(k.len, 1 << 24, "the chunk's ODP region on rail 1");
-    assert_eq!(t2.pool.rail_stats()[0].degradations, 1);
+    assert_eq!(t2.pool.stats().rails[0].degradations, 1);
     t2.round_trip(1, &mut b, 5);
     // Purging the refused run forgets it on rail 1 too.
     drop(refused);
     t.pool.purge();
-    assert_eq!(t.pool.rail_stats()[0].unregistered_bytes, 0);
+    assert_eq!(t.pool.stats().rails[0].unregistered_bytes, 0);
     assert!(t.pool.validate() && t2.pool.validate());
 }
 

@@ -11,7 +11,7 @@ mod degrade;
 
 use allocator_api2::vec::Vec as AVec;
 use common::*;
-use rdma_pool::alloc::Pool;
+use rdma_pool::Pool;
 use rdma_pool::arena::{ArenaConfig, Error, Keys, RegMode};
 use rdma_pool::nic::*;
 use std::alloc::Layout;
@@ -147,13 +147,13 @@ fn every_block_has_keys_on_both_rails_and_rdma_through_either_moves_the_right_by
         t.round_trip(0, b, i as u8);
         t.round_trip(1, b, 0x80 | i as u8);
     }
-    let rails = t.pool.rail_stats();
+    let rails = t.pool.stats().rails;
     assert_eq!(rails.len(), 1);
     assert_eq!(rails[0].device, t.s1.nic.caps().name);
     assert_eq!(rails[0].unregistered_bytes, 0);
     assert_eq!(
         rails[0].registered_bytes,
-        t.pool.stats().arena.registered_bytes,
+        t.pool.stats().alloc.arena.registered_bytes,
         "rail 1 covers what rail 0 covers"
     );
     assert!(t.pool.validate());
@@ -196,7 +196,7 @@ fn a_rail_attached_late_registers_what_is_there_and_detaching_changes_no_other_k
     t.round_trip(1, &mut after, 9);
 
     t.pool.detach(&t.s1.pd).unwrap();
-    assert!(t.pool.rail_stats().is_empty());
+    assert!(t.pool.stats().rails.is_empty());
     for (b, k0) in before.iter().zip(&keys0) {
         assert_eq!(t.pool.keys_of_on(b.as_ptr(), &t.s1.nic), None);
         assert_eq!(
@@ -290,7 +290,7 @@ fn grants_name_their_device_through_the_peers_qp() {
         },
         Err(rdma_pool::grant::GrantError::ForeignQp)
     ));
-    assert_eq!(t.pool.grant_stats().open, 0);
+    assert_eq!(t.pool.stats().grants.open, 0);
     assert!(t.pool.validate());
 }
 
@@ -304,11 +304,11 @@ fn purge_and_reuse_keep_both_rails_right() {
     let p = t.pool.alloc(layout);
     assert!(!p.is_null());
     covered(&t.pool, p, size, &t.s1.nic);
-    let rail_before = t.pool.rail_stats()[0].registered_bytes;
+    let rail_before = t.pool.stats().rails[0].registered_bytes;
     // SAFETY: `p` came from this pool with `layout`.
     unsafe { t.pool.free_sized(p, layout) };
     assert_eq!(t.pool.purge(), 8 << 20);
-    let rail = &t.pool.rail_stats()[0];
+    let rail = &t.pool.stats().rails[0];
     if rail.mode == RegMode::Pinned {
         assert_eq!(
             rail.registered_bytes,
@@ -364,7 +364,10 @@ fn attach_and_detach_race_allocating_threads_and_no_block_loses_its_keys() {
     // Every block committed (live or freed) is covered on both rails.
     let mut check = allocator_api2::vec![in &t.pool; 0u8; 70_000];
     t.round_trip(1, &mut check, 7);
-    let s = t.pool.rail_stats();
-    assert_eq!(s[0].registered_bytes, t.pool.stats().arena.registered_bytes);
+    let s = t.pool.stats().rails;
+    assert_eq!(
+        s[0].registered_bytes,
+        t.pool.stats().alloc.arena.registered_bytes
+    );
     assert!(t.pool.validate());
 }

@@ -12,7 +12,7 @@ mod common;
 
 use common::*;
 use crossbeam::channel::{Receiver, Sender, unbounded};
-use rdma_pool::alloc::Pool;
+use rdma_pool::Pool;
 use rdma_pool::arena::{ArenaConfig, Hugepages};
 use rdma_pool::nic::*;
 use std::alloc::Layout;
@@ -372,7 +372,7 @@ fn threads_allocating_freeing_granting_purging_and_moving_bytes_at_once() {
                 assert!(!rdma_pool::nic::is_reserved_wr_id(wc.wr_id), "{wc:?}");
             }
         }
-        let g = pool.grant_stats();
+        let g = pool.stats().grants;
         if (g.open, g.quarantined_blocks) == (0, 0) || Instant::now() > deadline {
             break;
         }
@@ -390,7 +390,7 @@ fn threads_allocating_freeing_granting_purging_and_moving_bytes_at_once() {
     let elapsed = start.elapsed();
     assert!(ledger.lock().unwrap().live.is_empty());
     assert_eq!(pool.live_blocks(), 0);
-    let g = pool.grant_stats();
+    let g = pool.stats().grants;
     assert_eq!((g.open, g.quarantined_blocks), (0, 0), "{g:?}");
     assert!(pool.validate());
     let n = |a: &AtomicU64| a.load(Relaxed);

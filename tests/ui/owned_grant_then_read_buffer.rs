@@ -1,5 +1,5 @@
 // A write grant owns its buffer: the program cannot read it while the peer may write.
-use rdma_pool::alloc::Pool;
+use rdma_pool::Pool;
 use rdma_pool::nic::{Access, Nic, QpCaps};
 
 fn main() {

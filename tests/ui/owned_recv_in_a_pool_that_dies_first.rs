@@ -1,6 +1,6 @@
 // A buffer of a pool that does not outlive the request cannot be posted: the handle could be
 // leaked and the pool dropped while the NIC writes.
-use rdma_pool::alloc::Pool;
+use rdma_pool::Pool;
 use rdma_pool::nic::{Nic, QpCaps};
 
 fn main() {

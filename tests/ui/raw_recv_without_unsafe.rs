@@ -1,5 +1,5 @@
 // A raw receive lets the NIC write memory the program may free: it is `unsafe`.
-use rdma_pool::alloc::Pool;
+use rdma_pool::Pool;
 use rdma_pool::nic::{Nic, QpCaps};
 
 fn main() {

@@ -1,6 +1,6 @@
 // An owned grant hands out no `&mut Grant`: two could be swapped, and revoking one would give
 // back a buffer whose key still works.
-use rdma_pool::alloc::Pool;
+use rdma_pool::Pool;
 use rdma_pool::nic::{Access, Nic, QpCaps};
 
 fn main() {

@@ -1,5 +1,5 @@
 // A grant on a shared borrow is read-only: there is no way to pass a write right to it.
-use rdma_pool::alloc::Pool;
+use rdma_pool::Pool;
 use rdma_pool::nic::{Access, Nic, QpCaps};
 
 fn main() {

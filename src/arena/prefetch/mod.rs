@@ -8,7 +8,7 @@
 //!   and every purged range it revives (the purge dropped those pages), on its slow path,
 //!   never on the allocation fast path; with a refill running (`refill.rs`) the slow path takes
 //!   runs a background thread already committed and prefetched. Applications prefetch hot
-//!   ranges with [`Pool::prefetch`](crate::alloc::Pool::prefetch) (`Prefetch`/`PrefetchWrite`
+//!   ranges with [`Pool::prefetch`](crate::alloc::Core::prefetch) (`Prefetch`/`PrefetchWrite`
 //!   fault pages in; `PrefetchNoFault` maps only pages the CPU has, e.g. after a migration).
 //!   Pinned memory needs none: it is skipped. The automatic prefetch asks for the first
 //!   [`AUTO_PREFETCH_MAX`] bytes of a run at most: an ODP arena populates nothing else itself

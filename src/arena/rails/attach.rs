@@ -47,7 +47,7 @@ impl Arena {
     /// let on_b = arena.keys_of_on(run.as_ptr(), &b).unwrap(); // `b`'s own keys
     /// assert!(on_b.contains(run.as_ptr() as usize, run.len()));
     /// assert_eq!(arena.rail_stats()[0].registered_bytes, run.len() as u64);
-    /// # Ok::<(), rdma_pool::arena::Error>(())
+    /// # Ok::<(), rdma_pool::PoolError>(())
     /// ```
     ///
     /// [`RailStats`]: super::RailStats
@@ -152,7 +152,7 @@ impl Arena {
     /// assert_eq!(arena.keys_of_on(run.as_ptr(), &b), None);
     /// assert_eq!(arena.keys_of(run.as_ptr()), on_a);
     /// assert!(arena.detach(&pd_b).is_err());
-    /// # Ok::<(), rdma_pool::arena::Error>(())
+    /// # Ok::<(), rdma_pool::PoolError>(())
     /// ```
     pub fn detach(&self, pd: &Pd) -> Result<(), Error> {
         if provision::active() {

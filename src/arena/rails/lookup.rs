@@ -29,7 +29,7 @@ impl Arena {
     /// let run = arena.alloc_run(4096, 64)?;
     /// assert_eq!(arena.keys_of_on(run.as_ptr(), &a), arena.keys_of(run.as_ptr()));
     /// assert_eq!(arena.keys_of_on(run.as_ptr(), &b), None); // not attached
-    /// # Ok::<(), rdma_pool::arena::Error>(())
+    /// # Ok::<(), rdma_pool::PoolError>(())
     /// ```
     #[inline]
     pub fn keys_of_on(&self, ptr: *const u8, nic: &Nic) -> Option<Keys> {
@@ -58,7 +58,7 @@ impl Arena {
     /// // SAFETY: the run is ours while the arena lives.
     /// let buf = unsafe { std::slice::from_raw_parts(run.as_ptr(), 512) };
     /// assert_eq!(arena.sge_of_on(buf, &b)?.lkey, arena.keys_of_on(run.as_ptr(), &b).unwrap().lkey);
-    /// # Ok::<(), rdma_pool::arena::Error>(())
+    /// # Ok::<(), rdma_pool::PoolError>(())
     /// ```
     pub fn sge_of_on(&self, buf: &[u8], nic: &Nic) -> Result<Sge, Error> {
         let keys = self

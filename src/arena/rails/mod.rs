@@ -193,7 +193,7 @@ impl Arena {
     /// let rails = arena.rail_stats();
     /// assert_eq!(rails.len(), 1);
     /// assert_eq!((rails[0].mode, rails[0].registered_bytes, rails[0].mrs), (RegMode::Pinned, 4 << 20, 1));
-    /// # Ok::<(), rdma_pool::arena::Error>(())
+    /// # Ok::<(), rdma_pool::PoolError>(())
     /// ```
     pub fn rail_stats(&self) -> Vec<RailStats> {
         let held = self.rails.hold();
