@@ -25,11 +25,15 @@
 //! 2. the [`arena`]: one reservation of hugepage slabs registered before anything is allocated
 //!    from it, whose keys never change once handed out, with an O(1) lock-free
 //!    [`arena::Arena::keys_of`], and its own prefetch of what it commits;
-//! 3. the allocator core, [`alloc`]: size classes, thread caches, pages, heaps;
+//! 3. the allocator core, [`alloc::Core`]: size classes, thread caches, pages, heaps, and the
+//!    quarantine hook through which a feature keeps a freed block from reuse;
 //! 4. the features: [`grant`] (a peer's key to one buffer), [`prefetch`] of hot ranges,
 //!    [`queue_mem`] (DEVX queue memory);
-//! 5. the front ends: [`GlobalPool`] ([`global`]), and `Vec::new_in(&pool)` through
-//!    allocator-api2; `cm` (feature `verbs`) connects QPs through `rdma_cm`.
+//! 5. [`Pool`], the facade composing the core and the features (it dereferences to the core;
+//!    [`Pool::stats`] is everything it counts, one [`Stats`] tree; [`PoolError`] why it could
+//!    not be made);
+//! 6. the front ends: [`GlobalPool`] ([`global`]) over a `Pool`, and `Vec::new_in(&pool)`
+//!    through allocator-api2; `cm` (feature `verbs`) connects QPs through `rdma_cm`.
 //!
 //! # Examples
 //! A pool on the soft NIC, and an RDMA WRITE of a vector of it: the vector travels with the

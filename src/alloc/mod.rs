@@ -20,7 +20,8 @@
 //! threads), `heaps.rs` (claiming them), `tcache.rs` (their caches of freed blocks), `pool.rs`
 //! (shared slow paths; `pool/large.rs`, large runs), `spare.rs`, `purge.rs`, `tls.rs` (thread
 //! caches), `rails.rs`, `checked.rs`, `memcheck.rs` (memory-checker mode), `nicbuf.rs`,
-//! `stats.rs`, `api2.rs` (the one allocator-api2 adapter).
+//! `stats.rs`, `quarantine.rs` (the hook through which a feature parks a freed block), `api2.rs`
+//! (the one allocator-api2 adapter).
 
 pub(crate) mod api2;
 mod checked;

@@ -1,7 +1,7 @@
 //! Heap buffers as owned work-request buffers ([`NicBuf`], [`NicBufMut`]): `Vec<u8>` and
 //! `Box<[u8]>` of the global allocator (registered when it is a
 //! [`GlobalPool`](crate::GlobalPool)), and allocator-api2 vectors and boxes of any allocator
-//! (registered when it is a [`Core`](super::Core) or a `GlobalPool`).
+//! (registered when it is a [`Pool`](crate::Pool) or a `GlobalPool`).
 //!
 //! Contract: the bytes of these types live on the heap, so moving the value moves no byte, and
 //! only the value reaches them; the SGE is found by address among the live pools on the QP's

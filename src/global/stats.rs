@@ -83,7 +83,9 @@ pub enum GlobalState {
 pub struct GlobalStats {
     /// Where the pool is in its life.
     pub state: GlobalState,
-    /// The pool's own statistics, once it is ready.
+    /// The pool's allocator statistics, once it is ready: the `alloc` branch of its
+    /// [`Stats`](crate::Stats), read without a lock and without allocating (the features'
+    /// branches: `GLOBAL.pool()?.stats()`).
     pub pool: Option<PoolStats>,
     /// Allocations served by the system allocator because the pool could not serve them
     /// (initialisation failed, the arena could not grow, every heap was taken, the thread was

@@ -8,11 +8,25 @@ use crate::nic::{Access, Completion, Qp};
 impl Pool {
     /// Grant the peer at the other end of `qp` the right to READ exactly `buf`, a buffer (or
     /// part of one) of this pool, with the safest kind the device offers (see the
-    /// [grant module contract](crate::grant)). Read-only, as `buf` is only borrowed: a grant with a write
-    /// or atomic right owns its buffer ([`Pool::grant_owned`]).
+    /// [grant module contract](crate::grant)). Read-only, as `buf` is only borrowed: a grant
+    /// with a write or atomic right owns its buffer ([`Pool::grant_owned`]). A whole exchange
+    /// with a peer is in [`Grant`]'s example.
     ///
     /// # Errors
     /// See [`Pool::grant_with`].
+    ///
+    /// # Examples
+    /// ```
+    /// use rdma_pool::{GrantError, Nic, Pool, QpCaps};
+    /// let nic = Nic::soft();
+    /// let pd = nic.alloc_pd()?;
+    /// let pool = Pool::new(&pd)?;
+    /// let cq = nic.create_cq(8)?;
+    /// let qp = pd.create_qp(&cq, &cq, QpCaps::default())?;
+    /// let stack = [0u8; 64]; // not the pool's memory: no key for it
+    /// assert!(matches!(pool.grant(&stack, &qp), Err(GrantError::OutsidePool)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn grant<'a>(&'a self, buf: &'a [u8], qp: &Qp) -> Result<Grant<'a>, GrantError> {
         self.grant_read_with(buf, qp, GrantKind::Auto)
     }
@@ -82,6 +96,21 @@ impl Pool {
     ///
     /// # Errors
     /// As [`Pool::grant_with`], with the buffer given back.
+    ///
+    /// # Examples
+    /// ```
+    /// use rdma_pool::{Access, GrantError, Nic, Pool, QpCaps};
+    /// let nic = Nic::soft();
+    /// let pd = nic.alloc_pd()?;
+    /// let pool = Pool::new(&pd)?;
+    /// let cq = nic.create_cq(8)?;
+    /// let qp = pd.create_qp(&cq, &cq, QpCaps::default())?; // not connected yet
+    /// let buf = allocator_api2::vec![in &pool; 0u8; 4096];
+    /// let (buf, e) = pool.grant_owned(buf, &qp, Access::REMOTE_WRITE).unwrap_err();
+    /// assert!(matches!(e, GrantError::QpNotReady(_)));
+    /// assert_eq!(buf.len(), 4096); // given back, untouched
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn grant_owned<B: GrantBuf>(
         &self,
         buf: B,

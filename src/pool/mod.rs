@@ -210,12 +210,16 @@ impl Pool {
         self.core.validate() && self.features.grants.validate() && self.features.queue.validate()
     }
 
-    /// Deregister the pool from `pd`, a rail attached with [`Core::attach`] (see
-    /// [`Arena::detach`](crate::arena::Arena::detach)).
+    /// Deregister the pool from `pd`, a rail attached with [`Core::attach`], and free the rail:
+    /// keys of this rail stop working; no key of the pool's own device or of another rail
+    /// changes. Grants are held off meanwhile.
     ///
     /// # Errors
-    /// [`Error::Busy`] while a grant whose QP is in `pd` is open; otherwise as
-    /// [`Arena::detach`](crate::arena::Arena::detach).
+    /// [`Error::Busy`] while a grant whose QP is in `pd` is open; [`Error::InvalidArgument`]
+    /// when `pd` is not attached; [`Error::Reentrant`] from inside the arena's own
+    /// provisioning. A region the device refuses to deregister (a window still bound to it) is
+    /// dropped anyway, which logs it as leaked, and the first such error is returned after the
+    /// rail is freed.
     ///
     /// # Examples
     /// ```

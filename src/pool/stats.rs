@@ -1,8 +1,8 @@
 //! [`Stats`]: everything a [`Pool`] counts, in one tree read by one call.
 
 use super::Pool;
-use crate::alloc::PoolStats;
-use crate::arena::RailStats;
+use crate::alloc::{MemcheckStats, PoolStats};
+use crate::arena::{ForkStats, RailStats};
 use crate::grant::GrantStats;
 use crate::prefetch::PrefetchStats;
 use crate::queue_mem::QueueStats;
@@ -16,7 +16,9 @@ use crate::queue_mem::QueueStats;
 /// ├── prefetch: PrefetchStats advice given, refused, the refill reserve
 /// ├── rails: Vec<RailStats>   one per attached device
 /// ├── grants: GrantStats      issued, open, parked, windows
-/// └── queue: QueueStats       UMEMs and carves
+/// ├── queue: QueueStats       UMEMs and carves
+/// ├── fork: ForkStats         the fork gate (process-wide)
+/// └── memcheck: MemcheckStats the memory checker (process-wide; zero without the feature)
 /// ```
 ///
 /// The core's branch is read without a lock (it is also what
@@ -47,6 +49,11 @@ pub struct Stats {
     pub grants: GrantStats,
     /// DEVX queue memory ([`Pool::queue_memory`]).
     pub queue: QueueStats,
+    /// The fork gate, for the whole process ([`arena::fork_stats`](crate::arena::fork_stats)).
+    pub fork: ForkStats,
+    /// The memory checker, for the whole process
+    /// ([`alloc::memcheck_stats`](crate::alloc::memcheck_stats)).
+    pub memcheck: MemcheckStats,
 }
 
 impl Pool {
@@ -66,6 +73,8 @@ impl Pool {
             rails: arena.rail_stats(),
             grants: self.features.grants.stats(),
             queue: self.features.queue.stats(),
+            fork: crate::arena::fork_stats(),
+            memcheck: crate::alloc::memcheck_stats(),
         }
     }
 }

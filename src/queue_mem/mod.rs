@@ -214,7 +214,16 @@ impl QueueMem {
         if !core.nic().caps().devx {
             return Err(QueueMemError::Unsupported);
         }
-        let len = len.next_multiple_of(UNIT);
+        // A length the address space cannot hold is refused before it is rounded (it would
+        // wrap to a zero-length carve).
+        let Some(len) = len.checked_next_multiple_of(UNIT).filter(|l| {
+            l.checked_next_multiple_of(SLAB)
+                .is_some_and(|l| l <= isize::MAX as usize)
+        }) else {
+            return Err(QueueMemError::InvalidArgument(
+                "queue memory longer than the address space",
+            ));
+        };
         let align = align.max(UNIT);
         let mut st = self.lock();
         for (i, a) in st.areas.iter_mut().enumerate() {

@@ -8,6 +8,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod churn;
 mod errors;
 mod keys;
 mod peers;

@@ -446,6 +446,12 @@ fn queue_memory_rails_and_the_arena_refuse_bad_arguments() {
         (4096, 0),
         (1 << 40, 64),
         (4096, 1 << 40),
+        // Lengths that wrap when rounded up (found by the hostile review of #42: they came
+        // back as a zero-length carve sharing the next carve's address).
+        (usize::MAX, 64),
+        (usize::MAX - 62, 64),
+        (usize::MAX - (2 << 20), 4096),
+        (isize::MAX as usize, 64),
     ] {
         match tried(pool.queue_memory(len, align)) {
             Err(QueueMemError::InvalidArgument(_) | QueueMemError::Unsupported) => {}

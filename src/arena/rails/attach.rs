@@ -1,5 +1,5 @@
 //! Attaching the arena to another device's PD, and detaching it: [`Arena::attach`] and
-//! [`Arena::detach`].
+//! `Arena::detach` (crate-private: `Pool::detach` is the public way).
 //!
 //! Contract (see the module contract in `mod.rs`):
 //! - attaching takes a free rail slot, chooses the rail's registration mode by its own device's
@@ -137,24 +137,10 @@ impl Arena {
     /// still bound to it) is dropped anyway, which logs it as leaked, and the first such error
     /// is returned after the rail is freed.
     ///
-    /// # Examples
-    /// ```
-    /// # use rdma_pool::arena::{Arena, ArenaConfig, Hugepages};
-    /// # use rdma_pool::nic::Nic;
-    /// # let (a, b) = (Nic::soft(), Nic::soft());
-    /// # let cfg = ArenaConfig { reserve: 1 << 30, chunk: 1 << 26, hugepages: Hugepages::Off, ..Default::default() };
-    /// # let arena = Arena::new(&a.alloc_pd()?, cfg)?;
-    /// let pd_b = b.alloc_pd()?;
-    /// arena.attach(&pd_b)?;
-    /// let run = arena.alloc_run(4096, 64)?;
-    /// let on_a = arena.keys_of(run.as_ptr());
-    /// arena.detach(&pd_b)?;
-    /// assert_eq!(arena.keys_of_on(run.as_ptr(), &b), None);
-    /// assert_eq!(arena.keys_of(run.as_ptr()), on_a);
-    /// assert!(arena.detach(&pd_b).is_err());
-    /// # Ok::<(), rdma_pool::PoolError>(())
-    /// ```
-    pub fn detach(&self, pd: &Pd) -> Result<(), Error> {
+    /// Crate-private: a region of the rail may be borrowed by a grant being issued, so the
+    /// one public way is [`Pool::detach`](crate::Pool::detach), which holds every issue off
+    /// and refuses while a grant uses the PD.
+    pub(crate) fn detach(&self, pd: &Pd) -> Result<(), Error> {
         if provision::active() {
             return Err(Error::Reentrant);
         }
@@ -171,8 +157,9 @@ impl Arena {
         let mut first_err = None;
         if let Some(t) = slot.tables.get() {
             // SAFETY: the rails' lock excludes every other writer; grants on this rail hold
-            // no region reference past their own call (the pool refuses to detach a PD with
-            // open grants).
+            // no region reference past their own call, and none is being issued (the only
+            // caller, `Pool::detach`, holds the grants' gate and refuses a PD with open
+            // grants).
             unsafe {
                 t.table.clear(|mr| {
                     if let Err(e) = mr.dereg() {
