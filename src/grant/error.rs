@@ -46,13 +46,19 @@ pub enum GrantError {
     /// The device (or a known defect of it) rules out the kind of grant asked for.
     #[error("unsupported grant: {0}")]
     Unsupported(&'static str),
-    /// A bound on grants would be exceeded.
-    #[error("grant limit {what} = {max} would be exceeded")]
+    /// A bound on grants would be exceeded: the grant is refused (never issued) and counted
+    /// ([`GrantStats::refused`](super::GrantStats::refused)). Some bounds lift as grants are
+    /// revoked or as the key horizon passes; `hint` says which setting changes it where a
+    /// configuration can keep it refusing for good.
+    #[error("grant limit {what} = {max} would be exceeded: {hint}")]
     Limit {
-        /// Which bound (`region grants`, `region grant bytes`, `open grants`, `max_mw`).
+        /// Which bound (`region grants`, `region grant bytes`, `open grants`, `grant entries`,
+        /// `max_mw`, `key book`, `retired regions`).
         what: &'static str,
         /// Its value.
         max: u64,
+        /// What lifts it, and which setting changes it.
+        hint: &'static str,
     },
     /// The window's bind completed with an error: the key never worked.
     #[error("the bind completed with {0:?}")]

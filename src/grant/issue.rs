@@ -5,7 +5,7 @@
 //! then fails (dedicated region, ledger record, window) is returned before the error is.
 
 use super::windows::Lent;
-use super::{Active, GrantCtx, GrantError, GrantKind, Grants, OP_BIND, Wr, lock, wr_id};
+use super::{Active, GrantCtx, GrantError, GrantKind, Grants, OP_BIND, Wr, keybook, lock, wr_id};
 use crate::nic::quirks::{self, Quirk};
 use crate::nic::{Access, Mr, MwType, Qp, QpState, Rkey};
 use std::sync::atomic::Ordering::Relaxed;
@@ -172,26 +172,36 @@ impl GrantCtx<'_> {
         };
         let (block, block_len) = c.block;
         let flag = self.granted_flag(block);
-        let Some(record) = g.ledger.open(block, block_len, flag) else {
+        // A region grant's key was noted in the key book: never handed out, it is released
+        // there (and stays refused for the horizon: the device had it live).
+        let give_up = |region: Option<Mr>| {
+            if let (Some(mr), GrantKind::Region) = (region.as_ref(), c.kind) {
+                keybook::release(c.pd.nic(), mr.rkey(), g.clock().1);
+            }
             // Never handed out: dropping a refused region only logs.
-            drop(g.drop_region(dedicated, len));
-            return Err(GrantError::Limit {
+            drop(g.drop_region(region, len));
+        };
+        let Some(record) = g.ledger.open(block, block_len, flag) else {
+            give_up(dedicated);
+            return Err(g.refuse(GrantError::Limit {
                 what: "open grants",
                 max: super::ledger::CAP as u64,
-            });
+                hint: "a fixed bound per pool: revoke grants (or drop their handles) first",
+            }));
         };
         let undo = |region| {
-            drop(g.drop_region(region, len));
+            give_up(region);
             g.ledger.close(record, flag);
         };
         let mut active = lock(&g.active);
         if active.len() >= super::MAX_ACTIVE {
             drop(active);
             undo(dedicated);
-            return Err(GrantError::Limit {
+            return Err(g.refuse(GrantError::Limit {
                 what: "grant entries",
                 max: super::MAX_ACTIVE as u64,
-            });
+                hint: "a fixed bound per pool: drop revoked grants' handles first",
+            }));
         }
         let seq = (g.seq.fetch_add(1, Relaxed) & super::SEQ_MASK) as u16;
         let key = active.vacant_key();
@@ -249,7 +259,7 @@ impl GrantCtx<'_> {
         drop(active);
         let n = &g.counters;
         n.issued.fetch_add(1, Relaxed);
-        super::windows::CLOCK.fetch_add(1, Relaxed);
+        super::keybook::CLOCK.fetch_add(1, Relaxed);
         match c.kind {
             GrantKind::Type2 => n.type2.fetch_add(1, Relaxed),
             GrantKind::Type1 => n.type1.fetch_add(1, Relaxed),
@@ -267,7 +277,28 @@ impl GrantCtx<'_> {
     }
 }
 
+/// Registrations tried for a region grant whose keys the device keeps handing back stale.
+const FRESH_KEY_TRIES: usize = 64;
+
+/// The refusal of a full key book.
+pub(super) fn book_full(max: usize) -> GrantError {
+    GrantError::Limit {
+        what: "key book",
+        max: max as u64,
+        hint: "every key given to a peer is remembered for the key horizon: revoked keys' \
+               entries lapse as later grants pass it; lower GrantLimits::key_horizon",
+    }
+}
+
 impl Grants {
+    /// Count a grant refused by a limit.
+    pub(super) fn refuse(&self, e: GrantError) -> GrantError {
+        if matches!(e, GrantError::Limit { .. }) {
+            self.counters.refused.fetch_add(1, Relaxed);
+        }
+        e
+    }
+
     /// A region of its own over exactly `[addr, addr + len)`, within the limits: with the
     /// grant's rights for a region grant, with `MW_BIND` only for a window over it.
     fn dedicated_region(
@@ -279,20 +310,25 @@ impl Grants {
     ) -> Result<Mr, GrantError> {
         let n = &self.counters;
         let limits = self.limits();
+        if c.kind == GrantKind::Region {
+            self.region_room(c.pd.nic())?;
+        }
         if n.dedicated.fetch_add(1, Relaxed) >= limits.regions {
             n.dedicated.fetch_sub(1, Relaxed);
-            return Err(GrantError::Limit {
+            return Err(self.refuse(GrantError::Limit {
                 what: "region grants",
                 max: limits.regions,
-            });
+                hint: "revoke region grants first, or raise GrantLimits::regions",
+            }));
         }
         if n.dedicated_bytes.fetch_add(len as u64, Relaxed) + len as u64 > limits.region_bytes {
             n.dedicated.fetch_sub(1, Relaxed);
             n.dedicated_bytes.fetch_sub(len as u64, Relaxed);
-            return Err(GrantError::Limit {
+            return Err(self.refuse(GrantError::Limit {
                 what: "region grant bytes",
                 max: limits.region_bytes,
-            });
+                hint: "revoke region grants first, or raise GrantLimits::region_bytes",
+            }));
         }
         let rights = if c.kind == GrantKind::Region {
             access
@@ -304,41 +340,57 @@ impl Grants {
         } else {
             Access::empty()
         };
-        let fail = |e| {
-            n.dedicated.fetch_sub(1, Relaxed);
-            n.dedicated_bytes.fetch_sub(len as u64, Relaxed);
-            GrantError::Nic(e)
-        };
-        // A region grant's key goes to the peer: never one on an index tainted by a key
-        // deallocated before the horizon (`windows.rs`). Such a region is retired at once,
-        // holding the index, and another registered.
-        let mut tries = 0;
-        loop {
-            // SAFETY: the range lies in a live block of the pool, which stays mapped while
-            // the arena lives; the region is deregistered or retired (moved off the range)
-            // before the grant's record closes, so before the block can be reused.
-            let mr = unsafe {
-                c.pd.reg_mr(addr as *mut u8, len, Access::LOCAL_WRITE | rights | odp)
+        // A region grant's key goes to the peer: never one the key book says a peer may still
+        // hold (the device gave its index back, with that variant). Such a region is spoiled at
+        // once (its remote rights taken, `retire.rs`) and kept while another is registered, so
+        // that the device hands out another index; every key given out is noted.
+        let mut spoiled = Vec::new();
+        let r = (|| {
+            for _ in 0..FRESH_KEY_TRIES {
+                // SAFETY: the range lies in a live block of the pool, which stays mapped while
+                // the arena lives; the region is deregistered or retired (moved off the range)
+                // before the grant's record closes, so before the block can be reused.
+                let mr = unsafe {
+                    c.pd.reg_mr(addr as *mut u8, len, Access::LOCAL_WRITE | rights | odp)
+                }
+                .map_err(GrantError::Nic)?;
+                if c.kind != GrantKind::Region {
+                    // A window's region: its key goes to no peer (the window's does).
+                    return Ok(mr);
+                }
+                let nic = c.pd.nic();
+                if !keybook::is_stale(nic, mr.rkey()) {
+                    if let Err(keybook::Full(max)) = keybook::note(nic, mr.rkey()) {
+                        // Never handed out: dropping it only logs.
+                        drop(mr);
+                        return Err(self.refuse(book_full(max)));
+                    }
+                    return Ok(mr);
+                }
+                spoiled.extend(super::retire::spoil(mr)?);
             }
-            .map_err(fail)?;
-            tries += 1;
-            let tainted = c.kind == GrantKind::Region
-                && lock(&self.windows).is_tainted(c.pd.nic(), mr.rkey());
-            if !tainted {
-                return Ok(mr);
-            }
-            if tries == 4 {
-                // Fail closed: no grant on an index a stale key may still name.
-                drop(mr);
-                n.dedicated.fetch_sub(1, Relaxed);
-                n.dedicated_bytes.fetch_sub(len as u64, Relaxed);
-                return Err(GrantError::Unavailable);
-            }
-            if let Err(mr) = self.retire_region(mr) {
-                // The key was never handed out: dropping it only logs.
-                drop(mr);
+            Err(self.refuse(GrantError::Limit {
+                what: "fresh region keys",
+                max: FRESH_KEY_TRIES as u64,
+                hint: "the device handed back only keys a peer may still hold: it has too few \
+                       regions for the key horizon; lower GrantLimits::key_horizon or use a \
+                       device with a larger max_mr",
+            }))
+        })();
+        for mr in spoiled {
+            // Stale keys: held with the revoked ones where the device has an mkey cache (which
+            // would hand the key straight back), else given back (the book keeps them refused).
+            if mr.pd().nic().caps().mkey_cache {
+                drop(self.retire_region(mr));
+            } else {
+                super::retire::release(mr);
             }
         }
+        if r.is_err() {
+            n.dedicated.fetch_sub(1, Relaxed);
+            n.dedicated_bytes.fetch_sub(len as u64, Relaxed);
+        }
+        r
     }
 
     /// Deregister a dedicated region (if any) of a grant of `len` bytes. A refusal gives the
@@ -373,31 +425,51 @@ impl Grants {
         wr: u64,
     ) -> Result<(Lent, Rkey), GrantError> {
         let (now, horizon) = self.clock();
-        let mut lent = lock(&self.windows)
-            .take(qp.pd(), ty, now, horizon)
-            .map_err(|e| match e {
-                crate::nic::Error::Limit { max, .. } => GrantError::Limit {
-                    what: "max_mw",
-                    max,
-                },
-                e => GrantError::Nic(e),
-            })?;
+        let (mut lent, key) = loop {
+            let mut lent = lock(&self.windows)
+                .take(qp.pd(), ty, now, horizon)
+                .map_err(|e| match e {
+                    crate::nic::Error::Limit { max, .. } => self.refuse(GrantError::Limit {
+                        what: "max_mw",
+                        max,
+                        hint: "windows are held until the key horizon passes: revoke grants, \
+                               lower GrantLimits::key_horizon, or use a device with more max_mw",
+                    }),
+                    e => GrantError::Nic(e),
+                })?;
+            match lent.next_key() {
+                Some(key) => break (lent, key),
+                // No key a peer cannot hold left on this window: hold it, take another.
+                None => lock(&self.windows).retire(lent, now),
+            }
+        };
+        // Noted before the bind makes it valid: a full book refuses the grant.
+        if let Err(keybook::Full(max)) = keybook::note(qp.pd().nic(), key) {
+            drop(lock(&self.windows).give_back(lent, 0, now, horizon));
+            return Err(self.refuse(book_full(max)));
+        }
         let off = addr - mr.addr();
         let r = match ty {
-            MwType::Type2 => {
-                let variant = lent.next_variant();
-                qp.bind_type2(wr, &mut lent.mw, mr, off, len, access, variant)
-            }
+            MwType::Type2 => qp.bind_type2(wr, &mut lent.mw, mr, off, len, access, key.variant()),
             MwType::Type1 => qp.bind_type1(wr, &mut lent.mw, mr, off, len, access),
         };
         match r {
             Ok(rkey) => {
+                if rkey != key {
+                    // A driver whose type 1 bind did not take the next variant: the book
+                    // follows the key the device chose (fail closed: both stay noted while the
+                    // grant lives; a full book cannot refuse a bind already posted).
+                    tracing::warn!(%rkey, %key, "rdma_pool: a bind took another key than predicted");
+                    keybook::note_anyway(qp.pd().nic(), rkey);
+                    keybook::release(qp.pd().nic(), key, horizon);
+                }
                 self.counters.in_flight.fetch_add(1, Relaxed);
                 Ok((lent, rkey))
             }
             Err(e) => {
-                // Nothing was posted: the window is as it was.
-                drop(lock(&self.windows).give_back(lent, 0, now, horizon));
+                // Nothing was posted: the window skips the key (the book keeps it).
+                keybook::release(qp.pd().nic(), key, horizon);
+                drop(lock(&self.windows).give_back(lent, 1, now, horizon));
                 Err(GrantError::Nic(e))
             }
         }

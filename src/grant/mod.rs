@@ -72,6 +72,7 @@
 mod error;
 mod handle;
 mod issue;
+mod keybook;
 mod ledger;
 mod retire;
 mod revoke;
@@ -179,9 +180,17 @@ pub struct GrantStats {
     /// Revoked region grants kept registered, without remote rights, until the key horizon
     /// passes (see the module contract).
     pub regions_retired: u64,
-    /// Windows holding the index of a revoked region grant that was deregistered (no
-    /// `rereg_mr`): at most a quarter of `max_mw`, counted apart from `windows`.
+    /// Placeholder regions (on one dummy page, without remote rights) holding the index of a
+    /// revoked region grant that was deregistered (no `rereg_mr`); with `regions_retired`, at
+    /// most a quarter of `max_mr`.
     pub region_placeholders: u64,
+    /// Grants refused by a [`GrantError::Limit`].
+    pub refused: u64,
+    /// Entries in the process's key book (one per device and key index whose keys a peer may
+    /// still hold; see the module contract), process-wide.
+    pub key_book_entries: u64,
+    /// Its capacity, process-wide: beyond it grants are refused (`Limit`, `key book`).
+    pub key_book_capacity: u64,
     /// The pool's binds and invalidations posted whose completions no poll delivered yet:
     /// send-queue slots (and CQ entries) the grants occupy.
     pub wrs_in_flight: u64,
@@ -247,6 +256,7 @@ struct Counters {
     limit_regions: AtomicU64,
     limit_bytes: AtomicU64,
     limit_horizon: AtomicU64,
+    refused: AtomicU64,
 }
 
 /// One pool's grant feature at work: its allocator core and its grants' state (what the
@@ -285,6 +295,21 @@ pub(crate) struct Grants {
 const TAG: u64 = crate::nic::GRANT_TAG << 48;
 const OP_BIND: u64 = 1;
 const OP_INV: u64 = 2;
+
+/// Set the capacity of the process's key book (entries, one per device and key index; see
+/// the module contract) and return the previous one: a test hook, to fill it in a test.
+/// Entries beyond a lower capacity are kept; grants needing a new entry are refused
+/// ([`GrantError::Limit`], `key book`) until the book is below it.
+///
+/// # Examples
+/// ```
+/// let old = rdma_pool::grant::set_key_book_capacity(1 << 10);
+/// assert_eq!(rdma_pool::grant::set_key_book_capacity(old), 1 << 10);
+/// ```
+#[doc(hidden)]
+pub fn set_key_book_capacity(n: usize) -> usize {
+    keybook::set_capacity(n)
+}
 
 /// True when `wr_id` is one the pool tags its binds and invalidations with (top 16 bits
 /// `0x5250`): keep the application's own `wr_id`s out of that range.
@@ -354,11 +379,10 @@ fn lock<T>(m: &ForkLock<T>) -> ForkGuard<'_, T> {
 
 impl Drop for Grants {
     fn drop(&mut self) {
-        // The windows and held regions go with the pool: their indices go back to the device,
-        // so the keys they gave out are tainted for the other pools, for the horizon.
-        let horizon = self.counters.limit_horizon.load(Relaxed);
-        lock(&self.windows).taint_all(horizon);
-        lock(&self.retired).taint_all(horizon);
+        // The windows go with the pool, and its held regions where the device has no mkey
+        // cache: their indices go back to the device, their keys stay in the key book.
+        let (now, horizon) = self.clock();
+        lock(&self.retired).bury(now, horizon);
         // A completion of this pool's may still come: the tag stays taken for good then.
         if self.counters.in_flight.load(Relaxed) == 0 {
             give_tag(&TAGS, self.tag);
@@ -457,6 +481,7 @@ impl Grants {
         let (open, parked, parked_bytes) = self.ledger.counts();
         let (windows, retired, recycled) = lock(&self.windows).counts();
         let (retired_regions, placeholders) = lock(&self.retired).counts();
+        let book = keybook::counts();
         GrantStats {
             issued: c.issued.load(Relaxed),
             type2: c.type2.load(Relaxed),
@@ -475,6 +500,9 @@ impl Grants {
             windows_recycled: recycled,
             regions_retired: retired_regions as u64,
             region_placeholders: placeholders as u64,
+            refused: c.refused.load(Relaxed),
+            key_book_entries: book.0 as u64,
+            key_book_capacity: book.1 as u64,
             wrs_in_flight: c.in_flight.load(Relaxed),
             quarantined_blocks: parked as u64,
             quarantined_bytes: parked_bytes as u64,
@@ -485,7 +513,10 @@ impl Grants {
         let active = lock(&self.active);
         let (open, _, _) = self.ledger.counts();
         let unfinished = active.iter().filter(|(_, a)| !a.done).count();
-        unfinished == open as usize && self.ledger.validate() && lock(&self.windows).validate()
+        unfinished == open as usize
+            && self.ledger.validate()
+            && lock(&self.windows).validate()
+            && keybook::validate()
     }
 }
 

@@ -1,6 +1,6 @@
-//! Retiring a revoked region grant's key: its index stays held — by the region itself,
-//! without remote rights and pointed at one dummy page, or by a placeholder window — so that
-//! the device does not hand it to a later region or window whose key could equal the stale one.
+//! Retiring a revoked region grant's key: the key dies, and its index stays held — by the
+//! region itself, without remote rights and pointed at one dummy page, or by a placeholder
+//! region on that page — so that the device does not hand it to a later registration.
 //!
 //! Contract: [`Grants::retire_region`] kills the key first, then holds the index:
 //! - `ibv_rereg_mr(CHANGE_ACCESS | CHANGE_TRANSLATION)` onto [`DUMMY`] with `LOCAL_WRITE`
@@ -9,27 +9,36 @@
 //!   on the dummy page nothing of the pool's). The region itself holds the index.
 //! - Where the device has no `rereg_mr` (`Quirk::ReregUnsupported`, kernel rxe), refuses it,
 //!   or answers with an index of its own (it rebuilt the region), the region is deregistered,
-//!   which kills the key, and a placeholder window takes the index straight back where the
-//!   device hands it out again at once (the soft NIC recycles lowest first; rxe allocates
-//!   indices cyclically over `max_mr`, with a random variant, so it does not).
+//!   which kills the key, and a placeholder region (`LOCAL_WRITE`, the dummy page) takes the
+//!   index straight back where the device hands it out again at once (the soft NIC recycles
+//!   lowest first, and an mkey cache hands the same key to the next registration of its
+//!   size; rxe allocates indices cyclically over `max_mr`, so it does not).
 //! - A deregistration the device refuses leaves the key possibly alive: the region comes back
 //!   to the caller, which keeps the grant open (fail closed).
 //!
-//! Regions are scarce (they count against `max_mr` with the arena's own): at most a quarter of
-//! `max_mr` indices stay held, oldest first; beyond that, and once the key horizon passed, the
-//! oldest is released. So a revoked region key is refused for at least that many later region
-//! grants of the pool (4096 on the soft NIC's default device) and for as long as the horizon
-//! where fewer are made; after, which key the device gives that index next is its driver's
-//! choice. That is the weaker bound of region grants (the module contract).
+//! The bound itself is the key book's (`keybook.rs`): every region key given to a peer stays
+//! refused for the key horizon, on every device, whatever happens to the index. Holding the
+//! index is what keeps the device from handing the key to a registration that is *not* a
+//! grant (the book only checks grants): on a device whose deregistered keys go to a cache
+//! with the same key (`Caps::mkey_cache`: mlx5), only holding works. So:
+//! - at most `max_mr / 4` indices stay held per pool ([`retired_max`]), released after the
+//!   horizon; beyond that bound the oldest is released early where the device has no mkey
+//!   cache (the book keeps its key refused), and region grants are refused
+//!   ([`GrantError::Limit`] `retired regions`) where it has one;
+//! - when the pool is dropped, its held indices are released where the device has no mkey
+//!   cache, and kept in the process's [`GRAVES`] until their horizon where it has one (at most
+//!   `max_mr / 4` per device: beyond, the region is never deregistered at all).
 //!
 //! Invariant: `held` is ordered by the grant count each entry retired at, and
 //! `|held| <= retired_max(max_mr)`.
 
-use super::Grants;
+use super::{GrantError, Grants, keybook};
 use crate::nic::quirks::{self, Quirk};
-use crate::nic::{Access, Mr, Mw, MwType, ReregFlags};
+use crate::nic::{Access, Mr, ReregFlags};
+use crate::sys::atfork::ForkLock;
 use std::cell::UnsafeCell;
 use std::collections::VecDeque;
+use std::sync::atomic::Ordering::Relaxed;
 
 /// The page retired regions point at: never read or written through them (no remote rights,
 /// and their lkeys are never posted).
@@ -41,19 +50,16 @@ unsafe impl Sync for DummyPage {}
 
 static DUMMY: DummyPage = DummyPage(UnsafeCell::new([0; 4096]));
 
-/// What holds a revoked region grant's index.
-enum Held {
-    /// The region, moved onto the dummy page without remote rights.
-    Region(Mr),
-    /// A window that took the index back after the region was deregistered.
-    Placeholder(Mw),
+/// What holds a revoked region grant's index: the region moved onto the dummy page, or a
+/// placeholder registered there after the region was deregistered.
+struct Held {
+    mr: Mr,
+    placeholder: bool,
 }
 
-/// A held index: what holds it, the key the peer had, and the grant count it retired at.
+/// A held index and the grant count it retired at.
 struct Entry {
     held: Held,
-    key: crate::nic::Rkey,
-    nic: crate::nic::Nic,
     at: u64,
 }
 
@@ -65,32 +71,101 @@ pub(super) struct Retired {
     placeholders: usize,
 }
 
+/// A held index whose pool is gone, on a device with an mkey cache: kept until the process's
+/// grant clock reaches `until`.
+struct Grave {
+    mr: Mr,
+    until: u64,
+}
+
+/// The held indices of dropped pools, on devices with an mkey cache (see the module contract).
+static GRAVES: ForkLock<Vec<Grave>> = ForkLock::new(Vec::new());
+
 impl Retired {
-    /// `(revoked regions still registered on the dummy page, placeholder windows)`.
+    /// `(revoked regions still registered on the dummy page, placeholder regions)`.
     pub(super) fn counts(&self) -> (usize, usize) {
         (self.held.len() - self.placeholders, self.placeholders)
     }
 
-    /// The pool is going, and its held indices with it: each stale key is tainted for the
-    /// other pools of the process, for the horizon.
-    pub(super) fn taint_all(&self, horizon: u64) {
-        if horizon > 0 {
-            for e in &self.held {
-                super::windows::taint(&e.nic, e.key, false, horizon);
+    /// Whether another index may be held on a device with `max_mr` regions.
+    pub(super) fn has_room(&self, max_mr: u32) -> bool {
+        self.held.len() < retired_max(max_mr)
+    }
+
+    /// The pool is going (its grant clock at `now`): its held indices are released, or kept
+    /// in [`GRAVES`] for the rest of their horizon where the device has an mkey cache.
+    pub(super) fn bury(&mut self, now: u64, horizon: u64) {
+        let clock = keybook::CLOCK.load(Relaxed);
+        for e in self.held.drain(..) {
+            let nic = e.held.mr.pd().nic().clone();
+            let left = horizon.saturating_sub(now.saturating_sub(e.at));
+            if !nic.caps().mkey_cache || left == 0 {
+                release(e.held.mr);
+                continue;
             }
+            let mut graves = GRAVES.lock();
+            let on_device = graves
+                .iter()
+                .filter(|g| g.mr.pd().nic().same_device(&nic))
+                .count();
+            if on_device >= retired_max(nic.caps().max_mr) {
+                // Fail closed: never deregistered, so its key never comes back.
+                tracing::warn!(
+                    "rdma_pool: a dropped pool's retired region is kept for good (the graves are full)"
+                );
+                std::mem::forget(e.held.mr);
+                continue;
+            }
+            graves.push(Grave {
+                mr: e.held.mr,
+                until: clock.saturating_add(left),
+            });
         }
+        self.placeholders = 0;
+        sweep_graves();
+    }
+}
+
+/// Release the graves whose horizon passed.
+fn sweep_graves() {
+    let now = keybook::CLOCK.load(Relaxed);
+    let mut graves = GRAVES.lock();
+    if graves.iter().all(|g| g.until > now) {
+        return;
+    }
+    let (gone, kept): (Vec<Grave>, Vec<Grave>) = graves.drain(..).partition(|g| g.until <= now);
+    *graves = kept;
+    drop(graves);
+    for g in gone {
+        release(g.mr);
     }
 }
 
 /// Most retired region indices held on any device.
 const RETIRED_MAX: usize = 1 << 16;
 
-/// Most retired region indices held on a device with `max_mr` regions.
-fn retired_max(max_mr: u32) -> usize {
+/// Most retired region indices held per pool on a device with `max_mr` regions.
+pub(super) fn retired_max(max_mr: u32) -> usize {
     (max_mr as usize / 4).clamp(1, RETIRED_MAX)
 }
 
 impl Grants {
+    /// Refuse a region grant on `nic` when its revocation could not hold the index (see the
+    /// module contract: only where the device has an mkey cache).
+    pub(super) fn region_room(&self, nic: &crate::nic::Nic) -> Result<(), GrantError> {
+        let caps = nic.caps();
+        if caps.mkey_cache && !super::lock(&self.retired).has_room(caps.max_mr) {
+            return Err(self.refuse(GrantError::Limit {
+                what: "retired regions",
+                max: retired_max(caps.max_mr) as u64,
+                hint: "revoked region keys are held (mkey cache) until the key horizon passes: \
+                       later grants of any kind advance it; lower GrantLimits::key_horizon, or \
+                       use windows (GrantKind::Auto)",
+            }));
+        }
+        Ok(())
+    }
+
     /// Kill a revoked region grant's key and hold its index (see the module contract). `Err`
     /// gives the region back when its key may still work.
     pub(super) fn retire_region(&self, mut mr: Mr) -> Result<(), Mr> {
@@ -115,37 +190,32 @@ impl Grants {
             unsafe { mr.rereg(flags, None, DUMMY.0.get().cast(), 4096, access) }.is_ok()
         };
         let held = if moved && mr.rkey().index() == old.index() {
-            Some(Held::Region(mr))
+            Some(Held {
+                mr,
+                placeholder: false,
+            })
         } else {
             // Deregistered (or rebuilt by the driver): the old index went back to the device.
             if let Err(e) = mr.dereg() {
                 tracing::warn!(error = %e.error, "rdma_pool: a revoked region grant refused dereg");
                 return Err(e.mr);
             }
-            let ty = match (caps.max_mw > 0, caps.mw_type2, caps.mw_type1) {
-                (true, true, _) => Some(MwType::Type2),
-                (true, false, true) => Some(MwType::Type1),
-                _ => None,
-            };
-            // Placeholders take windows from the pool's grants: at most a quarter of max_mw.
-            let room = super::lock(&self.retired).placeholders < (caps.max_mw as usize / 4);
-            let windows = &self.windows;
-            ty.filter(|_| horizon > 0 && room)
-                .and_then(|ty| super::lock(windows).placeholder(&pd, ty, old, now))
-                .map(Held::Placeholder)
+            (horizon > 0)
+                .then(|| placeholder(&pd, old))
+                .flatten()
+                .map(|mr| Held {
+                    mr,
+                    placeholder: true,
+                })
         };
         let mut r = super::lock(&self.retired);
         if let Some(held) = held {
-            r.placeholders += matches!(held, Held::Placeholder(_)) as usize;
-            let nic = pd.nic().clone();
-            r.held.push_back(Entry {
-                held,
-                key: old,
-                nic,
-                at: now,
-            });
+            r.placeholders += held.placeholder as usize;
+            r.held.push_back(Entry { held, at: now });
         }
-        // Beyond the bound the oldest goes early; past the horizon, all that passed it.
+        // Beyond the bound the oldest goes early (the key book keeps its key refused; on a
+        // device with an mkey cache `region_room` refused the grants that would get here);
+        // past the horizon, all that passed it.
         let early = r.held.len().saturating_sub(retired_max(caps.max_mr));
         let late = r
             .held
@@ -154,33 +224,64 @@ impl Grants {
             .take_while(|e| now.saturating_sub(e.at) >= horizon)
             .count();
         let released: Vec<Entry> = r.held.drain(..early + late).collect();
-        r.placeholders -= released
-            .iter()
-            .filter(|e| matches!(e.held, Held::Placeholder(_)))
-            .count();
+        r.placeholders -= released.iter().filter(|e| e.held.placeholder).count();
         drop(r);
-        for (i, e) in released.into_iter().enumerate() {
-            // Released before its horizon, the index goes back to the device: no window of the
-            // process's pools binds the stale variant there until then (a region may: the
-            // driver's choice).
-            if i < early {
-                let left = horizon.saturating_sub(now.saturating_sub(e.at));
-                super::windows::taint(&e.nic, e.key, false, left);
-            }
-            release(e.held);
+        for e in released {
+            release(e.held.mr);
         }
+        sweep_graves();
         Ok(())
     }
 }
 
-/// Give a held index back to the device (a refusal only logs: the object stays allocated,
+/// Take a fresh region's remote rights at once (its key is one a peer may still hold): moved
+/// onto the dummy page where the device can, else deregistered and its index taken back by a
+/// placeholder where the device hands it out again at once. What is returned keeps the index
+/// out of the device's hands until the caller releases it.
+///
+/// # Errors
+/// [`GrantError::Unavailable`] when it can be neither (the region is dropped: it logs).
+pub(super) fn spoil(mut mr: Mr) -> Result<Option<Mr>, GrantError> {
+    let caps = mr.pd().nic().caps();
+    if !quirks::applies(caps, Quirk::ReregUnsupported) && !mr.is_odp() {
+        let flags = ReregFlags::CHANGE_ACCESS | ReregFlags::CHANGE_TRANSLATION;
+        // SAFETY: as in `retire_region`: the dummy page is static and writable, and the
+        // region, without remote rights, is never posted.
+        let to_dummy =
+            unsafe { mr.rereg(flags, None, DUMMY.0.get().cast(), 4096, Access::LOCAL_WRITE) };
+        if to_dummy.is_ok() {
+            return Ok(Some(mr));
+        }
+    }
+    let (pd, key) = (mr.pd().clone(), mr.rkey());
+    match mr.dereg() {
+        // A placeholder takes the index back where the device hands it out at once.
+        Ok(()) => Ok(placeholder(&pd, key)),
+        Err(e) => {
+            tracing::warn!(error = %e.error, "rdma_pool: a region with a stale key refused dereg");
+            drop(e.mr);
+            Err(GrantError::Unavailable)
+        }
+    }
+}
+
+/// A region on the dummy page, without remote rights, registered to take `key`'s index back
+/// from the device: `Some` when it landed there (the caller holds it).
+fn placeholder(pd: &crate::nic::Pd, key: crate::nic::Rkey) -> Option<Mr> {
+    // SAFETY: the dummy page is static and writable; the placeholder's lkey is never posted
+    // and it has no remote right.
+    let mr = unsafe { pd.reg_mr(DUMMY.0.get().cast(), 4096, Access::LOCAL_WRITE) }.ok()?;
+    if mr.rkey().index() == key.index() {
+        return Some(mr);
+    }
+    release(mr);
+    None
+}
+
+/// Give a held index back to the device (a refusal only logs: the region stays registered,
 /// and its key, without remote rights, reaches nothing).
-fn release(h: Held) {
-    let r = match h {
-        Held::Region(mr) => mr.dereg().map_err(|e| e.error),
-        Held::Placeholder(mw) => mw.dealloc().map_err(|(_, e)| e),
-    };
-    if let Err(e) = r {
-        tracing::warn!(error = %e, "rdma_pool: a retired region's index could not be released");
+pub(super) fn release(mr: Mr) {
+    if let Err(e) = mr.dereg() {
+        tracing::warn!(error = %e.error, "rdma_pool: a retired region's index could not be released");
     }
 }

@@ -154,6 +154,10 @@ impl Grants {
         }
         a.qp = None;
         a.done = true;
+        // The key is dead: the key book starts its horizon.
+        if let Some(pd) = a.pd.as_ref() {
+            super::keybook::release(pd.nic(), a.rkey, horizon);
+        }
         self.counters.revoked.fetch_add(1, Relaxed);
         self.ledger.close(a.record, pool.granted_flag(a.block))
     }

@@ -5,37 +5,29 @@
 //! uses one. A type 2 window's keys follow its own random order of the 8-bit variants (drawn
 //! from `getrandom` when it is allocated: a peer that saw its earlier keys cannot predict the
 //! next), a type 1 window's the driver's (`ibv_inc_rkey`: the next variant). Either way no key
-//! repeats within a window's life. A window returns to the cache only unbound and with a key
-//! to spare for both a bind and an unbind; otherwise it is *retired*: kept allocated, so that
-//! the device cannot give its index to a new window or region whose key could equal a stale
-//! key of the old one, until `horizon` more grants (of any kind, [`GrantLimits::key_horizon`],
-//! 2^20 by default) were issued; only then is it deallocated. A window that had to be
-//! deallocated early (its invalidation failed: deallocation is what kills its key) *taints*
-//! its index for the horizon, for every pool of the process (a process-wide registry on a
-//! process-wide grant clock, [`CLOCK`]): the pool takes the index straight back as a
-//! placeholder window where the device hands it out again at once (the soft NIC, recycling
-//! lowest first), and a fresh window or region grant that turns up with a tainted index, in
-//! any pool, is held (or retired), never used.
+//! repeats within a window's life, and no bind uses a key the process's key book
+//! (`keybook.rs`) says a peer may still hold: a type 2 window skips such variants, a type 1
+//! window (whose next variant the driver picks) is retired instead ([`Lent::next_key`]).
+//! A window returns to the cache only unbound and with a key to spare for both a bind and an
+//! unbind; otherwise it is *retired*: kept allocated, so that the device cannot give its index
+//! to a new window or region, until `horizon` more grants of the pool
+//! ([`GrantLimits::key_horizon`], 2^20 by default) were issued; only then is it deallocated.
+//! A window deallocated early (its invalidation failed: deallocation is what kills its key),
+//! or with its pool, gives its index back to the device, but not its keys: they stay in the
+//! key book for the horizon, so whichever window or region of the process gets the index next
+//! skips or holds them. Where the device hands the index out again at once (the soft NIC,
+//! recycling lowest first), the pool takes it straight back as a placeholder window.
 //! Windows the device refuses (`max_mw`) refuse the grant: a small `max_mw` bounds how many
 //! grants the horizon lets through rather than weakening it.
-//!
-//! A window landing on an index a revoked region grant's key was released from skips that
-//! variant (its order puts it past the keys it may use; a type 1 window, whose variants the
-//! driver picks, is held instead). When the pool is dropped, every index one of its windows
-//! gave a key out of is tainted for the other pools, for the horizon.
 //!
 //! Invariant: `allocated == |free1| + |free2| + |retired| + lent`, every cached window has a
 //! key to spare (`used + 2 <= cap`), and `retired` is ordered by the grant count it retired at.
 //!
 //! [`GrantLimits::key_horizon`]: super::GrantLimits::key_horizon
 
-use crate::nic::{Mw, MwType, Nic, Pd, Rkey};
-use crate::sys::atfork::{ForkGuard, ForkLock};
-use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-
-/// Most tainted keys remembered (beyond this the oldest is forgotten before its horizon).
-const TAINTED_MAX: usize = 1 << 16;
+use super::keybook;
+use crate::nic::{Mw, MwType, Pd, Rkey};
+use std::collections::VecDeque;
 
 /// A window lent out, with the keys it has used since allocation.
 pub(crate) struct Lent {
@@ -50,21 +42,23 @@ pub(crate) struct Lent {
 }
 
 impl Lent {
-    /// A fresh window, or the window back when its index may not be used (tainted whole, or
-    /// a type 1 window, which cannot skip variants, on an index with stale ones).
+    /// A fresh window, or the window back when its index has too few variants a peer cannot
+    /// hold (the key book's).
     fn fresh(mw: Mw) -> Result<Lent, Mw> {
-        let t = taints();
-        if t.whole(mw.pd().nic(), mw.rkey()) {
-            return Err(mw);
-        }
-        let stale = t.variants(mw.pd().nic(), mw.rkey());
-        drop(t);
+        let stale = keybook::stale(mw.pd().nic(), mw.rkey());
         let first = mw.rkey().variant();
         let is_stale = |v: u8| v != first && stale[v as usize / 64] & 1 << (v % 64) != 0;
         let n_stale = (0..=255u8).filter(|&v| is_stale(v)).count() as u16;
-        if mw.mw_type() == MwType::Type1 && n_stale > 0 || n_stale > 250 {
+        if n_stale > 250 {
             return Err(mw);
         }
+        // A type 1 window cannot skip variants (the driver picks the next): its stale ones are
+        // met at bind time ([`Lent::next_key`]), where the window is retired.
+        let n_stale = if mw.mw_type() == MwType::Type1 {
+            0
+        } else {
+            n_stale
+        };
         let order = (mw.mw_type() == MwType::Type2).then(|| {
             let mut o = random_order(first);
             // The stale variants go last (before `first`), past `cap`: never used.
@@ -91,6 +85,25 @@ impl Lent {
             Some(o) => o[self.used as usize],
             None => self.mw.rkey().next_variant().variant(),
         }
+    }
+
+    /// The key of the window's next bind, past every variant the key book says a peer may
+    /// still hold (a type 2 window skips them; a type 1 window, whose next variant the driver
+    /// picks, cannot); `None` when the window has no such key to spare: retire it.
+    pub(crate) fn next_key(&mut self) -> Option<Rkey> {
+        let stale = keybook::stale(self.mw.pd().nic(), self.mw.rkey());
+        let is_stale = |v: u8| stale[v as usize / 64] & 1 << (v % 64) != 0;
+        while self.spare() {
+            let v = self.next_variant();
+            if !is_stale(v) {
+                return Some(Rkey(self.mw.rkey().index() << 8 | v as u32));
+            }
+            if self.order.is_none() {
+                return None;
+            }
+            self.used += 1;
+        }
+        None
     }
 }
 
@@ -125,111 +138,11 @@ fn random_order(first: u8) -> Box<[u8; 256]> {
     o
 }
 
-/// A key index whose keys went to peers and that the device got back before the horizon.
-struct Tainted {
-    nic: Nic,
-    /// The stale variants, a bit each; all of them for a window's index (its keys stepped
-    /// through many), one for a region's (its key never changed).
-    variants: [u64; 4],
-    /// The process's grant count ([`CLOCK`]) at which the taint lapses.
-    until: u64,
-}
-
-/// Grants issued by every pool of the process: the clock of the taints, which every pool
-/// heeds (another pool on the device must not hand out a key this one's peer still holds).
-pub(crate) static CLOCK: AtomicU64 = AtomicU64::new(0);
-
-/// The tainted keys of the process, by index, and the order they were tainted in (oldest
-/// first). A `BTreeMap` for a `const` constructor: the registry is a static.
-struct Taints {
-    by_index: BTreeMap<u32, Vec<Tainted>>,
-    order: VecDeque<(u32, u64)>,
-}
-
-/// A fork-gated lock (`sys::atfork`): a fork never leaves it held in the child.
-static TAINTS: ForkLock<Taints> = ForkLock::new(Taints {
-    by_index: BTreeMap::new(),
-    order: VecDeque::new(),
-});
-
-fn taints() -> ForkGuard<'static, Taints> {
-    TAINTS.lock()
-}
-
-impl Taints {
-    fn add(&mut self, index: u32, t: Tainted) {
-        if self.order.len() >= TAINTED_MAX {
-            self.drop_oldest();
-        }
-        self.order.push_back((index, t.until));
-        self.by_index.entry(index).or_default().push(t);
-    }
-
-    fn drop_oldest(&mut self) {
-        if let Some((index, until)) = self.order.pop_front()
-            && let Some(v) = self.by_index.get_mut(&index)
-        {
-            if let Some(i) = v.iter().position(|t| t.until == until) {
-                v.swap_remove(i);
-            }
-            if v.is_empty() {
-                self.by_index.remove(&index);
-            }
-        }
-    }
-
-    /// Forget the oldest taints that lapsed.
-    fn forget(&mut self) {
-        let now = CLOCK.load(Relaxed);
-        while self.order.front().is_some_and(|&(_, until)| now >= until) {
-            self.drop_oldest();
-        }
-    }
-
-    fn find(&self, nic: &Nic, key: Rkey) -> impl Iterator<Item = &Tainted> {
-        let now = CLOCK.load(Relaxed);
-        self.by_index
-            .get(&key.index())
-            .into_iter()
-            .flatten()
-            .filter(move |t| now < t.until && t.nic.same_device(nic))
-    }
-
-    /// Is `key`'s index tainted whole?
-    fn whole(&self, nic: &Nic, key: Rkey) -> bool {
-        self.find(nic, key).any(|t| t.variants == [u64::MAX; 4])
-    }
-
-    /// The stale variants of `key`'s index.
-    fn variants(&self, nic: &Nic, key: Rkey) -> [u64; 4] {
-        self.find(nic, key).fold([0; 4], |mut acc, t| {
-            acc.iter_mut().zip(t.variants).for_each(|(a, v)| *a |= v);
-            acc
-        })
-    }
-}
-
-/// Taint `key` on `nic` for every pool of the process until `horizon` more grants of the
-/// process: its whole index when `whole` (a window's), else its variant alone (a region's).
-pub(crate) fn taint(nic: &Nic, key: Rkey, whole: bool, horizon: u64) {
-    let mut variants = [if whole { u64::MAX } else { 0 }; 4];
-    let v = key.variant() as usize;
-    variants[v / 64] |= 1 << (v % 64);
-    taints().add(
-        key.index(),
-        Tainted {
-            nic: nic.clone(),
-            variants,
-            until: CLOCK.load(Relaxed).saturating_add(horizon),
-        },
-    );
-}
-
 /// See the module contract.
 #[derive(Default)]
 pub(crate) struct Windows {
     free: [Vec<Lent>; 2],
-    /// Windows kept allocated (spent, or holding a tainted index), with the grant count they
+    /// Windows kept allocated (spent, or on an index with no fresh key), with the grant count they
     /// retired at, oldest first.
     retired: VecDeque<(Mw, u64)>,
     allocated: u64,
@@ -246,8 +159,8 @@ fn slot(ty: MwType) -> usize {
 }
 
 impl Windows {
-    /// A window of type `ty` in `pd`: a cached one, or a fresh one whose index is not
-    /// tainted; `now` is the pool's grant count.
+    /// A window of type `ty` in `pd`: a cached one, or a fresh one whose index has keys to
+    /// spare; `now` is the pool's grant count.
     ///
     /// # Errors
     /// `ibv_alloc_mw`'s failure (`Limit` above `max_mw`).
@@ -258,7 +171,6 @@ impl Windows {
         now: u64,
         horizon: u64,
     ) -> Result<Lent, crate::nic::Error> {
-        taints().forget();
         // Windows past the horizon go before a new one is asked of the device (`max_mw`).
         drop(self.expired(now, horizon));
         let free = &mut self.free[slot(ty)];
@@ -271,7 +183,7 @@ impl Windows {
                 self.allocated += 1;
                 match Lent::fresh(mw) {
                     Ok(l) => break l,
-                    // The device handed a tainted index back: hold it, ask for another.
+                    // The device handed back an index with no fresh key: hold it, ask again.
                     Err(mw) => self.retired.push_back((mw, now)),
                 }
             },
@@ -295,6 +207,13 @@ impl Windows {
         self.expired(now, horizon)
     }
 
+    /// Retire a lent window that has no key to spare ([`Lent::next_key`]): kept allocated
+    /// until the horizon, like a spent one.
+    pub(crate) fn retire(&mut self, l: Lent, now: u64) {
+        self.lent -= 1;
+        self.retired.push_back((l.mw, now));
+    }
+
     /// Retired windows whose horizon passed, taken out of the count.
     fn expired(&mut self, now: u64, horizon: u64) -> Vec<Mw> {
         let mut out = Vec::new();
@@ -312,8 +231,8 @@ impl Windows {
         out
     }
 
-    /// Deallocate a lent window now (its invalidation failed: this kills its key), taint its
-    /// index, and take the index straight back as a placeholder if the device hands it out
+    /// Deallocate a lent window now (its invalidation failed: this kills its key; the key book
+    /// keeps its keys refused), and take the index straight back as a placeholder if the device hands it out
     /// again. Gives the window back when the device refuses to deallocate it.
     pub(crate) fn dealloc_early(
         &mut self,
@@ -340,29 +259,14 @@ impl Windows {
         self.lent -= 1;
         self.allocated -= 1;
         if horizon > 0 {
-            taint(pd.nic(), key, true, horizon);
-            // Take the index straight back if the device hands it out again at once.
+            // The key book keeps every key the window gave out refused; the index is also
+            // taken straight back if the device hands it out again at once.
             if let Some(mw) = self.placeholder(&pd, ty, key, now) {
                 self.allocated += 1;
                 self.retired.push_back((mw, now));
             }
         }
         Ok(())
-    }
-
-    /// The pool is going: its windows are deallocated with it, so every index one of them
-    /// gave a key out of is tainted for the other pools of the process, for the horizon.
-    pub(crate) fn taint_all(&self, horizon: u64) {
-        if horizon == 0 {
-            return;
-        }
-        let used = self.free.iter().flatten().filter(|l| l.used > 0);
-        for mw in used
-            .map(|l| &l.mw)
-            .chain(self.retired.iter().map(|(mw, _)| mw))
-        {
-            taint(mw.pd().nic(), mw.rkey(), true, horizon);
-        }
     }
 
     /// A window of type `ty` in `pd` allocated to take `key`'s index back from the device:
@@ -380,12 +284,6 @@ impl Windows {
             Err(mw) => self.retired.push_back((mw, now)),
         }
         None
-    }
-
-    /// Is `key`'s index on `nic` tainted whole (a window's keys went out of it; see the
-    /// module contract)?
-    pub(crate) fn is_tainted(&self, nic: &Nic, key: Rkey) -> bool {
-        taints().whole(nic, key)
     }
 
     /// `(allocated, retired, recycled)`.

@@ -110,7 +110,8 @@ fn limits_are_typed_errors_and_a_refused_grant_returns_what_it_took() {
         unsafe { pool.grant_with(&b, &bed.qb, rw, rdma_pool::grant::GrantKind::Auto) },
         Err(GrantError::Limit {
             what: "max_mw",
-            max: 1
+            max: 1,
+            ..
         })
     ));
     pool.set_grant_limits(GrantLimits {
@@ -125,7 +126,8 @@ fn limits_are_typed_errors_and_a_refused_grant_returns_what_it_took() {
         unsafe { pool.grant_with(&a, &bed.qb, rw, GrantKind::Region) },
         Err(GrantError::Limit {
             what: "region grants",
-            max: 1
+            max: 1,
+            ..
         })
     ));
     pool.set_grant_limits(GrantLimits {
@@ -138,10 +140,12 @@ fn limits_are_typed_errors_and_a_refused_grant_returns_what_it_took() {
         unsafe { pool.grant_with(&a, &bed.qb, rw, GrantKind::Region) },
         Err(GrantError::Limit {
             what: "region grant bytes",
-            max: 100
+            max: 100,
+            ..
         })
     ));
     assert_eq!(pool.stats().grants.open, 2);
+    assert_eq!(pool.stats().grants.refused, 3, "each refusal is counted");
     revoke(&mut g, &bed.b);
     revoke(&mut r, &bed.b);
     assert!(matches!(

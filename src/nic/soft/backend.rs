@@ -85,7 +85,12 @@ impl Backend for SoftNic {
             }
         };
         let pinned = obj.pinned;
-        let Some(key) = dev.keys.insert(KeyObj::Mr(obj)) else {
+        // The mlx5 model: a cached mkey of the region's entry comes back with its key.
+        let obj = match obj.cache_ndescs {
+            Some(bucket) => dev.keys.insert_cached(bucket, KeyObj::Mr(obj)),
+            None => Err(KeyObj::Mr(obj)),
+        };
+        let Some(key) = obj.map_or_else(|obj| dev.keys.insert(obj), Some) else {
             dev.memlock.release(pinned);
             dev.mr_count.fetch_sub(1, Ordering::AcqRel);
             return Err(Error::from_errno(Verb::RegMr, libc::ENOMEM));
@@ -122,11 +127,21 @@ impl Backend for SoftNic {
     fn dereg_mr(&self, mr: u64) -> Result<()> {
         let dev = &self.dev;
         dev.inject(Verb::DeregMr)?;
-        let removed = dev.keys.remove_if(mr as u32, |obj| match obj {
+        let check = |obj: &KeyObj| match obj {
             KeyObj::Mr(m) if m.num_mw.load(Ordering::Acquire) > 0 => Err(libc::EBUSY),
             KeyObj::Mr(_) => Ok(()),
             KeyObj::Mw(_) => Err(libc::EINVAL),
-        });
+        };
+        // The mlx5 model: a region from the mkey cache goes back to it, key and all (only
+        // a usable one: a failed re-registration destroys the mkey).
+        let bucket = match dev.keys.read(mr as u32).obj.as_ref() {
+            Some(KeyObj::Mr(m)) if m.usable && !m.revoked => m.cache_ndescs,
+            _ => None,
+        };
+        let removed = match bucket {
+            Some(b) => dev.keys.remove_to_cache(mr as u32, b, check),
+            None => dev.keys.remove_if(mr as u32, check),
+        };
         match removed {
             Ok(KeyObj::Mr(m)) => {
                 if m.pins.as_ref().is_some_and(|p| !p.held(m.addr, m.len)) {

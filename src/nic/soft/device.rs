@@ -92,6 +92,7 @@ fn caps_of(id: u32, config: &SoftConfig) -> Caps {
             },
         },
         rereg_mr: config.rereg != ReregMode::Unsupported,
+        mkey_cache: config.rereg == ReregMode::Mlx5,
         mw_type1: config.mw_type1,
         mw_type2: config.mw_type2,
         advise_mr: config.advise_mr,

@@ -11,8 +11,11 @@
 //! table sized for `max_mr + max_mw` costs memory only for the keys in use); indices are
 //! handed out lowest first, recycled ones before fresh ones.
 //!
-//! Invariants: `|recycled| + (capacity - next) + |occupied| == capacity - 1` (index 0 is
-//! never used);
+//! In the mlx5 model a deregistered region's index may instead wait in the mkey cache with
+//! its variant unchanged, for the next registration of its cache entry (`insert_cached`).
+//!
+//! Invariants: `|recycled| + (capacity - next) + |cached| + |occupied| == capacity - 1`
+//! (index 0 is never used);
 //! `mr.num_mw == |{ mw : mw.bound.mr_index == mr's index }|`.
 
 use super::mem;
@@ -91,7 +94,14 @@ pub(super) struct KeyTable {
     capacity: u32,
     /// Free indices: recycled ones, and the first never handed out.
     free: Mutex<(Vec<u32>, u32)>,
+    /// The mlx5 model's mkey cache: indices of deregistered regions with the cache entry
+    /// (descriptors) they belong to, newest last; their slots keep their variant, so the next
+    /// registration of that entry gets the same key ([`KeyTable::insert_cached`]).
+    cache: Mutex<Vec<(u64, u32)>>,
 }
+
+/// Most deregistered regions the mkey cache keeps (beyond, they are freed as usual).
+const MKEY_CACHE_MAX: usize = 256;
 
 /// Slots per chunk.
 const CHUNK: u32 = 1024;
@@ -144,6 +154,7 @@ impl KeyTable {
             chunks,
             capacity,
             free: Mutex::new((Vec::new(), 1)),
+            cache: Mutex::new(Vec::new()),
         };
         table.chunk(0);
         table
@@ -196,6 +207,44 @@ impl KeyTable {
         Some(index << 8 | slot.variant as u32)
     }
 
+    /// Put a region `obj` of the mkey-cache entry `bucket` in the slot of the newest cached
+    /// region of that entry, *keeping its variant* (mlx5 hands out the cached mkey as it was);
+    /// gives `obj` back when the cache has none of that entry.
+    pub(super) fn insert_cached(&self, bucket: u64, obj: KeyObj) -> Result<u32, KeyObj> {
+        let index = {
+            let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+            match cache.iter().rposition(|&(b, _)| b == bucket) {
+                Some(i) => cache.remove(i).1,
+                None => return Err(obj),
+            }
+        };
+        let mut slot = self.write(index);
+        slot.obj = Some(obj);
+        Ok(index << 8 | slot.variant as u32)
+    }
+
+    /// [`KeyTable::remove_if`], but into the mkey cache's entry `bucket` where it has room: the
+    /// slot keeps its variant, and the index waits there for a registration of that entry.
+    pub(super) fn remove_to_cache(
+        &self,
+        index: u32,
+        bucket: u64,
+        check: impl FnOnce(&KeyObj) -> Result<(), i32>,
+    ) -> Result<KeyObj, i32> {
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        if cache.len() >= MKEY_CACHE_MAX {
+            drop(cache);
+            return self.remove_if(index, check);
+        }
+        let obj = {
+            let mut slot = self.write(index);
+            check(slot.obj.as_ref().ok_or(libc::EINVAL)?)?;
+            slot.obj.take().ok_or(libc::EINVAL)?
+        };
+        cache.push((bucket, index));
+        Ok(obj)
+    }
+
     /// Empty the slot at `index` and recycle it, if `check` accepts its object (checked under
     /// the slot's write lock, so nothing can bind to it in between).
     pub(super) fn remove_if(
@@ -240,7 +289,7 @@ impl KeyTable {
         let free = {
             let free = self.free.lock().unwrap_or_else(|e| e.into_inner());
             free.0.len() + (self.capacity - free.1) as usize
-        };
+        } + self.cache.lock().unwrap_or_else(|e| e.into_inner()).len();
         let occupied = self.occupied();
         if free + occupied.len() != self.capacity as usize - 1 {
             return Err(format!(

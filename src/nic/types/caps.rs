@@ -136,6 +136,11 @@ pub struct Caps {
     /// `ibv_rereg_mr` is implemented by the provider. (Whether it keeps the keys is a
     /// separate question that only a probe answers.)
     pub rereg_mr: bool,
+    /// A deregistered region's key goes to the driver's cache and comes back, index and
+    /// variant alike, with the next registration of its size (mlx5's mkey cache, 6.x; the
+    /// soft NIC in [`ReregMode::Mlx5`](crate::nic::soft::ReregMode::Mlx5)): a key given to a
+    /// peer stays dead only while its region stays registered.
+    pub mkey_cache: bool,
     /// Type 1 windows.
     pub mw_type1: bool,
     /// Type 2 windows.

@@ -331,6 +331,7 @@ pub(super) unsafe fn query_caps(
     Ok(Caps {
         numa_node,
         rereg_mr: !PROVIDERS_WITHOUT_REREG.contains(&driver.as_str()),
+        mkey_cache: driver == "mlx5",
         name,
         driver,
         max_mr_size: orig.max_mr_size,

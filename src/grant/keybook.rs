@@ -1,0 +1,229 @@
+//! The key book: every key this process gave a peer, by device and index, so that no later
+//! grant of any pool — on any PD of the device, after any pool, PD or window is gone — hands
+//! out a key a peer may still hold.
+//!
+//! Contract:
+//! - **Noted before it is handed out.** A grant's key (a window's bind, a region grant's
+//!   region) is noted ([`note`]) before the grant returns; a full book refuses the grant
+//!   ([`Full`]: `GrantError::Limit { what: "key book", .. }`), so no key is ever issued that the
+//!   book could not remember. Nothing is forgotten before its bound: an entry lives while any
+//!   of its keys is live, and until the horizon passed after the last of them died.
+//! - **Released when dead.** When a grant's key dies (revocation completed, failed bind, pool
+//!   dropped), [`release`] starts its horizon: the entry stays until `horizon` more grants of
+//!   the process were issued ([`CLOCK`]). One entry per `(device, index)` keeps every stale
+//!   variant of the index (a bitmap) and the latest horizon of any of them.
+//! - **Checked before a key is issued.** A window whose next variant is in the book skips it
+//!   (type 2) or is held (type 1: the driver picks the next variant); a region grant whose
+//!   key is in the book is held and another registered (`issue.rs`, `retire.rs`).
+//! - **What advances the horizon:** grants issued by every pool of the process ([`CLOCK`]),
+//!   not attempts and not time: a process that stops granting keeps its book.
+//! - **Scope:** this process. Devices are told apart by name (`ibv_get_device_name`, or the
+//!   soft NIC's), so two opens of one device share entries and a device closed and opened
+//!   again keeps them. Keys given out by other processes on the device are out of scope.
+//! - **Memory:** at most its capacity in entries, process-wide (2^18 by default, each about 80
+//!   bytes with the map's nodes: 21 MiB at most), taken from the global allocator outside any
+//!   allocator lock (grants are never issued from inside the allocator). Nothing per pool.
+//!
+//! Invariants (under the lock): `|entries| <= capacity` (but for keys a device chose after a
+//! bind was posted, [`note_anyway`]); every entry with `live > 0` has at
+//! least one variant noted; `until` never decreases.
+
+use crate::nic::{Nic, Rkey};
+use crate::sys::atfork::{ForkGuard, ForkLock};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// Grants issued by every pool of the process: the clock of the key book's horizons.
+pub(crate) static CLOCK: AtomicU64 = AtomicU64::new(0);
+
+/// The default capacity of the book (entries, one per device and key index).
+pub(crate) const DEFAULT_CAPACITY: usize = 1 << 18;
+
+/// One key index's stale variants.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    /// The variants given out, a bit each.
+    variants: [u64; 4],
+    /// Keys of this index live (given out, not yet dead).
+    live: u32,
+    /// The [`CLOCK`] value from which, with `live == 0`, the entry may be forgotten.
+    until: u64,
+}
+
+impl Entry {
+    fn expired(&self, now: u64) -> bool {
+        self.live == 0 && now >= self.until
+    }
+}
+
+struct Book {
+    entries: BTreeMap<(u64, u32), Entry>,
+    capacity: usize,
+    /// The clock at the last sweep that found nothing to forget (no sweep again before it
+    /// moves or a key dies).
+    swept_at: Option<u64>,
+    refused: u64,
+}
+
+static BOOK: ForkLock<Book> = ForkLock::new(Book {
+    entries: BTreeMap::new(),
+    capacity: DEFAULT_CAPACITY,
+    swept_at: None,
+    refused: 0,
+});
+
+fn book() -> ForkGuard<'static, Book> {
+    BOOK.lock()
+}
+
+/// A device's identity in the book: a hash of its name (a collision only makes the book
+/// refuse more).
+fn device(nic: &Nic) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    nic.caps().name.hash(&mut h);
+    h.finish()
+}
+
+/// The book was full: the key was not noted, and must not be handed out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Full(pub(crate) usize);
+
+impl Book {
+    /// Forget the expired entries (when the clock moved or a key died since the last try).
+    fn sweep(&mut self) {
+        let now = CLOCK.load(Relaxed);
+        if self.swept_at == Some(now) {
+            return;
+        }
+        let before = self.entries.len();
+        self.entries.retain(|_, e| !e.expired(now));
+        self.swept_at = (self.entries.len() == before).then_some(now);
+    }
+}
+
+/// Note `key` on `nic` as given to a peer (live until [`release`]d).
+///
+/// # Errors
+/// [`Full`] when the book holds its capacity in entries none of which expired: the key must not
+/// be handed out.
+pub(crate) fn note(nic: &Nic, key: Rkey) -> Result<(), Full> {
+    let id = (device(nic), key.index());
+    let mut b = book();
+    if !b.entries.contains_key(&id) && b.entries.len() >= b.capacity {
+        b.sweep();
+        if b.entries.len() >= b.capacity {
+            b.refused += 1;
+            return Err(Full(b.capacity));
+        }
+    }
+    b.insert(id, key);
+    Ok(())
+}
+
+/// Note `key` even beyond the capacity (a key the device chose after the bind was posted:
+/// it must be remembered whatever the book holds).
+pub(crate) fn note_anyway(nic: &Nic, key: Rkey) {
+    book().insert((device(nic), key.index()), key);
+}
+
+impl Book {
+    fn insert(&mut self, id: (u64, u32), key: Rkey) {
+        let fresh = Entry {
+            variants: [0; 4],
+            live: 0,
+            until: 0,
+        };
+        let e = self.entries.entry(id).or_insert(fresh);
+        if e.expired(CLOCK.load(Relaxed)) {
+            *e = fresh;
+        }
+        let v = key.variant() as usize;
+        e.variants[v / 64] |= 1 << (v % 64);
+        e.live += 1;
+    }
+}
+
+/// `key` (noted) is dead: it stays in the book until `horizon` more grants of the process.
+pub(crate) fn release(nic: &Nic, key: Rkey, horizon: u64) {
+    let id = (device(nic), key.index());
+    let mut b = book();
+    let now = CLOCK.load(Relaxed);
+    if let Some(e) = b.entries.get_mut(&id) {
+        e.live = e.live.saturating_sub(1);
+        e.until = e.until.max(now.saturating_add(horizon));
+        if e.expired(now) {
+            b.swept_at = None;
+        }
+    }
+}
+
+/// The variants of `key`'s index on `nic` a peer may still hold, a bit each.
+pub(crate) fn stale(nic: &Nic, key: Rkey) -> [u64; 4] {
+    let b = book();
+    let now = CLOCK.load(Relaxed);
+    b.entries
+        .get(&(device(nic), key.index()))
+        .filter(|e| !e.expired(now))
+        .map_or([0; 4], |e| e.variants)
+}
+
+/// Whether `key` itself (index and variant) may still be held by a peer.
+pub(crate) fn is_stale(nic: &Nic, key: Rkey) -> bool {
+    let v = key.variant() as usize;
+    stale(nic, key)[v / 64] & 1 << (v % 64) != 0
+}
+
+/// `(entries, capacity, grants refused because the book was full)`, process-wide.
+pub(crate) fn counts() -> (usize, usize, u64) {
+    let b = book();
+    (b.entries.len(), b.capacity, b.refused)
+}
+
+/// Set the book's capacity (at least 1) and return the previous one. Entries beyond a lower
+/// capacity are kept (nothing is forgotten before its bound); new keys are refused until the
+/// book is below it.
+pub(crate) fn set_capacity(n: usize) -> usize {
+    let mut b = book();
+    std::mem::replace(&mut b.capacity, n.max(1))
+}
+
+/// Check the invariants of the module contract.
+pub(crate) fn validate() -> bool {
+    let b = book();
+    b.entries
+        .values()
+        .all(|e| e.live == 0 || e.variants != [0; 4])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nic::soft::SoftConfig;
+
+    #[test]
+    fn a_key_stays_stale_for_its_horizon_and_a_full_book_refuses() {
+        let nic = Nic::soft_with(SoftConfig {
+            name: Some("keybook-unit".into()),
+            ..Default::default()
+        });
+        let key = Rkey(7 << 8 | 3);
+        note(&nic, key).unwrap();
+        assert!(is_stale(&nic, key));
+        assert!(!is_stale(&nic, Rkey(7 << 8 | 4)), "another variant");
+        release(&nic, key, 1 << 40);
+        assert!(is_stale(&nic, key), "within the horizon");
+        let n = counts().0;
+        let old = set_capacity(n);
+        let other = Rkey(8 << 8 | 1);
+        // Full (unless another test's entry expired meanwhile: then it has room).
+        if let Err(Full(cap)) = note(&nic, other) {
+            assert_eq!(cap, n.max(1));
+            assert!(!is_stale(&nic, other), "refused: not noted");
+        } else {
+            release(&nic, other, 0);
+        }
+        set_capacity(old);
+        assert!(validate());
+    }
+}
