@@ -33,9 +33,13 @@ fn nics() -> (Nic, Nic) {
             Nic::open("rxe1").expect("rxe1"),
         )
     } else {
+        // max_mr 2^20: the default device models mlx5's mkey cache, where revoked region
+        // grants stay held (a quarter of max_mr per pool) and region grants are refused
+        // beyond: the region row runs tens of thousands of grants.
         let soft = || {
             Nic::soft_with(SoftConfig {
                 memlock: MemlockLimit::Unlimited,
+                max_mr: 1 << 20,
                 ..Default::default()
             })
         };

@@ -42,20 +42,36 @@
 //!   invalidation. A window that cannot be deallocated, or a region that can be neither
 //!   retired nor deregistered, keeps its grant open and its memory parked (fail closed;
 //!   counted as stuck), and the next event on the grant tries again.
-//! - **No key comes back** (`windows.rs`, `retire.rs`). A revoked or stale key is refused for
-//!   as long as the pool lives, or at least until [`GrantLimits::key_horizon`] later grants of
-//!   any kind (2^20 by default): every window or region whose key went to a peer stays
-//!   allocated until then, so the device cannot hand its index to a later grant. Type 2
-//!   variants follow a random order per window; type 1 variants are the driver's next. A
-//!   device with too few windows to hold the retired keys refuses window grants
-//!   ([`GrantError::Limit`]) instead. Regions are scarcer: at most a quarter of `max_mr`
-//!   revoked region indices stay held (`retire.rs`), so a region key is refused for at least
-//!   that many later region grants, then the driver chooses (the weaker bound of region
-//!   grants).
-//!   Where a window's index goes back early (deallocated on failure), every pool of the
-//!   process treats it as tainted, and the pool holds it with a placeholder window when the
-//!   device hands it out at once; when and with which variant the device reuses it otherwise
-//!   is its driver's choice.
+//! - **No key comes back** (`keybook.rs`, `windows.rs`, `retire.rs`). Every key a grant gives a
+//!   peer is noted in the process's key book before the grant returns, and no grant of any
+//!   pool hands out a key the book holds: a revoked or stale key is refused until at least
+//!   [`GrantLimits::key_horizon`] later grants of the process (2^20 by default; the horizon
+//!   in force when it died), across pools dropped and PDs destroyed, on every device variant.
+//!   What advances the horizon: grants *issued* by every pool of the process, not attempts or
+//!   time. The book fails closed: a full book (2^18 entries process-wide by default, about
+//!   80 bytes each; nothing per pool) refuses the grant ([`GrantError::Limit`] `key book`),
+//!   never forgets an entry before its bound. Type 2 variants follow a random order per
+//!   window and skip the book's; type 1 variants are the driver's next (a window that would
+//!   step onto a stale one is retired); a fresh region grant whose key is stale is spoiled and
+//!   another registered. Indices also stay held where that is cheap: windows whose keys went
+//!   out stay allocated until the horizon while the pool lives, and revoked region grants are
+//!   held by their region (rereg onto a dummy page) or a placeholder region, at most a quarter
+//!   of `max_mr` per pool (`retire.rs`). On a device with an mkey cache
+//!   ([`Caps::mkey_cache`](crate::nic::Caps::mkey_cache): mlx5), where a deregistered region's
+//!   key comes back with the next registration of its size, only holding keeps it dead: held
+//!   regions outlive their pool, and region grants are refused (`retired regions`) rather
+//!   than release one early. Every `Limit` names in its `hint` the setting that changes it;
+//!   the ones that can refuse for good are a small `max_mw`, a device with too few regions for
+//!   the horizon (`fresh region keys`) and an mkey-cache device granting only regions. Keys
+//!   given out by other processes are out of scope.
+//! - **Memory of the bookkeeping.** Per process: the key book (at most 2^18 entries by
+//!   default, about 80 bytes each: 21 MiB at most; `set_key_book_capacity` is a test hook),
+//!   and on mkey-cache devices the held regions of dropped pools (at most a quarter of
+//!   `max_mr` per device, a region on one dummy page each; beyond, a region is never
+//!   deregistered). Per pool: the ledger (2^16 records mapped from the kernel, touched as
+//!   used), the grant entries (at most 2^16), the windows (bounded by `max_mw`: a window
+//!   holds 256 bytes of variant order) and the held region indices (at most a quarter of
+//!   `max_mr`, at most 2^16).
 //! - **Quarantine** (`ledger.rs`): memory freed while a grant on it is open (live or
 //!   revoking) is parked, neither reused nor purged, until the invalidation completed. The free
 //!   path checks one per-granule counter with a relaxed load. [`Grant`] borrows its buffer, so
@@ -124,9 +140,10 @@ pub struct GrantLimits {
     /// Most bytes under dedicated regions at once.
     pub region_bytes: u64,
     /// The key horizon: a revoked or stale key stays refused until at least this many later
-    /// grants (of any kind) were issued, and for as long as the pool lives below that: the
-    /// windows and regions whose keys were handed out stay allocated until then (see the
-    /// module contract). 2^20 by default; 0 gives every key back at once.
+    /// grants (of any kind, by any pool of the process) were issued; the key book keeps it,
+    /// and the windows and regions whose keys were handed out stay allocated until then
+    /// where that is cheap (see the module contract). A key's horizon is the one in force
+    /// when it died. 2^20 by default; 0 gives every key back at once.
     pub key_horizon: u64,
 }
 
