@@ -11,8 +11,10 @@ mod common;
 mod churn;
 mod errors;
 mod keys;
+mod model;
 mod peers;
 mod quarantine;
+mod regress52;
 
 use common::*;
 use rdma_pool::Pool;
