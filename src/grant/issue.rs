@@ -177,6 +177,7 @@ impl GrantCtx<'_> {
         let give_up = |region: Option<Mr>| {
             if let (Some(mr), GrantKind::Region) = (region.as_ref(), c.kind) {
                 keybook::release(c.pd.nic(), mr.rkey(), g.clock().1);
+                super::retire::give_slot(c.pd.nic());
             }
             // Never handed out: dropping a refused region only logs.
             drop(g.drop_region(region, len));
@@ -310,9 +311,6 @@ impl Grants {
     ) -> Result<Mr, GrantError> {
         let n = &self.counters;
         let limits = self.limits();
-        if c.kind == GrantKind::Region {
-            self.region_room(c.pd.nic())?;
-        }
         if n.dedicated.fetch_add(1, Relaxed) >= limits.regions {
             n.dedicated.fetch_sub(1, Relaxed);
             return Err(self.refuse(GrantError::Limit {
@@ -329,6 +327,13 @@ impl Grants {
                 max: limits.region_bytes,
                 hint: "revoke region grants first, or raise GrantLimits::region_bytes",
             }));
+        }
+        if c.kind == GrantKind::Region
+            && let Err(e) = self.region_room(c.pd.nic())
+        {
+            n.dedicated.fetch_sub(1, Relaxed);
+            n.dedicated_bytes.fetch_sub(len as u64, Relaxed);
+            return Err(e);
         }
         let rights = if c.kind == GrantKind::Region {
             access
@@ -381,7 +386,7 @@ impl Grants {
             // Stale keys: held with the revoked ones where the device has an mkey cache (which
             // would hand the key straight back), else given back (the book keeps them refused).
             if mr.pd().nic().caps().mkey_cache {
-                drop(self.retire_region(mr));
+                drop(self.retire_region(mr, false));
             } else {
                 super::retire::release(mr);
             }
@@ -389,6 +394,9 @@ impl Grants {
         if r.is_err() {
             n.dedicated.fetch_sub(1, Relaxed);
             n.dedicated_bytes.fetch_sub(len as u64, Relaxed);
+            if c.kind == GrantKind::Region {
+                super::retire::give_slot(c.pd.nic());
+            }
         }
         r
     }

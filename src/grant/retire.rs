@@ -21,23 +21,26 @@
 //! index is what keeps the device from handing the key to a registration that is *not* a
 //! grant (the book only checks grants): on a device whose deregistered keys go to a cache
 //! with the same key (`Caps::mkey_cache`: mlx5), only holding works. So:
-//! - at most `max_mr / 4` indices stay held per pool ([`retired_max`]), released after the
-//!   horizon; beyond that bound the oldest is released early where the device has no mkey
-//!   cache (the book keeps its key refused), and region grants are refused
-//!   ([`GrantError::Limit`] `retired regions`) where it has one;
-//! - when the pool is dropped, its held indices are released where the device has no mkey
-//!   cache, and kept in the process's [`GRAVES`] until their horizon where it has one (at most
-//!   `max_mr / 4` per device: beyond, the region is never deregistered at all).
+//! - where the device has no mkey cache, at most `max_mr / 4` indices stay held per pool
+//!   ([`retired_max`]), released after the horizon, the oldest early beyond that bound (the
+//!   book keeps its key refused); a dropped pool's held indices are released with it;
+//! - where it has one, every region grant takes a *slot* of its device when issued, kept
+//!   while its key is live and while its index is held: at most `max_mr / 4` per device in
+//!   the process ([`SLOTS`]), beyond which region grants are refused ([`GrantError::Limit`]
+//!   `retired regions`), so a held index is never released early; a dropped pool's held
+//!   indices stay in the process's [`GRAVES`] until their horizon (the process's grant clock),
+//!   with their slots.
 //!
-//! Invariant: `held` is ordered by the grant count each entry retired at, and
-//! `|held| <= retired_max(max_mr)`.
+//! Invariants: `held` is ordered by the grant count each entry retired at, and
+//! `|held| <= retired_max(max_mr)`; on an mkey-cache device, `SLOTS[device] == live region
+//! grants + held indices of its pools + its graves <= retired_max(max_mr)`.
 
 use super::{GrantError, Grants, keybook};
 use crate::nic::quirks::{self, Quirk};
-use crate::nic::{Access, Mr, ReregFlags};
+use crate::nic::{Access, Mr, Nic, ReregFlags};
 use crate::sys::atfork::ForkLock;
 use std::cell::UnsafeCell;
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::Ordering::Relaxed;
 
 /// The page retired regions point at: never read or written through them (no remote rights,
@@ -81,15 +84,39 @@ struct Grave {
 /// The held indices of dropped pools, on devices with an mkey cache (see the module contract).
 static GRAVES: ForkLock<Vec<Grave>> = ForkLock::new(Vec::new());
 
+/// Region-grant slots taken per mkey-cache device (by name): see the module contract.
+static SLOTS: ForkLock<BTreeMap<String, usize>> = ForkLock::new(BTreeMap::new());
+
+/// Take a slot of `nic` for a region grant's key (always granted on a device without an mkey
+/// cache, where none are counted).
+fn take_slot(nic: &Nic) -> bool {
+    let caps = nic.caps();
+    if !caps.mkey_cache {
+        return true;
+    }
+    let mut slots = SLOTS.lock();
+    let n = slots.entry(caps.name.clone()).or_insert(0);
+    if *n >= retired_max(caps.max_mr) {
+        return false;
+    }
+    *n += 1;
+    true
+}
+
+/// Give a slot of `nic` back (its key's index is released, or was never held).
+pub(super) fn give_slot(nic: &Nic) {
+    let caps = nic.caps();
+    if caps.mkey_cache
+        && let Some(n) = SLOTS.lock().get_mut(&caps.name)
+    {
+        *n = n.saturating_sub(1);
+    }
+}
+
 impl Retired {
     /// `(revoked regions still registered on the dummy page, placeholder regions)`.
     pub(super) fn counts(&self) -> (usize, usize) {
         (self.held.len() - self.placeholders, self.placeholders)
-    }
-
-    /// Whether another index may be held on a device with `max_mr` regions.
-    pub(super) fn has_room(&self, max_mr: u32) -> bool {
-        self.held.len() < retired_max(max_mr)
     }
 
     /// The pool is going (its grant clock at `now`): its held indices are released, or kept
@@ -97,26 +124,14 @@ impl Retired {
     pub(super) fn bury(&mut self, now: u64, horizon: u64) {
         let clock = keybook::CLOCK.load(Relaxed);
         for e in self.held.drain(..) {
-            let nic = e.held.mr.pd().nic().clone();
             let left = horizon.saturating_sub(now.saturating_sub(e.at));
+            let nic = e.held.mr.pd().nic().clone();
             if !nic.caps().mkey_cache || left == 0 {
                 release(e.held.mr);
+                give_slot(&nic);
                 continue;
             }
-            let mut graves = GRAVES.lock();
-            let on_device = graves
-                .iter()
-                .filter(|g| g.mr.pd().nic().same_device(&nic))
-                .count();
-            if on_device >= retired_max(nic.caps().max_mr) {
-                // Fail closed: never deregistered, so its key never comes back.
-                tracing::warn!(
-                    "rdma_pool: a dropped pool's retired region is kept for good (the graves are full)"
-                );
-                std::mem::forget(e.held.mr);
-                continue;
-            }
-            graves.push(Grave {
+            GRAVES.lock().push(Grave {
                 mr: e.held.mr,
                 until: clock.saturating_add(left),
             });
@@ -137,7 +152,9 @@ fn sweep_graves() {
     *graves = kept;
     drop(graves);
     for g in gone {
+        let nic = g.mr.pd().nic().clone();
         release(g.mr);
+        give_slot(&nic);
     }
 }
 
@@ -150,25 +167,27 @@ pub(super) fn retired_max(max_mr: u32) -> usize {
 }
 
 impl Grants {
-    /// Refuse a region grant on `nic` when its revocation could not hold the index (see the
-    /// module contract: only where the device has an mkey cache).
-    pub(super) fn region_room(&self, nic: &crate::nic::Nic) -> Result<(), GrantError> {
-        let caps = nic.caps();
-        if caps.mkey_cache && !super::lock(&self.retired).has_room(caps.max_mr) {
-            return Err(self.refuse(GrantError::Limit {
-                what: "retired regions",
-                max: retired_max(caps.max_mr) as u64,
-                hint: "revoked region keys are held (mkey cache) until the key horizon passes: \
-                       later grants of any kind advance it; lower GrantLimits::key_horizon, or \
-                       use windows (GrantKind::Auto)",
-            }));
+    /// Take a slot of `nic` for a region grant, or refuse it where the device has an mkey
+    /// cache and its slots are taken (see the module contract). The caller gives the slot
+    /// back ([`give_slot`]) if the grant is not issued.
+    pub(super) fn region_room(&self, nic: &Nic) -> Result<(), GrantError> {
+        if take_slot(nic) {
+            return Ok(());
         }
-        Ok(())
+        Err(self.refuse(GrantError::Limit {
+            what: "retired regions",
+            max: retired_max(nic.caps().max_mr) as u64,
+            hint: "on a device with an mkey cache revoked region keys stay held until the key \
+                   horizon passes (a quarter of max_mr per device): later grants of any kind \
+                   advance it; lower GrantLimits::key_horizon, or use windows (GrantKind::Auto)",
+        }))
     }
 
-    /// Kill a revoked region grant's key and hold its index (see the module contract). `Err`
-    /// gives the region back when its key may still work.
-    pub(super) fn retire_region(&self, mut mr: Mr) -> Result<(), Mr> {
+    /// Kill a revoked region grant's key and hold its index (see the module contract); `slot`:
+    /// whether the region has a slot of its device (a region grant's), else one is taken to
+    /// hold it where needed. `Err` gives the region back when its key may still work (the
+    /// slot stays taken).
+    pub(super) fn retire_region(&self, mut mr: Mr, slot: bool) -> Result<(), Mr> {
         let (now, horizon) = self.clock();
         let (pd, old) = (mr.pd().clone(), mr.rkey());
         let caps = pd.nic().caps();
@@ -189,7 +208,10 @@ impl Grants {
             // ever posted, and without remote rights no peer reaches it.
             unsafe { mr.rereg(flags, None, DUMMY.0.get().cast(), 4096, access) }.is_ok()
         };
-        let held = if moved && mr.rkey().index() == old.index() {
+        let nic = pd.nic().clone();
+        // No slot to hold it with (a spoiled region on a full mkey-cache device): given back.
+        let slot = slot || take_slot(&nic);
+        let held = if moved && mr.rkey().index() == old.index() && slot {
             Some(Held {
                 mr,
                 placeholder: false,
@@ -200,7 +222,7 @@ impl Grants {
                 tracing::warn!(error = %e.error, "rdma_pool: a revoked region grant refused dereg");
                 return Err(e.mr);
             }
-            (horizon > 0)
+            (horizon > 0 && slot)
                 .then(|| placeholder(&pd, old))
                 .flatten()
                 .map(|mr| Held {
@@ -209,9 +231,13 @@ impl Grants {
                 })
         };
         let mut r = super::lock(&self.retired);
-        if let Some(held) = held {
-            r.placeholders += held.placeholder as usize;
-            r.held.push_back(Entry { held, at: now });
+        match held {
+            Some(held) => {
+                r.placeholders += held.placeholder as usize;
+                r.held.push_back(Entry { held, at: now });
+            }
+            None if slot => give_slot(&nic),
+            None => {}
         }
         // Beyond the bound the oldest goes early (the key book keeps its key refused; on a
         // device with an mkey cache `region_room` refused the grants that would get here);
@@ -227,7 +253,9 @@ impl Grants {
         r.placeholders -= released.iter().filter(|e| e.held.placeholder).count();
         drop(r);
         for e in released {
+            let of = e.held.mr.pd().nic().clone();
             release(e.held.mr);
+            give_slot(&of);
         }
         sweep_graves();
         Ok(())

@@ -139,10 +139,12 @@ impl Grants {
         let len = a.region.as_ref().map_or(0, |m| m.len());
         let kept = match a.region.take() {
             // A region grant's key was the peer's: retire it, never give its index back early.
-            Some(mr) if a.kind == GrantKind::Region => self.retire_region(mr).err().or_else(|| {
-                self.region_gone(len);
-                None
-            }),
+            Some(mr) if a.kind == GrantKind::Region => {
+                self.retire_region(mr, true).err().or_else(|| {
+                    self.region_gone(len);
+                    None
+                })
+            }
             region => self.drop_region(region, len),
         };
         if let Some(kept) = kept {

@@ -16,7 +16,8 @@ use std::collections::HashMap;
 
 /// Grants the other devices' pools make (and drop with their pools) between the victim
 /// pool's drop and the next pool on its PD: 73,728 is what the review used (the taint
-/// registry's cap, 2^16, plus 8192); far below the 2^20 horizon either way.
+/// registry's cap, 2^16, plus 8192); far below the 2^20 horizon either way. With the key book
+/// (2^18 entries by default) no flood grant is refused.
 const FLOOD: usize = 73_728;
 
 /// Grants open at once in each flood pool (each holds a window of its own, so the pool's drop
@@ -47,14 +48,22 @@ impl Given {
     }
 }
 
-/// A later grant's outcome: issued, or refused because a bound on keys was reached (fail
-/// closed: acceptable). Any other error fails the test.
+/// A later grant's outcome: issued, or refused because the key book is full — acceptable
+/// (fail closed) only where the test shrank it (`book_full_ok`). Any other error fails the
+/// test: with the default capacity every scenario here must keep granting.
 fn issued<T>(r: Result<T, GrantError>, what: &str) -> Option<T> {
     match r {
         Ok(g) => Some(g),
-        Err(GrantError::Limit { .. }) => None,
+        Err(GrantError::Limit {
+            what: "key book", ..
+        }) if BOOK_FULL_OK.with(|b| b.get()) => None,
         Err(e) => panic!("{what}: {e}"),
     }
+}
+
+thread_local! {
+    /// Set by the test that shrinks the key book: a full book then ends a flood.
+    static BOOK_FULL_OK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// The stale peer `peer` WRITEs 64 bytes of `0xa5` with `key` at the live grant `g` (whose
@@ -156,7 +165,6 @@ fn victim_keys(
 #[test]
 fn type2_revoked_keys_stay_dead_after_a_flood_of_other_pools() {
     let _s = serial();
-    // HOOK: let _cap = rdma_pool::grant::set_key_book_capacity(4096);
     let bed = default_bed();
     let mut given = Given::default();
     {
@@ -206,7 +214,6 @@ fn type2_revoked_keys_stay_dead_after_a_flood_of_other_pools() {
 #[test]
 fn type1_revoked_keys_stay_dead_after_a_flood_of_other_pools() {
     let _s = serial();
-    // HOOK: let _cap = rdma_pool::grant::set_key_book_capacity(4096);
     let bed = default_bed();
     let peer_b = Side::new(Nic::soft());
     let (_qp_b, qs_b) = connect(&peer_b, &bed.b);
@@ -395,5 +402,63 @@ fn a_forgotten_grants_key_stays_dead_after_its_pool_is_dropped() {
             given.note(g.rkey(), 1000 + i, "B");
             revoke(&mut g, &bed.b);
         }
+    }
+}
+
+/// With the key book shrunk (the test hook), the flood above ends in a typed, counted
+/// `Limit { what: "key book" }` — never in a forgotten entry: the victim's revoked keys stay
+/// refused, on its own QP, after the flood.
+#[test]
+fn a_full_key_book_refuses_grants_and_forgets_nothing() {
+    let _s = serial();
+    let bed = default_bed();
+    let mut given = Given::default();
+    {
+        let pool_a = pool_on(&bed.b.pd);
+        victim_keys(&pool_a, &bed.b, &bed.qb, GrantKind::Type2, 4, 4, &mut given);
+    }
+    let entries = pool_on(&bed.b.pd).stats().grants.key_book_entries as usize;
+    let old = rdma_pool::grant::set_key_book_capacity(entries + 1000);
+    BOOK_FULL_OK.with(|b| b.set(true));
+    let flooded = flood(FLOOD);
+    BOOK_FULL_OK.with(|b| b.set(false));
+    // The refusal, typed and counted, from a pool that still has a book to fill.
+    let probe = default_bed();
+    let pool_p = pool_on(&probe.b.pd);
+    let buf_p = vec![in &pool_p; 0u8; 64];
+    let r = pool_p.grant(&buf_p, &probe.qb).map(|_| ());
+    let refused = pool_p.stats().grants.refused;
+    drop(buf_p);
+    drop(pool_p);
+    rdma_pool::grant::set_key_book_capacity(old);
+    assert!(
+        flooded < FLOOD && flooded >= 1000,
+        "the flood stopped at {flooded} grants"
+    );
+    match r {
+        Err(GrantError::Limit {
+            what: "key book",
+            hint,
+            ..
+        }) => assert!(hint.contains("key_horizon"), "{hint}"),
+        r => panic!("a grant on a full book: {r:?}"),
+    }
+    assert_eq!(refused, 1, "counted");
+    // Nothing was forgotten: A's revoked keys never name a later grant on A's QP.
+    let pool = pool_on(&bed.b.pd);
+    let target = vec![in &pool; 0x5eu8; 4096];
+    for i in 0..LATER {
+        // SAFETY: the buffer is read only after the peer's accesses completed.
+        let mut g =
+            unsafe { pool.grant_with(&target, &bed.qb, Access::REMOTE_WRITE, GrantKind::Type2) }
+                .unwrap_or_else(|e| panic!("grant {i} after the book was full: {e}"));
+        bound(&mut g, &bed.b);
+        if let Some((n, who)) = given.earlier(g.rkey()).cloned() {
+            let what = format!("grant {i}: carries {}, revoked key {n} of {who}", g.rkey());
+            stale_write_refused(&bed.a, &bed.qa, &g, g.rkey(), 0x5e, &what);
+            panic!("{what}: the key came back (the stale access was refused)");
+        }
+        given.note(g.rkey(), 1000 + i, "B");
+        revoke(&mut g, &bed.b);
     }
 }

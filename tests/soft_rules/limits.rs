@@ -2,7 +2,7 @@
 //! messages of at most 2 GiB, the send queue depth.
 
 use crate::common::*;
-use rdma_pool::nic::soft::{MemlockLimit, SoftConfig};
+use rdma_pool::nic::soft::{MemlockLimit, ReregMode, SoftConfig};
 use rdma_pool::nic::*;
 
 #[test]
@@ -164,7 +164,11 @@ fn the_send_queue_depth_is_enforced_behind_a_waiting_send() {
 fn keys_past_the_first_chunks_of_the_table_work_and_are_recycled() {
     // The key table allocates its slots a chunk of 1024 at a time: regions past the first
     // chunks get distinct keys, move data, and their keys are handed out again once freed.
-    let bed = soft_bed(SoftConfig::default());
+    // (A device without the mlx5 mkey cache: with it, a freed key comes back as it was.)
+    let bed = soft_bed(SoftConfig {
+        rereg: ReregMode::KeepKeys,
+        ..Default::default()
+    });
     let mut a = buf(4096, 7);
     let mrs: Vec<Mr> = (0..2500)
         .map(|_| reg_in(&bed.a.pd, &mut a, Access::LOCAL_WRITE).unwrap())
@@ -187,4 +191,51 @@ fn keys_past_the_first_chunks_of_the_table_work_and_are_recycled() {
     // A recycled index (1..=2500), not the next fresh one, under a new variant.
     assert!((again.lkey().0 >> 8) <= 2500 && !keys.contains(&again.lkey().0));
     soft.validate().unwrap();
+}
+
+#[test]
+fn the_mlx5_model_gives_a_deregistered_regions_key_to_the_next_registration_of_its_size() {
+    // mlx5's mkey cache (6.x): a deregistered region's mkey waits in the cache entry of its
+    // size with the same key, and the next registration of that entry gets it back as it was;
+    // another size, or a device without the cache, gets another key.
+    let bed = soft_bed(SoftConfig::default());
+    assert!(bed.a.nic.caps().mkey_cache);
+    let soft = bed.a.nic.as_soft().unwrap();
+    let mut a = buf(1 << 16, 7);
+    let mut b = buf(4096, 9);
+    let mr = reg_in(
+        &bed.a.pd,
+        &mut b,
+        Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+    )
+    .unwrap();
+    let key = mr.rkey();
+    mr.dereg().unwrap();
+    soft.validate().unwrap();
+    // A registration of another cache entry (16 pages vs 1) does not get it.
+    let big = reg_in(&bed.a.pd, &mut a, Access::LOCAL_WRITE).unwrap();
+    assert_ne!(big.rkey(), key);
+    // One of the same size does: the stale key names the new region.
+    let again = reg_in(
+        &bed.a.pd,
+        &mut b,
+        Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+    )
+    .unwrap();
+    assert_eq!(again.rkey(), key, "the cached mkey, key and all");
+    soft.validate().unwrap();
+    drop((big, again));
+    soft.validate().unwrap();
+    // Without the cache, the slot moves to another variant.
+    let bed = soft_bed(SoftConfig {
+        rereg: ReregMode::KeepKeys,
+        ..Default::default()
+    });
+    assert!(!bed.a.nic.caps().mkey_cache);
+    let mr = reg_in(&bed.a.pd, &mut b, Access::LOCAL_WRITE).unwrap();
+    let key = mr.rkey();
+    mr.dereg().unwrap();
+    let again = reg_in(&bed.a.pd, &mut b, Access::LOCAL_WRITE).unwrap();
+    assert_eq!(again.rkey().index(), key.index());
+    assert_ne!(again.rkey(), key);
 }
