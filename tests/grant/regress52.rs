@@ -462,3 +462,50 @@ fn a_full_key_book_refuses_grants_and_forgets_nothing() {
         revoke(&mut g, &bed.b);
     }
 }
+
+/// On the test device (soft, or `rxe0`/`rxe1` in the QEMU guest, where indices are cyclic
+/// and variants random, so the review's exact grant numbers do not reproduce): keys of every
+/// kind a dropped pool gave out never name a later pool's grant on the same PD, and a stale
+/// WRITE with one through the victim's own QP lands nowhere.
+#[test]
+fn revoked_keys_stay_dead_across_pools_on_the_test_device() {
+    let _s = serial();
+    let mut bed = bed();
+    for kind in kinds() {
+        let mut given = Given::default();
+        for round in 0..3 {
+            let pool = pool_on(&bed.b.pd);
+            let buf = vec![in &pool; 0x5eu8; 4096];
+            for i in 0..100 {
+                let what = format!("{kind:?}: pool {round}'s grant {i}");
+                // SAFETY: the buffer is read only after the peer's accesses completed.
+                let r = unsafe { pool.grant_with(&buf, &bed.qb, Access::REMOTE_WRITE, kind) };
+                let Some(mut g) = issued(r, &what) else {
+                    return;
+                };
+                bound(&mut g, &bed.b);
+                if let Some((n, who)) = given.earlier(g.rkey()).cloned() {
+                    let what = format!("{what}: carries {}, revoked key {n} of {who}", g.rkey());
+                    stale_write_refused(&bed.a, &bed.qa, &g, g.rkey(), 0x5e, &what);
+                    panic!("{what}: the key came back (the stale access was refused)");
+                }
+                given.note(g.rkey(), round * 100 + i, &format!("pool {round}"));
+                if i == 99 && round > 0 {
+                    // A stale key of the first pool, at this pool's live grant: refused.
+                    let stale = given.keys().into_iter().find(|&k| k != g.rkey()).unwrap();
+                    let what = format!("{what}: a first pool's key");
+                    stale_write_refused(&bed.a, &bed.qa, &g, stale, 0x5e, &what);
+                    revoke(&mut g, &bed.b);
+                    drop(g);
+                    // The refusal failed the connection (RC): reconnect.
+                    (bed.qa, bed.qb) = connect(&bed.a, &bed.b);
+                    continue;
+                }
+                revoke(&mut g, &bed.b);
+            }
+            drop(buf);
+            drain(&pool, &bed.b);
+            drop(pool);
+        }
+    }
+}
