@@ -98,9 +98,8 @@ impl Lent {
             if !is_stale(v) {
                 return Some(Rkey(self.mw.rkey().index() << 8 | v as u32));
             }
-            if self.order.is_none() {
-                return None;
-            }
+            // A type 1 window (no order of its own) cannot skip it.
+            self.order.as_ref()?;
             self.used += 1;
         }
         None

@@ -87,10 +87,10 @@ impl Backend for SoftNic {
         let pinned = obj.pinned;
         // The mlx5 model: a cached mkey of the region's entry comes back with its key.
         let obj = match obj.cache_ndescs {
-            Some(bucket) => dev.keys.insert_cached(bucket, KeyObj::Mr(obj)),
-            None => Err(KeyObj::Mr(obj)),
+            Some(bucket) => dev.keys.insert_cached(bucket, Box::new(KeyObj::Mr(obj))),
+            None => Err(Box::new(KeyObj::Mr(obj))),
         };
-        let Some(key) = obj.map_or_else(|obj| dev.keys.insert(obj), Some) else {
+        let Some(key) = obj.map_or_else(|obj| dev.keys.insert(*obj), Some) else {
             dev.memlock.release(pinned);
             dev.mr_count.fetch_sub(1, Ordering::AcqRel);
             return Err(Error::from_errno(Verb::RegMr, libc::ENOMEM));

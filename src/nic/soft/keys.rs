@@ -210,7 +210,7 @@ impl KeyTable {
     /// Put a region `obj` of the mkey-cache entry `bucket` in the slot of the newest cached
     /// region of that entry, *keeping its variant* (mlx5 hands out the cached mkey as it was);
     /// gives `obj` back when the cache has none of that entry.
-    pub(super) fn insert_cached(&self, bucket: u64, obj: KeyObj) -> Result<u32, KeyObj> {
+    pub(super) fn insert_cached(&self, bucket: u64, obj: Box<KeyObj>) -> Result<u32, Box<KeyObj>> {
         let index = {
             let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
             match cache.iter().rposition(|&(b, _)| b == bucket) {
@@ -219,7 +219,7 @@ impl KeyTable {
             }
         };
         let mut slot = self.write(index);
-        slot.obj = Some(obj);
+        slot.obj = Some(*obj);
         Ok(index << 8 | slot.variant as u32)
     }
 
