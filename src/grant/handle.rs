@@ -172,9 +172,22 @@ impl<'a> Grant<'a> {
     /// [`GrantError::Revoked`] when already revoked; [`GrantError::Timeout`] after [`WAIT`]
     /// (the revocation goes on: the memory stays quarantined until a poll of the CQ delivers
     /// its completion); a polling error.
-    pub fn revoke(&mut self, cq: &Cq, other: impl FnMut(Completion)) -> Result<(), GrantError> {
+    pub fn revoke(&mut self, cq: &Cq, mut other: impl FnMut(Completion)) -> Result<(), GrantError> {
+        self.poll_first(cq, &mut other)?;
         self.start_revoke()?;
         self.wait_revoked(cq, other)
+    }
+
+    /// Before a revocation is started: what `cq` already holds, so that a peer's SEND_WITH_INV
+    /// there is seen before an invalidation is posted (a LOCAL_INV of a window the peer
+    /// invalidated fails the QP on some devices; found by the hostile review of #52).
+    fn poll_first(&self, cq: &Cq, other: &mut dyn FnMut(Completion)) -> Result<(), GrantError> {
+        if !self.revoked {
+            while let Some(wc) = cq.poll_one()? {
+                other(wc);
+            }
+        }
+        Ok(())
     }
 
     /// Wait until the key is dead, polling `cq` as [`Grant::wait`] does; starts the revocation
@@ -388,7 +401,9 @@ impl<'p, B: GrantBuf> OwnedGrant<'p, B> {
         cq: &Cq,
         other: impl FnMut(Completion),
     ) -> Result<B, (Self, GrantError)> {
-        if let Err(e) = self.grant.wait_revoked(cq, other) {
+        let mut other = other;
+        let r = self.grant.poll_first(cq, &mut other);
+        if let Err(e) = r.and_then(|()| self.grant.wait_revoked(cq, other)) {
             return Err((self, e));
         }
         Ok(self.into_buf())

@@ -177,7 +177,7 @@ impl GrantCtx<'_> {
         let give_up = |region: Option<Mr>| {
             if let (Some(mr), GrantKind::Region) = (region.as_ref(), c.kind) {
                 keybook::release(c.pd.nic(), mr.rkey(), g.clock().1);
-                super::retire::give_slot(c.pd.nic());
+                super::retire::give_issue_slot(c.pd.nic());
             }
             // Never handed out: dropping a refused region only logs.
             drop(g.drop_region(region, len));
@@ -278,7 +278,8 @@ impl GrantCtx<'_> {
     }
 }
 
-/// Registrations tried for a region grant whose keys the device keeps handing back stale.
+/// Registrations (windows) tried for a region (window) grant whose keys the device keeps
+/// handing back stale.
 const FRESH_KEY_TRIES: usize = 64;
 
 /// The refusal of a full key book.
@@ -286,8 +287,9 @@ pub(super) fn book_full(max: usize) -> GrantError {
     GrantError::Limit {
         what: "key book",
         max: max as u64,
-        hint: "every key given to a peer is remembered for the key horizon: revoked keys' \
-               entries lapse as later grants pass it; lower GrantLimits::key_horizon",
+        hint: "every key given to a peer is remembered for the key horizon, counted in later \
+               grants and refusals of the process: entries lapse as they pass it (retry); a \
+               shorter GrantLimits::key_horizon makes keys revoked from now on lapse sooner",
     }
 }
 
@@ -363,16 +365,19 @@ impl Grants {
                     // A window's region: its key goes to no peer (the window's does).
                     return Ok(mr);
                 }
-                let nic = c.pd.nic();
-                if !keybook::is_stale(nic, mr.rkey()) {
-                    if let Err(keybook::Full(max)) = keybook::note(nic, mr.rkey()) {
+                let key = mr.rkey();
+                let v = key.variant() as usize;
+                // Noted (under the book's lock) unless a peer may still hold it.
+                let fresh = |stale: [u64; 4]| (stale[v / 64] & 1 << (v % 64) == 0).then_some(key);
+                match keybook::claim(c.pd.nic(), key.index(), fresh) {
+                    Ok(Some(_)) => return Ok(mr),
+                    Ok(None) => spoiled.extend(super::retire::spoil(mr)?),
+                    Err(keybook::Full(max)) => {
                         // Never handed out: dropping it only logs.
                         drop(mr);
                         return Err(self.refuse(book_full(max)));
                     }
-                    return Ok(mr);
                 }
-                spoiled.extend(super::retire::spoil(mr)?);
             }
             Err(self.refuse(GrantError::Limit {
                 what: "fresh region keys",
@@ -395,7 +400,7 @@ impl Grants {
             n.dedicated.fetch_sub(1, Relaxed);
             n.dedicated_bytes.fetch_sub(len as u64, Relaxed);
             if c.kind == GrantKind::Region {
-                super::retire::give_slot(c.pd.nic());
+                super::retire::give_issue_slot(c.pd.nic());
             }
         }
         r
@@ -433,29 +438,49 @@ impl Grants {
         wr: u64,
     ) -> Result<(Lent, Rkey), GrantError> {
         let (now, horizon) = self.clock();
-        let (mut lent, key) = loop {
-            let mut lent = lock(&self.windows)
-                .take(qp.pd(), ty, now, horizon)
-                .map_err(|e| match e {
-                    crate::nic::Error::Limit { max, .. } => self.refuse(GrantError::Limit {
-                        what: "max_mw",
-                        max,
-                        hint: "windows are held until the key horizon passes: revoke grants, \
-                               lower GrantLimits::key_horizon, or use a device with more max_mw",
-                    }),
-                    e => GrantError::Nic(e),
-                })?;
-            match lent.next_key() {
-                Some(key) => break (lent, key),
-                // No key a peer cannot hold left on this window: hold it, take another.
-                None => lock(&self.windows).retire(lent, now),
+        // Windows with no fresh key are kept lent until the loop ends (so that the device
+        // hands out other indices meanwhile), then retired.
+        let mut spent = Vec::new();
+        let r = (|| {
+            for _ in 0..FRESH_KEY_TRIES {
+                let mut lent = lock(&self.windows)
+                    .take(qp.pd(), ty, now, horizon)
+                    .map_err(|e| match e {
+                        crate::nic::Error::Limit { max, .. } => self.refuse(GrantError::Limit {
+                            what: "max_mw",
+                            max,
+                            hint: "windows are held until the key horizon passes: revoke \
+                                   grants, lower GrantLimits::key_horizon, or use a device \
+                                   with more max_mw",
+                        }),
+                        e => GrantError::Nic(e),
+                    })?;
+                // The next key no peer may still hold, noted before the bind makes it valid: a
+                // full book refuses the grant.
+                let index = lent.mw.rkey().index();
+                match keybook::claim(qp.pd().nic(), index, |stale| lent.next_key(stale)) {
+                    Ok(Some(key)) => return Ok((lent, key)),
+                    // No such key left on this window: hold it, take another.
+                    Ok(None) => spent.push(lent),
+                    Err(keybook::Full(max)) => {
+                        drop(lock(&self.windows).give_back(lent, 0, now, horizon));
+                        return Err(self.refuse(book_full(max)));
+                    }
+                }
             }
-        };
-        // Noted before the bind makes it valid: a full book refuses the grant.
-        if let Err(keybook::Full(max)) = keybook::note(qp.pd().nic(), key) {
-            drop(lock(&self.windows).give_back(lent, 0, now, horizon));
-            return Err(self.refuse(book_full(max)));
+            Err(self.refuse(GrantError::Limit {
+                what: "fresh window keys",
+                max: FRESH_KEY_TRIES as u64,
+                hint: "the device handed back only windows whose next keys a peer may still \
+                       hold: it has too few windows for the key horizon; lower \
+                       GrantLimits::key_horizon or use a device with a larger max_mw",
+            }))
+        })();
+        if !spent.is_empty() {
+            let mut w = lock(&self.windows);
+            spent.into_iter().for_each(|l| w.retire(l, now));
         }
+        let (mut lent, key) = r?;
         let off = addr - mr.addr();
         let r = match ty {
             MwType::Type2 => qp.bind_type2(wr, &mut lent.mw, mr, off, len, access, key.variant()),

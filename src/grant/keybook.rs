@@ -4,7 +4,7 @@
 //!
 //! Contract:
 //! - **Noted before it is handed out.** A grant's key (a window's bind, a region grant's
-//!   region) is noted ([`note`]) before the grant returns; a full book refuses the grant
+//!   region) is noted ([`claim`]) before the grant returns; a full book refuses the grant
 //!   ([`Full`]: `GrantError::Limit { what: "key book", .. }`), so no key is ever issued that the
 //!   book could not remember. Nothing is forgotten before its bound: an entry lives while any
 //!   of its keys is live, and until the horizon passed after the last of them died.
@@ -16,7 +16,9 @@
 //!   (type 2) or is held (type 1: the driver picks the next variant); a region grant whose
 //!   key is in the book is held and another registered (`issue.rs`, `retire.rs`).
 //! - **What advances the horizon:** grants issued by every pool of the process ([`CLOCK`]),
-//!   not attempts and not time: a process that stops granting keeps its book.
+//!   and grants the full book refused — not other attempts, and not time: a process that
+//!   stops granting keeps its book, and a full book drains (its oldest released entries lapse
+//!   after at most `horizon` refusals, even when every new grant needs a new entry).
 //! - **Scope:** this process. Devices are told apart by name (`ibv_get_device_name`, or the
 //!   soft NIC's), so two opens of one device share entries and a device closed and opened
 //!   again keeps them. Keys given out by other processes on the device are out of scope.
@@ -101,23 +103,40 @@ impl Book {
     }
 }
 
-/// Note `key` on `nic` as given to a peer (live until [`release`]d).
+/// Choose and note a key of `index` on `nic` under one lock: `pick` gets the variants of the
+/// index a peer may still hold and returns the key to give out (noted as given to a peer, live
+/// until [`release`]d), or `None` when there is none.
 ///
 /// # Errors
-/// [`Full`] when the book holds its capacity in entries none of which expired: the key must not
-/// be handed out.
-pub(crate) fn note(nic: &Nic, key: Rkey) -> Result<(), Full> {
-    let id = (device(nic), key.index());
+/// [`Full`] when the key needs a new entry and the book holds its capacity in entries, none
+/// of which expired: nothing is noted, and the key must not be handed out.
+pub(crate) fn claim(
+    nic: &Nic,
+    index: u32,
+    pick: impl FnOnce([u64; 4]) -> Option<Rkey>,
+) -> Result<Option<Rkey>, Full> {
+    let id = (device(nic), index);
     let mut b = book();
+    let now = CLOCK.load(Relaxed);
+    let stale = b
+        .entries
+        .get(&id)
+        .filter(|e| !e.expired(now))
+        .map_or([0; 4], |e| e.variants);
+    let Some(key) = pick(stale) else {
+        return Ok(None);
+    };
     if !b.entries.contains_key(&id) && b.entries.len() >= b.capacity {
         b.sweep();
         if b.entries.len() >= b.capacity {
             b.refused += 1;
+            // A refusal ticks the clock: a full book drains (see the module contract).
+            CLOCK.fetch_add(1, Relaxed);
             return Err(Full(b.capacity));
         }
     }
     b.insert(id, key);
-    Ok(())
+    Ok(Some(key))
 }
 
 /// Note `key` even beyond the capacity (a key the device chose after the bind was posted:
@@ -167,12 +186,6 @@ pub(crate) fn stale(nic: &Nic, key: Rkey) -> [u64; 4] {
         .map_or([0; 4], |e| e.variants)
 }
 
-/// Whether `key` itself (index and variant) may still be held by a peer.
-pub(crate) fn is_stale(nic: &Nic, key: Rkey) -> bool {
-    let v = key.variant() as usize;
-    stale(nic, key)[v / 64] & 1 << (v % 64) != 0
-}
-
 /// `(entries, capacity, grants refused because the book was full)`, process-wide.
 pub(crate) fn counts() -> (usize, usize, u64) {
     let b = book();
@@ -207,22 +220,34 @@ mod tests {
             ..Default::default()
         });
         let key = Rkey(7 << 8 | 3);
-        note(&nic, key).unwrap();
-        assert!(is_stale(&nic, key));
-        assert!(!is_stale(&nic, Rkey(7 << 8 | 4)), "another variant");
+        let bit = |s: [u64; 4], v: usize| s[v / 64] & 1 << (v % 64) != 0;
+        assert_eq!(claim(&nic, 7, |_| Some(key)), Ok(Some(key)));
+        assert!(bit(stale(&nic, key), 3));
+        assert!(!bit(stale(&nic, key), 4), "another variant");
+        // `pick` sees the stale variants and may refuse.
+        assert_eq!(claim(&nic, 7, |s| (!bit(s, 3)).then_some(key)), Ok(None));
         release(&nic, key, 1 << 40);
-        assert!(is_stale(&nic, key), "within the horizon");
+        assert!(bit(stale(&nic, key), 3), "within the horizon");
         let n = counts().0;
         let old = set_capacity(n);
         let other = Rkey(8 << 8 | 1);
         // Full (unless another test's entry expired meanwhile: then it has room).
-        if let Err(Full(cap)) = note(&nic, other) {
-            assert_eq!(cap, n.max(1));
-            assert!(!is_stale(&nic, other), "refused: not noted");
-        } else {
-            release(&nic, other, 0);
+        match claim(&nic, 8, |_| Some(other)) {
+            Err(Full(cap)) => {
+                assert_eq!(cap, n.max(1));
+                assert!(!bit(stale(&nic, other), 1), "refused: not noted");
+            }
+            r => {
+                assert_eq!(r, Ok(Some(other)));
+                release(&nic, other, 0);
+            }
         }
         set_capacity(old);
+        // A horizon of 0 gives a key back at once.
+        let third = Rkey(9 << 8 | 2);
+        assert_eq!(claim(&nic, 9, |_| Some(third)), Ok(Some(third)));
+        release(&nic, third, 0);
+        assert!(!bit(stale(&nic, third), 2));
         assert!(validate());
     }
 }

@@ -47,31 +47,32 @@
 //!   pool hands out a key the book holds: a revoked or stale key is refused until at least
 //!   [`GrantLimits::key_horizon`] later grants of the process (2^20 by default; the horizon
 //!   in force when it died), across pools dropped and PDs destroyed, on every device variant.
-//!   What advances the horizon: grants *issued* by every pool of the process, not attempts or
-//!   time. The book fails closed: a full book (2^18 entries process-wide by default, about
-//!   80 bytes each; nothing per pool) refuses the grant ([`GrantError::Limit`] `key book`),
-//!   never forgets an entry before its bound. Type 2 variants follow a random order per
-//!   window and skip the book's; type 1 variants are the driver's next (a window that would
-//!   step onto a stale one is retired); a fresh region grant whose key is stale is spoiled and
-//!   another registered. Indices also stay held where that is cheap: windows whose keys went
-//!   out stay allocated until the horizon while the pool lives, and revoked region grants are
-//!   held by their region (rereg onto a dummy page) or a placeholder region, at most a quarter
-//!   of `max_mr` per pool (`retire.rs`). On a device with an mkey cache
+//!   What advances the horizon: grants *issued* by every pool of the process, and grants a
+//!   full book refused (so a full book drains), not other attempts, and not time. The book
+//!   fails closed: a full book (2^18 entries process-wide by default, about 80 bytes each;
+//!   nothing per pool) refuses the grant ([`GrantError::Limit`] `key book`), never forgets an
+//!   entry before its bound. Type 2 variants follow a random order per window and skip the
+//!   book's; type 1 variants are the driver's next (a window that would step onto a stale one
+//!   is retired); a fresh region grant whose key is stale is spoiled and another registered.
+//!   Indices also stay held where that is cheap: windows whose keys went out stay allocated
+//!   until the horizon while the pool lives, and revoked region grants are held by their
+//!   region (rereg onto a dummy page) or a placeholder region, at most a quarter of `max_mr`
+//!   per device in the process (`retire.rs`). On a device with an mkey cache
 //!   ([`Caps::mkey_cache`](crate::nic::Caps::mkey_cache): mlx5), where a deregistered region's
 //!   key comes back with the next registration of its size, only holding keeps it dead: held
 //!   regions outlive their pool, and region grants are refused (`retired regions`) rather
 //!   than release one early. Every `Limit` names in its `hint` the setting that changes it;
-//!   the ones that can refuse for good are a small `max_mw`, a device with too few regions for
-//!   the horizon (`fresh region keys`) and an mkey-cache device granting only regions. Keys
-//!   given out by other processes are out of scope.
+//!   the ones that can refuse for long are a small `max_mw`, a device with too few windows or
+//!   regions for the horizon (`fresh window keys`, `fresh region keys`), an mkey-cache device
+//!   granting only regions, and a full key book. Keys given out by other processes are out of
+//!   scope.
 //! - **Memory of the bookkeeping.** Per process: the key book (at most 2^18 entries by
 //!   default, about 80 bytes each: 21 MiB at most; `set_key_book_capacity` is a test hook),
-//!   and on mkey-cache devices the held regions of dropped pools (at most a quarter of
-//!   `max_mr` per device, a region on one dummy page each; beyond, a region is never
-//!   deregistered). Per pool: the ledger (2^16 records mapped from the kernel, touched as
-//!   used), the grant entries (at most 2^16), the windows (bounded by `max_mw`: a window
-//!   holds 256 bytes of variant order) and the held region indices (at most a quarter of
-//!   `max_mr`, at most 2^16).
+//!   and the held region indices, by device: at most a quarter of `max_mr` per device (at
+//!   most 2^16), each a region on one dummy page (on mkey-cache devices they include the held
+//!   regions of dropped pools). Per pool: the ledger (2^16 records mapped from the kernel, touched as used), the
+//!   grant entries (at most 2^16) and the windows (bounded by `max_mw`: a window holds 256
+//!   bytes of variant order).
 //! - **Quarantine** (`ledger.rs`): memory freed while a grant on it is open (live or
 //!   revoking) is parked, neither reused nor purged, until the invalidation completed. The free
 //!   path checks one per-granule counter with a relaxed load. [`Grant`] borrows its buffer, so

@@ -21,19 +21,21 @@
 //! index is what keeps the device from handing the key to a registration that is *not* a
 //! grant (the book only checks grants): on a device whose deregistered keys go to a cache
 //! with the same key (`Caps::mkey_cache`: mlx5), only holding works. So:
-//! - where the device has no mkey cache, at most `max_mr / 4` indices stay held per pool
-//!   ([`retired_max`]), released after the horizon, the oldest early beyond that bound (the
-//!   book keeps its key refused); a dropped pool's held indices are released with it;
-//! - where it has one, every region grant takes a *slot* of its device when issued, kept
-//!   while its key is live and while its index is held: at most `max_mr / 4` per device in
-//!   the process ([`SLOTS`]), beyond which region grants are refused ([`GrantError::Limit`]
-//!   `retired regions`), so a held index is never released early; a dropped pool's held
-//!   indices stay in the process's [`GRAVES`] until their horizon (the process's grant clock),
-//!   with their slots.
+//! - a held index takes a *slot* of its device: at most `max_mr / 4` per device in the
+//!   process ([`SLOTS`], [`retired_max`]), so held regions never use up the device's regions,
+//!   whatever the number of pools;
+//! - where the device has no mkey cache, a revoked region whose device has no slot free is not
+//!   held (the book keeps its key refused), held ones are released after the horizon, and a
+//!   dropped pool's with it;
+//! - where it has one, every region grant takes its slot when issued, kept while its key is
+//!   live and while its index is held, and region grants are refused beyond the bound
+//!   ([`GrantError::Limit`] `retired regions`), so a held index is never released early; a
+//!   dropped pool's held indices stay in the process's [`GRAVES`] until their horizon (the
+//!   process's grant clock), with their slots.
 //!
 //! Invariants: `held` is ordered by the grant count each entry retired at, and
-//! `|held| <= retired_max(max_mr)`; on an mkey-cache device, `SLOTS[device] == live region
-//! grants + held indices of its pools + its graves <= retired_max(max_mr)`.
+//! `|held| <= retired_max(max_mr)`; `SLOTS[device] == held indices of its pools + its graves
+//! (+ live region grants on an mkey-cache device) <= retired_max(max_mr)`.
 
 use super::{GrantError, Grants, keybook};
 use crate::nic::quirks::{self, Quirk};
@@ -84,16 +86,12 @@ struct Grave {
 /// The held indices of dropped pools, on devices with an mkey cache (see the module contract).
 static GRAVES: ForkLock<Vec<Grave>> = ForkLock::new(Vec::new());
 
-/// Region-grant slots taken per mkey-cache device (by name): see the module contract.
+/// Region slots taken per device (by name): see the module contract.
 static SLOTS: ForkLock<BTreeMap<String, usize>> = ForkLock::new(BTreeMap::new());
 
-/// Take a slot of `nic` for a region grant's key (always granted on a device without an mkey
-/// cache, where none are counted).
+/// Take a slot of `nic`: for a region grant's key on an mkey-cache device, or to hold an index.
 fn take_slot(nic: &Nic) -> bool {
     let caps = nic.caps();
-    if !caps.mkey_cache {
-        return true;
-    }
     let mut slots = SLOTS.lock();
     let n = slots.entry(caps.name.clone()).or_insert(0);
     if *n >= retired_max(caps.max_mr) {
@@ -104,12 +102,17 @@ fn take_slot(nic: &Nic) -> bool {
 }
 
 /// Give a slot of `nic` back (its key's index is released, or was never held).
-pub(super) fn give_slot(nic: &Nic) {
-    let caps = nic.caps();
-    if caps.mkey_cache
-        && let Some(n) = SLOTS.lock().get_mut(&caps.name)
-    {
+fn give_slot(nic: &Nic) {
+    if let Some(n) = SLOTS.lock().get_mut(&nic.caps().name) {
         *n = n.saturating_sub(1);
+    }
+}
+
+/// Give back the slot a region grant not issued took ([`Grants::region_room`]: only on an
+/// mkey-cache device).
+pub(super) fn give_issue_slot(nic: &Nic) {
+    if nic.caps().mkey_cache {
+        give_slot(nic);
     }
 }
 
@@ -171,7 +174,7 @@ impl Grants {
     /// cache and its slots are taken (see the module contract). The caller gives the slot
     /// back ([`give_slot`]) if the grant is not issued.
     pub(super) fn region_room(&self, nic: &Nic) -> Result<(), GrantError> {
-        if take_slot(nic) {
+        if !nic.caps().mkey_cache || take_slot(nic) {
             return Ok(());
         }
         Err(self.refuse(GrantError::Limit {
@@ -184,9 +187,9 @@ impl Grants {
     }
 
     /// Kill a revoked region grant's key and hold its index (see the module contract); `slot`:
-    /// whether the region has a slot of its device (a region grant's), else one is taken to
-    /// hold it where needed. `Err` gives the region back when its key may still work (the
-    /// slot stays taken).
+    /// whether the region has a slot of its device (a region grant's on an mkey-cache
+    /// device), else one is taken to hold it, and without one it is not held. `Err` gives the
+    /// region back when its key may still work (the slot stays taken).
     pub(super) fn retire_region(&self, mut mr: Mr, slot: bool) -> Result<(), Mr> {
         let (now, horizon) = self.clock();
         let (pd, old) = (mr.pd().clone(), mr.rkey());
@@ -210,7 +213,8 @@ impl Grants {
         };
         let nic = pd.nic().clone();
         // No slot to hold it with (a spoiled region on a full mkey-cache device): given back.
-        let slot = slot || take_slot(&nic);
+        let took = !slot && take_slot(&nic);
+        let slot = slot || took;
         let held = if moved && mr.rkey().index() == old.index() && slot {
             Some(Held {
                 mr,
@@ -220,6 +224,9 @@ impl Grants {
             // Deregistered (or rebuilt by the driver): the old index went back to the device.
             if let Err(e) = mr.dereg() {
                 tracing::warn!(error = %e.error, "rdma_pool: a revoked region grant refused dereg");
+                if took {
+                    give_slot(&nic);
+                }
                 return Err(e.mr);
             }
             (horizon > 0 && slot)

@@ -140,7 +140,9 @@ impl Grants {
         let kept = match a.region.take() {
             // A region grant's key was the peer's: retire it, never give its index back early.
             Some(mr) if a.kind == GrantKind::Region => {
-                self.retire_region(mr, true).err().or_else(|| {
+                // On an mkey-cache device the grant took its slot when issued.
+                let slot = mr.pd().nic().caps().mkey_cache;
+                self.retire_region(mr, slot).err().or_else(|| {
                     self.region_gone(len);
                     None
                 })

@@ -7,7 +7,8 @@
 //! next), a type 1 window's the driver's (`ibv_inc_rkey`: the next variant). Either way no key
 //! repeats within a window's life, and no bind uses a key the process's key book
 //! (`keybook.rs`) says a peer may still hold: a type 2 window skips such variants, a type 1
-//! window (whose next variant the driver picks) is retired instead ([`Lent::next_key`]).
+//! window (whose next variant the driver picks) is retired instead ([`Lent::next_key`],
+//! under the book's lock: `keybook::claim`).
 //! A window returns to the cache only unbound and with a key to spare for both a bind and an
 //! unbind; otherwise it is *retired*: kept allocated, so that the device cannot give its index
 //! to a new window or region, until `horizon` more grants of the pool
@@ -87,11 +88,11 @@ impl Lent {
         }
     }
 
-    /// The key of the window's next bind, past every variant the key book says a peer may
-    /// still hold (a type 2 window skips them; a type 1 window, whose next variant the driver
-    /// picks, cannot); `None` when the window has no such key to spare: retire it.
-    pub(crate) fn next_key(&mut self) -> Option<Rkey> {
-        let stale = keybook::stale(self.mw.pd().nic(), self.mw.rkey());
+    /// The key of the window's next bind, past every variant in `stale` (the key book's: a
+    /// peer may still hold them; a type 2 window skips them, a type 1 window, whose next
+    /// variant the driver picks, cannot); `None` when the window has no such key to spare:
+    /// retire it.
+    pub(crate) fn next_key(&mut self, stale: [u64; 4]) -> Option<Rkey> {
         let is_stale = |v: u8| stale[v as usize / 64] & 1 << (v % 64) != 0;
         while self.spare() {
             let v = self.next_variant();

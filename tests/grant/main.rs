@@ -15,6 +15,7 @@ mod model;
 mod peers;
 mod quarantine;
 mod regress52;
+mod review52;
 
 use common::*;
 use rdma_pool::Pool;
