@@ -14,9 +14,9 @@
 //! with a typed error (`Limit`, `Unsupported`, `Unavailable`, `QpNotReady`, `Nic`) is not
 //! issued.
 //!
-//! `RDMA_POOL_MODEL_STEPS` steps in all (default 16,000: about 3 minutes in debug on 2 cores
-//! at the ~90 steps/s measured), `RDMA_POOL_MODEL_CASE_STEPS` at most per proptest case
-//! (default 200), `RDMA_POOL_MODEL_OLD` older keys tried per step (default 8, at most 64),
+//! `RDMA_POOL_MODEL_STEPS` steps in all (default 20,000: about 2.5 minutes in debug on 2 cores
+//! at the ~150 steps/s measured), `RDMA_POOL_MODEL_CASE_STEPS` at most per proptest case
+//! (default 200), `RDMA_POOL_MODEL_OLD` older keys tried per step (default and at most 64),
 //! `RDMA_POOL_MODEL_SHRINK_MS` for shrinking (default 120 s). Failures are saved in
 //! `tests/proptest-regressions/grant_model.txt` and replayed first.
 
@@ -256,7 +256,7 @@ fn case_steps() -> usize {
 
 /// Cases of 1 to `case_steps()` steps (half on average) for `RDMA_POOL_MODEL_STEPS` in all.
 fn cases() -> u32 {
-    (env("RDMA_POOL_MODEL_STEPS", 16_000) * 2 / case_steps()).max(1) as u32
+    (env("RDMA_POOL_MODEL_STEPS", 20_000) * 2 / case_steps()).max(1) as u32
 }
 
 proptest! {

@@ -182,7 +182,7 @@ impl Model {
             revoked: Vec::new(),
             touched: Vec::new(),
             rng: 0x9e37_79b9_7f4a_7c15,
-            old: env("RDMA_POOL_MODEL_OLD", 8).min(64),
+            old: env("RDMA_POOL_MODEL_OLD", 64).min(64),
             f: Figures::default(),
         };
         for &c in devs {
