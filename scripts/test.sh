@@ -95,5 +95,5 @@ done
 # soft NIC in either place: a few cases in the emulated guest, the full 100k operations each
 # on the host above. The guest has 2 NUMA nodes
 # (tests/rxe/run.sh), which the NUMA tests check they see.
-RXE_GUEST_ENV="${RXE_GUEST_ENV:-} PROPTEST_CASES=4 RDMA_POOL_RAILS=rxe0,rxe1 RDMA_POOL_TEST_NUMA_NODES=2 STRESS_SECS=4" bash tests/rxe/run.sh $bins
+RXE_GUEST_ENV="${RXE_GUEST_ENV:-} PROPTEST_CASES=4 RDMA_POOL_MODEL_STEPS=300 RDMA_POOL_GRANT_FLOOD=8192 RDMA_POOL_RAILS=rxe0,rxe1 RDMA_POOL_TEST_NUMA_NODES=2 STRESS_SECS=4" bash tests/rxe/run.sh $bins
 echo "== all checks passed in $(( $(date +%s) - start )) s"
