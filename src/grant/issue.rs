@@ -4,7 +4,7 @@
 //! Contract: every check runs before anything is taken; whatever was taken for a grant that
 //! then fails (dedicated region, ledger record, window) is returned before the error is.
 
-use super::windows::Lent;
+use super::windows::{Lent, Take};
 use super::{Active, GrantCtx, GrantError, GrantKind, Grants, OP_BIND, Wr, keybook, lock, wr_id};
 use crate::nic::quirks::{self, Quirk};
 use crate::nic::{Access, Mr, MwType, Qp, QpState, Rkey};
@@ -446,26 +446,24 @@ impl Grants {
                 let mut lent = lock(&self.windows)
                     .take(qp.pd(), ty, now, horizon)
                     .map_err(|e| match e {
-                        crate::nic::Error::Limit { max, .. } => self.refuse(GrantError::Limit {
-                            what: "max_mw",
-                            max,
-                            hint: "windows are held until the key horizon passes: revoke \
-                                   grants, lower GrantLimits::key_horizon, or use a device \
-                                   with more max_mw",
-                        }),
-                        e => GrantError::Nic(e),
+                        Take::Nic(crate::nic::Error::Limit { max, .. }) => {
+                            self.refuse(GrantError::Limit {
+                                what: "max_mw",
+                                max,
+                                hint: "windows are held until the key horizon passes: revoke \
+                                       grants, lower GrantLimits::key_horizon, or use a device \
+                                       with more max_mw",
+                            })
+                        }
+                        Take::Nic(e) => GrantError::Nic(e),
+                        Take::Full(max) => self.refuse(book_full(max)),
                     })?;
-                // The next key no peer may still hold, noted before the bind makes it valid: a
-                // full book refuses the grant.
-                let index = lent.mw.rkey().index();
-                match keybook::claim(qp.pd().nic(), index, |stale| lent.next_key(stale)) {
-                    Ok(Some(key)) => return Ok((lent, key)),
+                // The next key no peer may still hold (the window holds its index's entry in
+                // the key book: a full book refused the window above).
+                match lent.next_key() {
+                    Some(key) => return Ok((lent, key)),
                     // No such key left on this window: hold it, take another.
-                    Ok(None) => spent.push(lent),
-                    Err(keybook::Full(max)) => {
-                        drop(lock(&self.windows).give_back(lent, 0, now, horizon));
-                        return Err(self.refuse(book_full(max)));
-                    }
+                    None => spent.push(lent),
                 }
             }
             Err(self.refuse(GrantError::Limit {
@@ -490,18 +488,17 @@ impl Grants {
             Ok(rkey) => {
                 if rkey != key {
                     // A driver whose type 1 bind did not take the next variant: the book
-                    // follows the key the device chose (fail closed: both stay noted while the
-                    // grant lives; a full book cannot refuse a bind already posted).
+                    // gets the key the device chose too.
                     tracing::warn!(%rkey, %key, "rdma_pool: a bind took another key than predicted");
-                    keybook::note_anyway(qp.pd().nic(), rkey);
-                    keybook::release(qp.pd().nic(), key, horizon);
+                    lent.gave(rkey);
                 }
+                lent.gave(key);
                 self.counters.in_flight.fetch_add(1, Relaxed);
                 Ok((lent, rkey))
             }
             Err(e) => {
-                // Nothing was posted: the window skips the key (the book keeps it).
-                keybook::release(qp.pd().nic(), key, horizon);
+                // Nothing was posted: the window skips the key (the book gets it anyway).
+                lent.gave(key);
                 drop(lock(&self.windows).give_back(lent, 1, now, horizon));
                 Err(GrantError::Nic(e))
             }

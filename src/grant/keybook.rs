@@ -3,15 +3,20 @@
 //! out a key a peer may still hold.
 //!
 //! Contract:
-//! - **Noted before it is handed out.** A grant's key (a window's bind, a region grant's
-//!   region) is noted ([`claim`]) before the grant returns; a full book refuses the grant
-//!   ([`Full`]: `GrantError::Limit { what: "key book", .. }`), so no key is ever issued that the
-//!   book could not remember. Nothing is forgotten before its bound: an entry lives while any
-//!   of its keys is live, and until the horizon passed after the last of them died.
-//! - **Released when dead.** When a grant's key dies (revocation completed, failed bind, pool
-//!   dropped), [`release`] starts its horizon: the entry stays until `horizon` more grants of
-//!   the process were issued ([`CLOCK`]). One entry per `(device, index)` keeps every stale
-//!   variant of the index (a bitmap) and the latest horizon of any of them.
+//! - **Room before a key is handed out.** A window fresh from the device holds its index's
+//!   entry ([`hold`]) while it is allocated — the index is the window's alone meanwhile, so
+//!   the keys it gives out join the entry when it goes ([`unhold`], one book operation per
+//!   window, not per grant); a region grant's key is noted ([`claim`]) before the grant
+//!   returns. A full book refuses the window or the region ([`Full`]: `GrantError::Limit {
+//!   what: "key book", .. }`), so no key is ever issued that the book could not remember.
+//!   Nothing is forgotten before its bound: an entry lives while it is held or any of its
+//!   keys is live, and until the horizon passed after the last of them went.
+//! - **Released when dead.** When a region grant's key dies (revocation completed, pool
+//!   dropped), [`release`] starts its horizon; a window's keys start theirs when the window is
+//!   deallocated (after the horizon, early on a failed invalidation, or with its pool): the
+//!   entry stays until `horizon` more grants of the process were issued ([`CLOCK`]). One
+//!   entry per `(device, index)` keeps every stale variant of the index (a bitmap) and the
+//!   latest horizon of any of them.
 //! - **Checked before a key is issued.** A window whose next variant is in the book skips it
 //!   (type 2) or is held (type 1: the driver picks the next variant); a region grant whose
 //!   key is in the book is held and another registered (`issue.rs`, `retire.rs`).
@@ -26,9 +31,8 @@
 //!   bytes with the map's nodes: 21 MiB at most), taken from the global allocator outside any
 //!   allocator lock (grants are never issued from inside the allocator). Nothing per pool.
 //!
-//! Invariants (under the lock): `|entries| <= capacity` (but for keys a device chose after a
-//! bind was posted, [`note_anyway`]); every entry with `live > 0` has at
-//! least one variant noted; `until` never decreases.
+//! Invariants (under the lock): `|entries| <= max(capacity, entries when the capacity was
+//! last lowered)` (a lowered capacity forgets nothing); an entry's `until` never decreases.
 
 use crate::nic::{Nic, Rkey};
 use crate::sys::atfork::{ForkGuard, ForkLock};
@@ -65,6 +69,8 @@ struct Book {
     /// moves or a key dies).
     swept_at: Option<u64>,
     refused: u64,
+    /// Entries when the capacity was last set (kept if it was lowered below them).
+    floor: usize,
 }
 
 static BOOK: ForkLock<Book> = ForkLock::new(Book {
@@ -72,6 +78,7 @@ static BOOK: ForkLock<Book> = ForkLock::new(Book {
     capacity: DEFAULT_CAPACITY,
     swept_at: None,
     refused: 0,
+    floor: 0,
 });
 
 fn book() -> ForkGuard<'static, Book> {
@@ -139,22 +146,61 @@ pub(crate) fn claim(
     Ok(Some(key))
 }
 
-/// Note `key` even beyond the capacity (a key the device chose after the bind was posted:
-/// it must be remembered whatever the book holds).
-pub(crate) fn note_anyway(nic: &Nic, key: Rkey) {
-    book().insert((device(nic), key.index()), key);
+/// A window fresh from the device holds its index's entry (`live`) while it is allocated:
+/// the index is the window's alone meanwhile, so the keys it gives out are published only when
+/// it goes ([`unhold`]), but the entry they need exists from now. Returns the variants of the
+/// index a peer may still hold.
+///
+/// # Errors
+/// [`Full`] as [`claim`]: the window must not be used.
+pub(crate) fn hold(nic: &Nic, index: u32) -> Result<[u64; 4], Full> {
+    let id = (device(nic), index);
+    let mut b = book();
+    let now = CLOCK.load(Relaxed);
+    if !b.entries.contains_key(&id) && b.entries.len() >= b.capacity {
+        b.sweep();
+        if b.entries.len() >= b.capacity {
+            b.refused += 1;
+            CLOCK.fetch_add(1, Relaxed);
+            return Err(Full(b.capacity));
+        }
+    }
+    let e = b.entries.entry(id).or_insert(EMPTY);
+    if e.expired(now) {
+        *e = EMPTY;
+    }
+    e.live += 1;
+    Ok(e.variants)
 }
+
+/// A window that held `index`'s entry goes: the keys it gave out (`given`, a bit per variant)
+/// join the entry, refused until the process's grant clock reaches `until` (the last of them
+/// died plus its horizon).
+pub(crate) fn unhold(nic: &Nic, index: u32, given: [u64; 4], until: u64) {
+    let mut b = book();
+    let now = CLOCK.load(Relaxed);
+    if let Some(e) = b.entries.get_mut(&(device(nic), index)) {
+        e.variants.iter_mut().zip(given).for_each(|(v, g)| *v |= g);
+        e.live = e.live.saturating_sub(1);
+        e.until = e.until.max(until);
+        if e.expired(now) {
+            b.swept_at = None;
+        }
+    }
+}
+
+/// An entry with nothing in it.
+const EMPTY: Entry = Entry {
+    variants: [0; 4],
+    live: 0,
+    until: 0,
+};
 
 impl Book {
     fn insert(&mut self, id: (u64, u32), key: Rkey) {
-        let fresh = Entry {
-            variants: [0; 4],
-            live: 0,
-            until: 0,
-        };
-        let e = self.entries.entry(id).or_insert(fresh);
+        let e = self.entries.entry(id).or_insert(EMPTY);
         if e.expired(CLOCK.load(Relaxed)) {
-            *e = fresh;
+            *e = EMPTY;
         }
         let v = key.variant() as usize;
         e.variants[v / 64] |= 1 << (v % 64);
@@ -177,7 +223,8 @@ pub(crate) fn release(nic: &Nic, key: Rkey, horizon: u64) {
 }
 
 /// The variants of `key`'s index on `nic` a peer may still hold, a bit each.
-pub(crate) fn stale(nic: &Nic, key: Rkey) -> [u64; 4] {
+#[cfg(test)]
+fn stale(nic: &Nic, key: Rkey) -> [u64; 4] {
     let b = book();
     let now = CLOCK.load(Relaxed);
     b.entries
@@ -197,15 +244,14 @@ pub(crate) fn counts() -> (usize, usize, u64) {
 /// book is below it.
 pub(crate) fn set_capacity(n: usize) -> usize {
     let mut b = book();
+    b.floor = b.entries.len();
     std::mem::replace(&mut b.capacity, n.max(1))
 }
 
 /// Check the invariants of the module contract.
 pub(crate) fn validate() -> bool {
     let b = book();
-    b.entries
-        .values()
-        .all(|e| e.live == 0 || e.variants != [0; 4])
+    b.entries.len() <= b.capacity.max(b.floor)
 }
 
 #[cfg(test)]

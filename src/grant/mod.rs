@@ -400,6 +400,7 @@ impl Drop for Grants {
         // The windows go with the pool, and its held regions where the device has no mkey
         // cache: their indices go back to the device, their keys stay in the key book.
         let (now, horizon) = self.clock();
+        lock(&self.windows).release_all();
         lock(&self.retired).bury(now, horizon);
         // A completion of this pool's may still come: the tag stays taken for good then.
         if self.counters.in_flight.load(Relaxed) == 0 {

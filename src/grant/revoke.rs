@@ -158,8 +158,9 @@ impl Grants {
         }
         a.qp = None;
         a.done = true;
-        // The key is dead: the key book starts its horizon.
-        if let Some(pd) = a.pd.as_ref() {
+        // A region grant's key is dead: the key book starts its horizon (a window's keys go
+        // to the book with the window).
+        if let (Some(pd), GrantKind::Region) = (a.pd.as_ref(), a.kind) {
             super::keybook::release(pd.nic(), a.rkey, horizon);
         }
         self.counters.revoked.fetch_add(1, Relaxed);

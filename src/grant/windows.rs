@@ -40,18 +40,55 @@ pub(crate) struct Lent {
     /// A type 2 window's order of variants (`order[used]` is its next key's; the stale ones
     /// sit past `cap`); `None` for type 1, whose driver picks the next variant.
     order: Option<Box<[u8; 256]>>,
+    /// The variants of its index a peer may still hold (the key book's when the window was
+    /// allocated: the index is the window's alone since).
+    stale: [u64; 4],
+    /// The book entry of its index the window holds, and the keys it gave to peers.
+    book: Hold,
+}
+
+/// A window's hold on its index's key-book entry (`keybook::hold`): the keys it gave to peers
+/// (a bit per variant), published when it is deallocated, the horizon they take, and the
+/// process's grant clock when the last of them died (the window came back unbound).
+#[derive(Debug, Clone, Copy)]
+struct Hold {
+    given: [u64; 4],
+    horizon: u64,
+    died: u64,
+}
+
+impl Hold {
+    /// The window is unbound again: every key it gave out is dead from now.
+    fn dead_now(&mut self, horizon: u64) {
+        self.horizon = self.horizon.max(horizon);
+        self.died = keybook::CLOCK.load(std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Publish the keys given out to the book: the window's index goes back to the device.
+    fn release(self, mw: &Mw) {
+        let until = self.died.saturating_add(self.horizon);
+        keybook::unhold(mw.pd().nic(), mw.rkey().index(), self.given, until);
+    }
+}
+
+/// A window kept allocated (spent, or on an index with no fresh key, or a placeholder), with
+/// the grant count it retired at.
+struct Retiree {
+    mw: Mw,
+    at: u64,
+    /// `None` for a placeholder, which gave no key and holds no entry.
+    book: Option<Hold>,
 }
 
 impl Lent {
     /// A fresh window, or the window back when its index has too few variants a peer cannot
     /// hold (the key book's).
-    fn fresh(mw: Mw) -> Result<Lent, Mw> {
-        let stale = keybook::stale(mw.pd().nic(), mw.rkey());
+    fn fresh(mw: Mw, stale: [u64; 4], book: Hold) -> Result<Lent, (Mw, Hold)> {
         let first = mw.rkey().variant();
         let is_stale = |v: u8| v != first && stale[v as usize / 64] & 1 << (v % 64) != 0;
         let n_stale = (0..=255u8).filter(|&v| is_stale(v)).count() as u16;
         if n_stale > 250 {
-            return Err(mw);
+            return Err((mw, book));
         }
         // A type 1 window cannot skip variants (the driver picks the next): its stale ones are
         // met at bind time ([`Lent::next_key`]), where the window is retired.
@@ -71,7 +108,15 @@ impl Lent {
             used: 0,
             cap: 255 - n_stale,
             order,
+            stale,
+            book,
         })
+    }
+
+    /// A bind through the window gave `key` to a peer.
+    pub(crate) fn gave(&mut self, key: Rkey) {
+        let v = key.variant() as usize;
+        self.book.given[v / 64] |= 1 << (v % 64);
     }
 
     /// Whether the window has a key to spare for another grant (a bind and, for type 1, an
@@ -88,11 +133,12 @@ impl Lent {
         }
     }
 
-    /// The key of the window's next bind, past every variant in `stale` (the key book's: a
-    /// peer may still hold them; a type 2 window skips them, a type 1 window, whose next
-    /// variant the driver picks, cannot); `None` when the window has no such key to spare:
-    /// retire it.
-    pub(crate) fn next_key(&mut self, stale: [u64; 4]) -> Option<Rkey> {
+    /// The key of the window's next bind, past every variant a peer may still hold (the key
+    /// book's when the window was allocated: a type 2 window skips them, a type 1 window,
+    /// whose next variant the driver picks, cannot); `None` when the window has no such key
+    /// to spare: retire it.
+    pub(crate) fn next_key(&mut self) -> Option<Rkey> {
+        let stale = self.stale;
         let is_stale = |v: u8| stale[v as usize / 64] & 1 << (v % 64) != 0;
         while self.spare() {
             let v = self.next_variant();
@@ -142,13 +188,21 @@ fn random_order(first: u8) -> Box<[u8; 256]> {
 #[derive(Default)]
 pub(crate) struct Windows {
     free: [Vec<Lent>; 2],
-    /// Windows kept allocated (spent, or on an index with no fresh key), with the grant count they
-    /// retired at, oldest first.
-    retired: VecDeque<(Mw, u64)>,
+    /// Windows kept allocated, oldest first.
+    retired: VecDeque<Retiree>,
     allocated: u64,
     lent: u64,
     /// Retired windows deallocated after the horizon.
     recycled: u64,
+}
+
+/// Why no window could be taken.
+#[derive(Debug)]
+pub(crate) enum Take {
+    /// `ibv_alloc_mw` failed (`Limit` above `max_mw`).
+    Nic(crate::nic::Error),
+    /// The key book is full (its capacity).
+    Full(usize),
 }
 
 fn slot(ty: MwType) -> usize {
@@ -163,14 +217,15 @@ impl Windows {
     /// spare; `now` is the pool's grant count.
     ///
     /// # Errors
-    /// `ibv_alloc_mw`'s failure (`Limit` above `max_mw`).
+    /// `ibv_alloc_mw`'s failure (`Limit` above `max_mw`); a full key book (the fresh window
+    /// could not hold its index's entry: it is deallocated, never used).
     pub(crate) fn take(
         &mut self,
         pd: &Pd,
         ty: MwType,
         now: u64,
         horizon: u64,
-    ) -> Result<Lent, crate::nic::Error> {
+    ) -> Result<Lent, Take> {
         // Windows past the horizon go before a new one is asked of the device (`max_mw`).
         drop(self.expired(now, horizon));
         let free = &mut self.free[slot(ty)];
@@ -179,17 +234,38 @@ impl Windows {
         let lent = match mine.map(|i| free.swap_remove(i)) {
             Some(l) => l,
             None => loop {
-                let mw = pd.alloc_mw(ty)?;
-                self.allocated += 1;
-                match Lent::fresh(mw) {
-                    Ok(l) => break l,
-                    // The device handed back an index with no fresh key: hold it, ask again.
-                    Err(mw) => self.retired.push_back((mw, now)),
+                let mw = pd.alloc_mw(ty).map_err(Take::Nic)?;
+                if let Some(l) = self.adopt(mw, now, horizon)? {
+                    break l;
                 }
             },
         };
         self.lent += 1;
         Ok(lent)
+    }
+
+    /// A window fresh from the device: it holds its index's book entry, and is `Some` when it
+    /// has keys to give; else it is retired (held), `None`.
+    fn adopt(&mut self, mw: Mw, now: u64, horizon: u64) -> Result<Option<Lent>, Take> {
+        let stale = keybook::hold(mw.pd().nic(), mw.rkey().index()).map_err(|f| Take::Full(f.0))?;
+        self.allocated += 1;
+        let book = Hold {
+            given: [0; 4],
+            horizon,
+            died: 0,
+        };
+        match Lent::fresh(mw, stale, book) {
+            Ok(l) => Ok(Some(l)),
+            // The device handed back an index with no fresh key: hold it.
+            Err((mw, book)) => {
+                self.retired.push_back(Retiree {
+                    mw,
+                    at: now,
+                    book: Some(book),
+                });
+                Ok(None)
+            }
+        }
     }
 
     /// Return an unbound window after a grant used `keys` more of its keys. Returns the
@@ -198,32 +274,46 @@ impl Windows {
     pub(crate) fn give_back(&mut self, mut l: Lent, keys: u16, now: u64, horizon: u64) -> Vec<Mw> {
         self.lent -= 1;
         l.used += keys;
+        l.book.dead_now(horizon);
         // Each grant needs a key for its bind and, for type 1, one for its unbind.
         if l.spare() {
             self.free[slot(l.mw.mw_type())].push(l);
         } else {
-            self.retired.push_back((l.mw, now));
+            self.retired.push_back(Retiree {
+                mw: l.mw,
+                at: now,
+                book: Some(l.book),
+            });
         }
         self.expired(now, horizon)
     }
 
     /// Retire a lent window that has no key to spare ([`Lent::next_key`]): kept allocated
     /// until the horizon, like a spent one.
-    pub(crate) fn retire(&mut self, l: Lent, now: u64) {
+    pub(crate) fn retire(&mut self, mut l: Lent, now: u64) {
         self.lent -= 1;
-        self.retired.push_back((l.mw, now));
+        l.book.dead_now(0);
+        self.retired.push_back(Retiree {
+            mw: l.mw,
+            at: now,
+            book: Some(l.book),
+        });
     }
 
-    /// Retired windows whose horizon passed, taken out of the count.
+    /// Retired windows whose horizon passed, taken out of the count, their keys published to
+    /// the book (the caller deallocates them by dropping).
     fn expired(&mut self, now: u64, horizon: u64) -> Vec<Mw> {
         let mut out = Vec::new();
         while self
             .retired
             .front()
-            .is_some_and(|&(_, at)| now.saturating_sub(at) >= horizon)
+            .is_some_and(|r| now.saturating_sub(r.at) >= horizon)
         {
-            if let Some((mw, _)) = self.retired.pop_front() {
-                out.push(mw);
+            if let Some(r) = self.retired.pop_front() {
+                if let Some(h) = r.book {
+                    h.release(&r.mw);
+                }
+                out.push(r.mw);
             }
         }
         self.allocated -= out.len() as u64;
@@ -246,13 +336,26 @@ impl Windows {
             used,
             cap,
             order,
+            stale,
+            mut book,
         } = l;
+        book.dead_now(horizon);
+        // Published first (nothing is forgotten: the entry lives on for the horizon).
+        book.release(&mw);
         if let Err((mw, e)) = mw.dealloc() {
+            // Still allocated: it holds the entry again (never full: the entry exists).
+            let _ = keybook::hold(mw.pd().nic(), mw.rkey().index());
+            let book = Hold {
+                given: [0; 4],
+                ..book
+            };
             let l = Lent {
                 mw,
                 used,
                 cap,
                 order,
+                stale,
+                book,
             };
             return Err(Box::new((l, e)));
         }
@@ -261,9 +364,13 @@ impl Windows {
         if horizon > 0 {
             // The key book keeps every key the window gave out refused; the index is also
             // taken straight back if the device hands it out again at once.
-            if let Some(mw) = self.placeholder(&pd, ty, key, now) {
+            if let Some(mw) = self.placeholder(&pd, ty, key, now, horizon) {
                 self.allocated += 1;
-                self.retired.push_back((mw, now));
+                self.retired.push_back(Retiree {
+                    mw,
+                    at: now,
+                    book: None,
+                });
             }
         }
         Ok(())
@@ -272,18 +379,36 @@ impl Windows {
     /// A window of type `ty` in `pd` allocated to take `key`'s index back from the device:
     /// `Some` when it landed there (the caller holds it); otherwise it joins the cache as a
     /// fresh window and `None` is returned (as when the device refuses a window).
-    pub(crate) fn placeholder(&mut self, pd: &Pd, ty: MwType, key: Rkey, now: u64) -> Option<Mw> {
+    pub(crate) fn placeholder(
+        &mut self,
+        pd: &Pd,
+        ty: MwType,
+        key: Rkey,
+        now: u64,
+        horizon: u64,
+    ) -> Option<Mw> {
         let mw = pd.alloc_mw(ty).ok()?;
-        self.allocated += 1;
         if mw.rkey().index() == key.index() {
-            self.allocated -= 1; // the caller's now
             return Some(mw);
         }
-        match Lent::fresh(mw) {
-            Ok(l) => self.free[slot(ty)].push(l),
-            Err(mw) => self.retired.push_back((mw, now)),
+        // Another index: a fresh window for the cache (a full book: deallocated, unused).
+        if let Ok(Some(l)) = self.adopt(mw, now, horizon) {
+            self.free[slot(ty)].push(l);
         }
         None
+    }
+
+    /// The pool is going: every window's keys are published to the book (their indices go
+    /// back to the device as the windows are deallocated, by dropping).
+    pub(crate) fn release_all(&mut self) {
+        for l in self.free.iter().flatten() {
+            l.book.release(&l.mw);
+        }
+        for r in &self.retired {
+            if let Some(h) = r.book {
+                h.release(&r.mw);
+            }
+        }
     }
 
     /// `(allocated, retired, recycled)`.
@@ -300,7 +425,7 @@ impl Windows {
                 .retired
                 .iter()
                 .zip(self.retired.iter().skip(1))
-                .all(|(a, b)| a.1 <= b.1)
+                .all(|(a, b)| a.at <= b.at)
     }
 }
 
