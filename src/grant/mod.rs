@@ -43,8 +43,9 @@
 //!   retired nor deregistered, keeps its grant open and its memory parked (fail closed;
 //!   counted as stuck), and the next event on the grant tries again.
 //! - **No key comes back** (`keybook.rs`, `windows.rs`, `retire.rs`). Every key a grant gives a
-//!   peer is noted in the process's key book before the grant returns, and no grant of any
-//!   pool hands out a key the book holds: a revoked or stale key is refused until at least
+//!   peer is remembered in the process's key book (a window holds its index's entry from its
+//!   allocation and publishes its keys when it goes; a region grant's key is noted before the
+//!   grant returns), and no grant of any pool hands out a key the book holds: a revoked or stale key is refused until at least
 //!   [`GrantLimits::key_horizon`] later grants of the process (2^20 by default; the horizon
 //!   in force when it died), across pools dropped and PDs destroyed, on every device variant.
 //!   What advances the horizon: grants *issued* by every pool of the process, and grants a
