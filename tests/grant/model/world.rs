@@ -657,6 +657,13 @@ impl Model {
             .wait_one(WAIT)
             .expect("the stale access's completion");
         link.dead = true;
+        if matches!(wc.status, WcStatus::LocAccessErr) {
+            // The attacker's own bytes failed (the soft NIC saw its scratch pages move: the
+            // kernel migrated them), before the key was tried: inconclusive. Fresh scratch.
+            dev.src = scratch(&dev.peer, 64, STALE);
+            dev.dst = scratch(&dev.peer, 64, 0);
+            return Ok(());
+        }
         self.f.stale_accesses += 1;
         let what = || {
             format!(
