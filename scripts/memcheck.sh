@@ -22,10 +22,12 @@ target=$(rustc -vV | sed -n 's/^host: //p')
 # handle_segv=0: the fork test expects a DontFork child to die of SIGSEGV (ASan would turn it
 # into an exit status); allocator_may_return_null=1: an absurd layout that reaches the system
 # allocator (GlobalPool's degraded path) gets null, as GlobalAlloc's contract says, not an
-# abort. Leak detection stays on, with one suppression (scripts/lsan.supp says why).
+# abort. Leak detection stays on, with one suppression (scripts/lsan.supp says why). The grant
+# model and flood run at smoke size here (full size in the plain `cargo test`).
 RUSTC_BOOTSTRAP=1 \
 RUSTFLAGS="-Zsanitizer=address --cfg rdma_pool_asan" \
 CARGO_TARGET_DIR=target/asan \
 ASAN_OPTIONS="handle_segv=0:allocator_may_return_null=1:detect_leaks=1" \
 LSAN_OPTIONS="suppressions=$PWD/scripts/lsan.supp:print_suppressions=0" \
+RDMA_POOL_MODEL_STEPS=2000 RDMA_POOL_GRANT_FLOOD=8192 \
     cargo test --target "$target" --features memcheck --lib --tests

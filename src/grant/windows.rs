@@ -83,12 +83,12 @@ struct Retiree {
 impl Lent {
     /// A fresh window, or the window back when its index has too few variants a peer cannot
     /// hold (the key book's).
-    fn fresh(mw: Mw, stale: [u64; 4], book: Hold) -> Result<Lent, (Mw, Hold)> {
+    fn fresh(mw: Mw, stale: [u64; 4], book: Hold) -> Result<Lent, Box<(Mw, Hold)>> {
         let first = mw.rkey().variant();
         let is_stale = |v: u8| v != first && stale[v as usize / 64] & 1 << (v % 64) != 0;
         let n_stale = (0..=255u8).filter(|&v| is_stale(v)).count() as u16;
         if n_stale > 250 {
-            return Err((mw, book));
+            return Err(Box::new((mw, book)));
         }
         // A type 1 window cannot skip variants (the driver picks the next): its stale ones are
         // met at bind time ([`Lent::next_key`]), where the window is retired.
@@ -257,7 +257,8 @@ impl Windows {
         match Lent::fresh(mw, stale, book) {
             Ok(l) => Ok(Some(l)),
             // The device handed back an index with no fresh key: hold it.
-            Err((mw, book)) => {
+            Err(held) => {
+                let (mw, book) = *held;
                 self.retired.push_back(Retiree {
                     mw,
                     at: now,
