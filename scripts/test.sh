@@ -37,7 +37,9 @@ cargo test --workspace --exclude rdma-pool-allocator-api --features rdma-pool/to
 echo "== the README's program, as a user runs it (tests/readme.rs checks it is examples/readme.rs)"
 cargo run --features tokio,serde --example readme
 echo "== cargo test --no-default-features (without the verbs backend)"
-cargo test --no-default-features --lib --tests
+# The grant model and flood ran at full size above (20,000 steps, ~8 min on 2 cores): smoke
+# size here, as in the ASan pass.
+RDMA_POOL_MODEL_STEPS=2000 RDMA_POOL_GRANT_FLOOD=8192 cargo test --no-default-features --lib --tests
 
 # Memory-checker mode: the fill and counters on stable, then every test binary under
 # AddressSanitizer with the pool poisoning its freed blocks (RUSTC_BOOTSTRAP=1).
