@@ -98,6 +98,21 @@ fn device(nic: &Nic) -> u64 {
 pub(crate) struct Full(pub(crate) usize);
 
 impl Book {
+    /// Room for `id`'s entry: it exists, or the book (swept) is below its capacity. A refusal
+    /// is counted and ticks the clock, so a full book drains (see the module contract).
+    fn room(&mut self, id: (u64, u32)) -> Result<(), Full> {
+        if self.entries.contains_key(&id) || self.entries.len() < self.capacity {
+            return Ok(());
+        }
+        self.sweep();
+        if self.entries.len() < self.capacity {
+            return Ok(());
+        }
+        self.refused += 1;
+        CLOCK.fetch_add(1, Relaxed);
+        Err(Full(self.capacity))
+    }
+
     /// Forget the expired entries (when the clock moved or a key died since the last try).
     fn sweep(&mut self) {
         let now = CLOCK.load(Relaxed);
@@ -133,15 +148,7 @@ pub(crate) fn claim(
     let Some(key) = pick(stale) else {
         return Ok(None);
     };
-    if !b.entries.contains_key(&id) && b.entries.len() >= b.capacity {
-        b.sweep();
-        if b.entries.len() >= b.capacity {
-            b.refused += 1;
-            // A refusal ticks the clock: a full book drains (see the module contract).
-            CLOCK.fetch_add(1, Relaxed);
-            return Err(Full(b.capacity));
-        }
-    }
+    b.room(id)?;
     b.insert(id, key);
     Ok(Some(key))
 }
@@ -157,14 +164,7 @@ pub(crate) fn hold(nic: &Nic, index: u32) -> Result<[u64; 4], Full> {
     let id = (device(nic), index);
     let mut b = book();
     let now = CLOCK.load(Relaxed);
-    if !b.entries.contains_key(&id) && b.entries.len() >= b.capacity {
-        b.sweep();
-        if b.entries.len() >= b.capacity {
-            b.refused += 1;
-            CLOCK.fetch_add(1, Relaxed);
-            return Err(Full(b.capacity));
-        }
-    }
+    b.room(id)?;
     let e = b.entries.entry(id).or_insert(EMPTY);
     if e.expired(now) {
         *e = EMPTY;
