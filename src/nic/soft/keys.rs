@@ -11,18 +11,23 @@
 //! table sized for `max_mr + max_mw` costs memory only for the keys in use); indices are
 //! handed out lowest first, recycled ones before fresh ones.
 //!
+//! Each chunk also keeps a bitmap of its slots that may hold an ODP region (a superset: set
+//! when an ODP region is put in the slot, cleared when the slot is emptied), so the MMU
+//! notifier ([`KeyTable::odp_indices`]) visits only those, not every slot of every device: it
+//! runs on every unmap the allocator makes.
+//!
 //! In the mlx5 model a deregistered region's index may instead wait in the mkey cache with
 //! its variant unchanged, for the next registration of its cache entry (`insert_cached`).
 //!
 //! Invariants: `|recycled| + (capacity - next) + |cached| + |occupied| == capacity - 1`
-//! (index 0 is never used);
+//! (index 0 is never used); `{ i : slot i holds an ODP region } ⊆ odp_indices()`;
 //! `mr.num_mw == |{ mw : mw.bound.mr_index == mr's index }|`.
 
 use super::mem;
 use super::pin::PinnedPages;
 use super::residency::Residency;
 use crate::nic::types::{Access, MwType};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// A registered region.
@@ -106,8 +111,12 @@ const MKEY_CACHE_MAX: usize = 256;
 /// Slots per chunk.
 const CHUNK: u32 = 1024;
 
-/// `CHUNK` slots (fewer in the last chunk).
-type Chunk = Box<[RwLock<Slot>]>;
+/// `CHUNK` slots (fewer in the last chunk), and the bitmap of those that may hold an ODP
+/// region.
+struct Chunk {
+    slots: Box<[RwLock<Slot>]>,
+    odp: [AtomicU64; (CHUNK / 64) as usize],
+}
 
 /// Why a key lookup failed (mapped to a completion status or errno by the caller).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -161,28 +170,66 @@ impl KeyTable {
     }
 
     /// Chunk `c`, allocated if it was not yet.
-    fn chunk(&self, c: u32) -> &[RwLock<Slot>] {
-        self.chunks[c as usize].get_or_init(|| {
-            (c * CHUNK..((c + 1) * CHUNK).min(self.capacity))
+    fn chunk(&self, c: u32) -> &Chunk {
+        self.chunks[c as usize].get_or_init(|| Chunk {
+            slots: (c * CHUNK..((c + 1) * CHUNK).min(self.capacity))
                 .map(|i| {
                     RwLock::new(Slot {
                         variant: (i.wrapping_mul(37) & 0xff) as u8,
                         obj: None,
                     })
                 })
-                .collect()
+                .collect(),
+            odp: [const { AtomicU64::new(0) }; (CHUNK / 64) as usize],
         })
+    }
+
+    /// Note whether the slot at `index` (of an allocated chunk) may hold an ODP region: set
+    /// when `obj` is one, cleared when the slot is emptied (`obj` `None`).
+    pub(super) fn mark_odp(&self, index: u32, obj: Option<&KeyObj>) {
+        let Some(chunk) = self.chunks.get((index / CHUNK) as usize).and_then(|c| c.get()) else {
+            return;
+        };
+        let (word, bit) = (
+            &chunk.odp[(index % CHUNK / 64) as usize],
+            1u64 << (index % 64),
+        );
+        match obj {
+            Some(KeyObj::Mr(MrObj { odp: Some(_), .. })) => word.fetch_or(bit, Ordering::AcqRel),
+            None => word.fetch_and(!bit, Ordering::AcqRel),
+            Some(_) => 0,
+        };
+    }
+
+    /// Every index that may hold an ODP region (a superset), without allocating or locking.
+    pub(super) fn odp_indices(&self) -> impl Iterator<Item = u32> + '_ {
+        self.chunks
+            .iter()
+            .enumerate()
+            .filter_map(|(c, chunk)| chunk.get().map(|chunk| (c as u32, chunk)))
+            .flat_map(|(c, chunk)| {
+                chunk.odp.iter().enumerate().flat_map(move |(w, word)| {
+                    let mut bits = word.load(Ordering::Acquire);
+                    std::iter::from_fn(move || {
+                        (bits != 0).then(|| {
+                            let b = bits.trailing_zeros();
+                            bits &= bits - 1;
+                            c * CHUNK + w as u32 * 64 + b
+                        })
+                    })
+                })
+            })
     }
 
     /// The slot at `index`; index 0 (never handed out, always empty) for an index out of
     /// range or in a chunk never allocated.
     fn slot(&self, index: u32) -> &RwLock<Slot> {
-        let first = &self.chunk(0)[0];
+        let first = &self.chunk(0).slots[0];
         if index >= self.capacity {
             return first;
         }
         match self.chunks[(index / CHUNK) as usize].get() {
-            Some(chunk) => &chunk[(index % CHUNK) as usize],
+            Some(chunk) => &chunk.slots[(index % CHUNK) as usize],
             None => first,
         }
     }
@@ -203,6 +250,7 @@ impl KeyTable {
         self.chunk(index / CHUNK);
         let mut slot = self.write(index);
         slot.variant = slot.variant.wrapping_add(1);
+        self.mark_odp(index, Some(&obj));
         slot.obj = Some(obj);
         Some(index << 8 | slot.variant as u32)
     }
@@ -219,6 +267,7 @@ impl KeyTable {
             }
         };
         let mut slot = self.write(index);
+        self.mark_odp(index, Some(&obj));
         slot.obj = Some(*obj);
         Ok(index << 8 | slot.variant as u32)
     }
@@ -239,6 +288,7 @@ impl KeyTable {
         let obj = {
             let mut slot = self.write(index);
             check(slot.obj.as_ref().ok_or(libc::EINVAL)?)?;
+            self.mark_odp(index, None);
             slot.obj.take().ok_or(libc::EINVAL)?
         };
         cache.push((bucket, index));
@@ -256,6 +306,7 @@ impl KeyTable {
             let mut slot = self.write(index);
             check(slot.obj.as_ref().ok_or(libc::EINVAL)?)?;
             slot.variant = slot.variant.wrapping_add(1);
+            self.mark_odp(index, None);
             slot.obj.take().ok_or(libc::EINVAL)?
         };
         self.free
@@ -297,6 +348,14 @@ impl KeyTable {
                 occupied.len(),
                 self.capacity - 1
             ));
+        }
+        let odp: std::collections::HashSet<u32> = self.odp_indices().collect();
+        for &i in &occupied {
+            if let Some(KeyObj::Mr(MrObj { odp: Some(_), .. })) = self.read(i).obj.as_ref() {
+                if !odp.contains(&i) {
+                    return Err(format!("ODP region {i} missing from the ODP bitmap"));
+                }
+            }
         }
         let mut bound = std::collections::HashMap::<u32, u32>::new();
         for &i in &occupied {

@@ -240,7 +240,7 @@ impl SoftNic {
 fn invalidate_in(dev: &Device, addr: usize, len: usize) {
     let ps = mem::page_size();
     let end = addr.saturating_add(len);
-    for index in dev.keys.indices() {
+    for index in dev.keys.odp_indices() {
         let Some(slot) = dev.keys.try_read(index) else {
             continue;
         };

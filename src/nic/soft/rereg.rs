@@ -185,6 +185,8 @@ pub(super) fn rereg(
     if !keep {
         slot.variant = slot.variant.wrapping_add(1);
     }
+    // The new translation may be ODP where the old one was not.
+    dev.keys.mark_odp(index, slot.obj.as_ref());
     let key = index << 8 | slot.variant as u32;
     bump(&dev.counters.reregs, 1);
     let raw = RawMr {
