@@ -29,5 +29,5 @@ RUSTFLAGS="-Zsanitizer=address --cfg rdma_pool_asan" \
 CARGO_TARGET_DIR=target/asan \
 ASAN_OPTIONS="handle_segv=0:allocator_may_return_null=1:detect_leaks=1" \
 LSAN_OPTIONS="suppressions=$PWD/scripts/lsan.supp:print_suppressions=0" \
-RDMA_POOL_MODEL_STEPS=2000 RDMA_POOL_GRANT_FLOOD=8192 \
+RDMA_POOL_MODEL_STEPS=2000 RDMA_POOL_GRANT_FLOOD=8192 RDMA_POOL_REGION_GRANTS=600 \
     cargo test --target "$target" --features memcheck --lib --tests

@@ -5,6 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
+# Each stage prints the seconds since the start, so a slow stage shows in the CI log.
+stage() { echo "== [+$(( $(date +%s) - start )) s] $*"; }
 bash scripts/deps.sh --vm
 
 # Huge pages for the hugetlb scenarios, where we may reserve them (root, not in a container that
@@ -13,39 +15,39 @@ if [ "$(id -u)" -eq 0 ] && [ -w /proc/sys/vm/nr_hugepages ]; then
     [ "$(cat /proc/sys/vm/nr_hugepages)" -ge 8 ] || echo 8 > /proc/sys/vm/nr_hugepages || true
 fi
 
-echo "== cargo fmt --check"
+stage "cargo fmt --check"
 cargo fmt --all -- --check
 # The nightly member crate (`allocator-api/`, `#![feature(allocator_api)]`) is built, linted and
 # tested with RUSTC_BOOTSTRAP=1 only; the stable commands leave it out.
 # The `tokio` feature (async completions) is on for the lints and the tests, so its code and
 # tests/async_completions.rs are checked too; the default build has it off.
-echo "== cargo clippy"
+stage "cargo clippy"
 cargo clippy --workspace --exclude rdma-pool-allocator-api --all-targets --features rdma-pool/tokio,rdma-pool/serde -- -D warnings
-echo "== cargo doc (rustdoc warnings denied)"
+stage "cargo doc (rustdoc warnings denied)"
 # The C library's crate has the same library name (rdma_pool) as the crate itself, so one
 # `cargo doc` cannot document both: it is documented on its own.
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --exclude rdma-pool-allocator-api --exclude rdma-pool-capi --features rdma-pool/tokio,rdma-pool/serde
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p rdma-pool-capi
-echo "== allocator-api (nightly std::alloc::Allocator, RUSTC_BOOTSTRAP=1): clippy and tests"
+stage "allocator-api (nightly std::alloc::Allocator, RUSTC_BOOTSTRAP=1): clippy and tests"
 RUSTC_BOOTSTRAP=1 cargo clippy -p rdma-pool-allocator-api --all-targets -- -D warnings
 RUSTC_BOOTSTRAP=1 cargo test -p rdma-pool-allocator-api
-echo "== cargo test (soft NIC)"
+stage "cargo test (soft NIC)"
 # The C library's tests (capi/tests/c_programs.rs) run the librdma_pool.so that cargo test does
 # not build (a cdylib is no dependency of a test): built first, with the same features.
 cargo build -p rdma-pool-capi --features pool/tokio,pool/serde
 cargo test --workspace --exclude rdma-pool-allocator-api --features rdma-pool/tokio,rdma-pool/serde
-echo "== the README's program, as a user runs it (tests/readme.rs checks it is examples/readme.rs)"
+stage "the README's program, as a user runs it (tests/readme.rs checks it is examples/readme.rs)"
 cargo run --features tokio,serde --example readme
-echo "== cargo test --no-default-features (without the verbs backend)"
-# The grant model and flood ran at full size above (20,000 steps, ~8 min on 2 cores): smoke
+stage "cargo test --no-default-features (without the verbs backend)"
+# The grant model, flood and region grants ran at full size above (20,000 steps, ~2.5 min on 2 cores): smoke
 # size here, as in the ASan pass.
-RDMA_POOL_MODEL_STEPS=2000 RDMA_POOL_GRANT_FLOOD=8192 cargo test --no-default-features --lib --tests
+RDMA_POOL_MODEL_STEPS=2000 RDMA_POOL_GRANT_FLOOD=8192 RDMA_POOL_REGION_GRANTS=600 cargo test --no-default-features --lib --tests
 
 # Memory-checker mode: the fill and counters on stable, then every test binary under
 # AddressSanitizer with the pool poisoning its freed blocks (RUSTC_BOOTSTRAP=1).
 bash scripts/memcheck.sh
 
-echo "== the C library installs, and a C program builds against it with pkg-config"
+stage "the C library installs, and a C program builds against it with pkg-config"
 capi_prefix=$(mktemp -d)
 RDMA_POOL_CAPI_CARGO_FLAGS="--features pool/tokio,pool/serde" bash scripts/install-capi.sh --debug "$capi_prefix"
 PKG_CONFIG_PATH=$capi_prefix/lib/pkgconfig cc -O1 -Wall -Werror -pthread -o "$capi_prefix/malloc_family" \
@@ -58,15 +60,15 @@ PKG_CONFIG_PATH=$capi_prefix/lib/pkgconfig g++ -O1 -pthread -o "$capi_prefix/cxx
 "$capi_prefix/cxx_new"
 rm -rf "$capi_prefix"
 
-echo "== comparison suite, smoke run (debug build, scale 0.01): every allocator computes the same results"
+stage "comparison suite, smoke run (debug build, scale 0.01): every allocator computes the same results"
 cargo build -p rdma-pool-comparison --bins
 target/debug/compare --repeats 1 --scale 0.01 > /dev/null
-echo "== comparison suite, C programs under LD_PRELOAD, smoke run (scale 0.01): every allocator computes the same results"
+stage "comparison suite, C programs under LD_PRELOAD, smoke run (scale 0.01): every allocator computes the same results"
 # rdma-pool's column preloads $RDMA_POOL_SO: here the debug librdma_pool.so built above (set, it
 # must exist).
 RDMA_POOL_SO=$PWD/target/debug/librdma_pool.so bash scripts/compare-c.sh --smoke
 
-echo "== Soft-RoCE (rxe) scenario suite in a QEMU guest"
+stage "Soft-RoCE (rxe) scenario suite in a QEMU guest"
 # cargo prints "Executable tests/scenarios.rs (target/debug/deps/scenarios-HASH)".
 bins=$(cargo test --no-run --features tokio,serde --test async_completions --test scenarios --test pinning --test arena --test alloc --test global --test global_faults --test grant --test prefetch --test queue_mem --test rails --test numa --test hardening --test stress --test fork --test events --test spawn --test owned --test mlx5_model --test soft_rules --test send_queue --test foreign --test cm --test cm_hostile 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p')
 [ -n "$bins" ] || { echo "could not find the scenario test binaries" >&2; exit 1; }
@@ -97,5 +99,5 @@ done
 # soft NIC in either place: a few cases in the emulated guest, the full 100k operations each
 # on the host above. The guest has 2 NUMA nodes
 # (tests/rxe/run.sh), which the NUMA tests check they see.
-RXE_GUEST_ENV="${RXE_GUEST_ENV:-} PROPTEST_CASES=4 RDMA_POOL_MODEL_STEPS=300 RDMA_POOL_GRANT_FLOOD=8192 RDMA_POOL_RAILS=rxe0,rxe1 RDMA_POOL_TEST_NUMA_NODES=2 STRESS_SECS=4" bash tests/rxe/run.sh $bins
+RXE_GUEST_ENV="${RXE_GUEST_ENV:-} PROPTEST_CASES=4 RDMA_POOL_MODEL_STEPS=300 RDMA_POOL_GRANT_FLOOD=8192 RDMA_POOL_REGION_GRANTS=600 RDMA_POOL_RAILS=rxe0,rxe1 RDMA_POOL_TEST_NUMA_NODES=2 STRESS_SECS=4" bash tests/rxe/run.sh $bins
 echo "== all checks passed in $(( $(date +%s) - start )) s"

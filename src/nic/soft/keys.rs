@@ -187,7 +187,11 @@ impl KeyTable {
     /// Note whether the slot at `index` (of an allocated chunk) may hold an ODP region: set
     /// when `obj` is one, cleared when the slot is emptied (`obj` `None`).
     pub(super) fn mark_odp(&self, index: u32, obj: Option<&KeyObj>) {
-        let Some(chunk) = self.chunks.get((index / CHUNK) as usize).and_then(|c| c.get()) else {
+        let Some(chunk) = self
+            .chunks
+            .get((index / CHUNK) as usize)
+            .and_then(|c| c.get())
+        else {
             return;
         };
         let (word, bit) = (
