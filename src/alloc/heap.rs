@@ -495,6 +495,12 @@ impl Heap {
         self.alloc_page(c)
     }
 
+    /// Whether the heap holds any page (queued, kept full, or waiting on its notify stack).
+    pub(crate) fn holds_pages(&self) -> bool {
+        !self.notify.load(Ordering::Acquire).is_null()
+            || (0..CLASSES).any(|c| !self.queue[c].load(R).is_null() || self.full[c].load(R) > 0)
+    }
+
     /// Hand every page back: empty ones to the pool, the others stay with the heap for its next
     /// owner (called when the owning thread leaves, under the pool registry lock).
     pub(crate) fn release(&self) {

@@ -18,7 +18,7 @@
 //! `resize.rs` (resizing, block sizes), `class.rs` (size classes), `page.rs` (pages and their
 //! free lists), `heap.rs` (per-thread heaps: the fast paths; `heap/remote.rs`, frees from other
 //! threads), `heaps.rs` (claiming them), `tcache.rs` (their caches of freed blocks), `pool.rs`
-//! (shared slow paths; `pool/large.rs`, large runs), `spare.rs`, `purge.rs`, `tls.rs` (thread
+//! (shared slow paths; `pool/large.rs`, large runs), `spare.rs`, `purge.rs` (the purge policy), `purger.rs` (its clock thread), `tls.rs` (thread
 //! caches), `rails.rs`, `checked.rs`, `memcheck.rs` (memory-checker mode), `nicbuf.rs`,
 //! `stats.rs`, `quarantine.rs` (the hook through which a feature parks a freed block), `api2.rs`
 //! (the one allocator-api2 adapter).
@@ -34,6 +34,7 @@ mod nicbuf;
 mod page;
 mod pool;
 mod purge;
+mod purger;
 mod quarantine;
 mod rails;
 mod resize;
@@ -440,6 +441,8 @@ impl Drop for Core {
         // SAFETY: `inner` is taken once, here, and the pool is not used afterwards.
         let inner = unsafe { ManuallyDrop::take(&mut self.inner) };
         tls::unregister(inner.id);
+        // The purge clock may be inside this pool since before the unregistration.
+        inner.idle.wait_for_clock();
         tls::forget(&inner);
         let live = inner.live_blocks();
         if live > 0 {

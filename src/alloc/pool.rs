@@ -242,7 +242,7 @@ impl PoolInner {
             reserve,
             descs: pages.get(0).map_or(std::ptr::null(), |d| d as *const Page),
         };
-        let idle = Idle::new(reserve / SLAB, arena.purge_delay())?;
+        let idle = Idle::new(reserve / SLAB, arena.purge_delay(), arena.purge_thread())?;
         let spare = super::spare::Spare::new(reserve / SLAB, base / SLAB)?;
         Ok(PoolInner {
             quarantine: super::quarantine::Hook::default(),

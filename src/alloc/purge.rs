@@ -63,10 +63,24 @@ pub(crate) struct Idle {
     delay: Option<u64>,
     lock: ForkLock<()>,
     pub(crate) passes: AtomicU64,
+    /// Due purges run on the process's purge clock (`purger.rs`).
+    clock: bool,
+    /// The purge clock's passes in this pool: `generation << 32 | count` (`purger.rs`).
+    clock_users: AtomicU64,
+    /// Passes that found heaps of exited threads still holding pages since a thread last
+    /// exited: the next look waits `delay << min(rounds, COLLECT_BACKOFF)`.
+    collect_rounds: AtomicU32,
 }
 
+/// The most a look for pages of exited threads is put off: `delay << 6`.
+const COLLECT_BACKOFF: u32 = 6;
+
 impl Idle {
-    pub(crate) fn new(slabs: usize, delay: Option<std::time::Duration>) -> Result<Idle, i32> {
+    pub(crate) fn new(
+        slabs: usize,
+        delay: Option<std::time::Duration>,
+        clock: bool,
+    ) -> Result<Idle, i32> {
         // SAFETY: zero is "in use" / "no free page" for both arrays.
         let (idle, small_free) = unsafe { (MmapArray::zeroed(slabs)?, MmapArray::zeroed(slabs)?) };
         Ok(Idle {
@@ -76,7 +90,65 @@ impl Idle {
             delay: delay.map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
             lock: ForkLock::new(()),
             passes: AtomicU64::new(0),
+            clock,
+            clock_users: AtomicU64::new(0),
+            collect_rounds: AtomicU32::new(0),
         })
+    }
+
+    /// Whether the purge clock runs this pool's due purges.
+    pub(crate) fn on_clock(&self) -> bool {
+        self.clock && self.delay.is_some()
+    }
+
+    /// When the next purge is due (`u64::MAX`: nothing pending).
+    pub(crate) fn due(&self) -> u64 {
+        self.next_due.load(Ordering::SeqCst)
+    }
+
+    /// A purge is due at `due` at the latest (the clock is woken for it).
+    fn due_by(&self, due: u64) {
+        self.next_due.fetch_min(due, Ordering::SeqCst);
+        if self.clock {
+            super::purger::nudge(due);
+        }
+    }
+
+    /// The purge clock of fork generation `gen` starts a pass in this pool.
+    pub(crate) fn clock_enter(&self, generation: u64) {
+        let g = (generation & 0xffff_ffff) << 32;
+        let _ = self
+            .clock_users
+            .fetch_update(Ordering::AcqRel, R, |v| {
+                Some(if v & !0xffff_ffff == g { v + 1 } else { g | 1 })
+            });
+    }
+
+    /// The purge clock's pass in this pool is over.
+    pub(crate) fn clock_leave(&self) {
+        self.clock_users.fetch_sub(1, Ordering::Release);
+    }
+
+    /// Wait until no pass of this process's purge clock is in this pool (a count left by a
+    /// parent's thread, in a child of `fork`, is not waited for).
+    pub(crate) fn wait_for_clock(&self) {
+        let g = crate::sys::atfork::generation() & 0xffff_ffff;
+        loop {
+            let v = self.clock_users.load(Ordering::Acquire);
+            if v >> 32 != g || v & 0xffff_ffff == 0 {
+                return;
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// A thread left heaps in the pool: look for their pages after the delay (and again, less
+    /// often, while they hold some).
+    pub(crate) fn thread_left(&self) {
+        if let Some(d) = self.delay {
+            self.collect_rounds.store(0, R);
+            self.due_by(now_ns().saturating_add(d));
+        }
     }
 
     /// Slab `s` became idle now.
@@ -86,7 +158,7 @@ impl Idle {
             slot.store(now, R);
         }
         if let Some(d) = self.delay {
-            self.next_due.fetch_min(now.saturating_add(d), R);
+            self.due_by(now.saturating_add(d));
         }
     }
 
@@ -124,7 +196,18 @@ impl PoolInner {
     /// Purge what has been idle for the delay, if anything is due (slow paths only; never
     /// under a pool lock).
     pub(crate) fn maybe_purge(&self) {
-        if self.idle.delay.is_none() || now_ns() < self.idle.next_due.load(R) {
+        if self.idle.delay.is_none() {
+            return;
+        }
+        let due = self.idle.next_due.load(R);
+        if due == u64::MAX {
+            return;
+        }
+        // With the clock running, the due purge is its work, not this thread's.
+        if self.idle.clock && super::purger::ensure() {
+            return;
+        }
+        if now_ns() < due {
             return;
         }
         self.purge_idle(false);
@@ -148,10 +231,15 @@ impl PoolInner {
             now.saturating_sub(delay)
         };
         self.idle.next_due.store(u64::MAX, R);
+        let mut next_due_collect = u64::MAX;
         self.idle.passes.fetch_add(1, R);
-        self.collect_abandoned();
+        if self.collect_abandoned() && self.idle.delay.is_some() {
+            // Heaps of exited threads still hold pages that other threads' frees may empty.
+            let rounds = self.idle.collect_rounds.fetch_add(1, R).min(COLLECT_BACKOFF);
+            next_due_collect = now.saturating_add(delay.saturating_mul(1 << rounds).max(1));
+        }
         let mut purged = 0;
-        let mut next_due = u64::MAX;
+        let mut next_due = next_due_collect;
         let slabs = self.arena.span() >> SLAB_SHIFT;
         let base = self.table.span().0;
         // Small-page slabs first: one walk per free list takes out every due slab's pages.
@@ -178,14 +266,18 @@ impl PoolInner {
                 _ => 0,
             };
         }
-        self.idle.next_due.fetch_min(next_due, R);
+        if next_due != u64::MAX {
+            self.idle.due_by(next_due);
+        }
         purged
     }
 
     /// Hand the empty pages of heaps no thread owns (their threads exited while other
     /// threads still held blocks, freed since) back to the pool, so that their slabs can go
-    /// idle. Each such heap is owned by the purge for the while (`PURGER`).
-    fn collect_abandoned(&self) {
+    /// idle. Each such heap is owned by the purge for the while (`PURGER`). True when one of
+    /// them still holds pages afterwards.
+    fn collect_abandoned(&self) -> bool {
+        let mut holding = false;
         for h in self.heaps.iter() {
             if !h.initialised.load(Ordering::Acquire) || h.owner.load(R) != 0 {
                 continue;
@@ -195,9 +287,11 @@ impl PoolInner {
                 .is_ok()
             {
                 h.release();
+                holding |= h.holds_pages();
                 h.owner.store(0, Ordering::Release);
             }
         }
+        holding
     }
 
     /// Purge one listed unit (a cached large run or an empty big page) if it is still listed.

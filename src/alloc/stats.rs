@@ -48,6 +48,18 @@ pub struct PoolStats {
     pub heap_claims: u64,
     /// `RDMA_POOL_*` environment variables set to a value the pool did not know (ignored).
     pub env_ignored: u64,
+    /// Purge passes over this pool (due purges, `purge()`, and looks at heaps of exited
+    /// threads), by any thread.
+    pub purge_passes: u64,
+    /// Whether this pool's due purges run on the process's purge clock
+    /// ([`ArenaConfig::purge_thread`](crate::arena::ArenaConfig::purge_thread) and a purge
+    /// delay).
+    pub purge_clock: bool,
+    /// Whether the purge clock thread runs in this process now (it starts with the first
+    /// pending purge of a pool on the clock).
+    pub purge_clock_running: bool,
+    /// Passes the purge clock thread ran in this process, over all pools.
+    pub purge_clock_passes: u64,
     /// The arena below.
     pub arena: ArenaStats,
 }
@@ -94,6 +106,10 @@ impl PoolInner {
             heaps_created: self.heaps.top() as u64,
             heap_claims: self.heaps.claims(),
             env_ignored: u64::from(self.env_ignored),
+            purge_passes: self.idle.passes.load(Relaxed),
+            purge_clock: self.idle.on_clock(),
+            purge_clock_running: super::purger::running(),
+            purge_clock_passes: super::purger::passes(),
             arena: self.arena.stats(),
         }
     }

@@ -159,10 +159,16 @@ fn arm_exit() {
 /// The key destructor: hand every heap of this thread back.
 extern "C" fn on_thread_exit(_: *mut libc::c_void) {
     let _ = EXITS.try_with(|e| e.set(e.get().saturating_add(1)));
+    let mut clock = false;
     if let Some(ways) = ways() {
         for w in ways {
-            release(w.id.replace(0), w.heap.replace(null_mut()));
+            clock |= release(w.id.replace(0), w.heap.replace(null_mut()));
         }
+    }
+    // What the heaps still hold is looked at again after the delay, by the purge clock
+    // (started here, with no lock held, if it does not run yet).
+    if clock {
+        super::purger::ensure();
     }
 }
 
@@ -207,23 +213,29 @@ pub(crate) fn unregister(id: u64) {
     }
 }
 
-/// Hand `heap` of pool `id` back, if the pool still lives.
-fn release(id: u64, heap: *mut Heap) {
+/// Hand `heap` of pool `id` back, if the pool still lives; true when the pool's purge clock
+/// should look at it later.
+fn release(id: u64, heap: *mut Heap) -> bool {
     if id == 0 || heap.is_null() {
-        return;
+        return false;
     }
     let r = registry();
+    let mut clock = false;
     if r.live.iter().any(|e| e.0 == id) {
         // SAFETY: the pool is alive (and cannot be dropped while we hold the registry lock),
         // and this thread owns `heap`.
         let heap = unsafe { &*heap };
         heap.release();
-        heap.owner.store(0, Ordering::Release);
         // SAFETY: as above: a heap lives inside its live pool.
-        unsafe { &*heap.pool.load(Ordering::Relaxed) }
-            .heaps
-            .give_back(heap);
+        let pool = unsafe { &*heap.pool.load(Ordering::Relaxed) };
+        if heap.holds_pages() {
+            pool.idle.thread_left();
+            clock = pool.idle.on_clock();
+        }
+        heap.owner.store(0, Ordering::Release);
+        pool.heaps.give_back(heap);
     }
+    clock
 }
 
 /// This thread's token (the address of its cache: unique among live threads).
@@ -282,7 +294,7 @@ fn claim(pool: &PoolInner) -> *mut Heap {
         release(way.id.replace(pool.id), way.heap.replace(heap));
     });
     if placed.is_none() {
-        release(pool.id, heap);
+        let _ = release(pool.id, heap);
         return null_mut();
     }
     heap

@@ -130,6 +130,12 @@ pub struct ArenaConfig {
     /// How long a freed slab stays committed before the pool's purge returns it to the system
     /// (`None`: only an explicit `purge()` does). Default 1 s.
     pub purge_delay: Option<Duration>,
+    /// Run due purges on a clock — one background thread per process (`rdma-pool-purge`),
+    /// started by the first slow path that finds a purge pending, never by the first
+    /// allocation — so freed memory goes back after `purge_delay` also while the program is
+    /// idle and pages of exited threads come back without another call. `false`: purges run
+    /// only on the pool's slow paths and on `purge()`. Default `true`.
+    pub purge_thread: bool,
     /// Prefetch ODP memory into the NIC (`advise_mr`, `PrefetchWrite`, `FLUSH`) as runs are
     /// committed and purged ranges revived, so a peer's first access takes no page fault
     /// (see [`crate::prefetch`]). No effect on pinned memory. Default `true`.
@@ -160,6 +166,7 @@ impl ArenaConfig {
         implicit_odp: false,
         policy: RegistrationPolicy::Degrade,
         purge_delay: Some(Duration::from_secs(1)),
+        purge_thread: true,
         prefetch: true,
         numa: NumaPolicy::Any,
     };

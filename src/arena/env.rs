@@ -6,6 +6,7 @@
 //! - `RDMA_POOL_REGISTRATION=pinned|odp|auto` → [`ArenaConfig::registration`];
 //! - `RDMA_POOL_HUGEPAGES=require|prefer|thp|transparent|off` → [`ArenaConfig::hugepages`];
 //! - `RDMA_POOL_PURGE_MS=<milliseconds>|off` → [`ArenaConfig::purge_delay`];
+//! - `RDMA_POOL_PURGE_THREAD=on|off` → [`ArenaConfig::purge_thread`];
 //! - `RDMA_POOL_NUMA=any|device|local|<node>` → [`ArenaConfig::numa`].
 //!
 //! An unset variable changes nothing; an unknown value is ignored and counted
@@ -25,7 +26,8 @@ impl ArenaConfig {
     /// use rdma_pool::arena::ArenaConfig;
     /// // With no RDMA_POOL_* variable set, nothing changes.
     /// # if std::env::var_os("RDMA_POOL_HUGEPAGES").is_none() && std::env::var_os("RDMA_POOL_REGISTRATION").is_none()
-    /// #     && std::env::var_os("RDMA_POOL_PURGE_MS").is_none() && std::env::var_os("RDMA_POOL_NUMA").is_none() {
+    /// #     && std::env::var_os("RDMA_POOL_PURGE_MS").is_none() && std::env::var_os("RDMA_POOL_NUMA").is_none()
+    /// #     && std::env::var_os("RDMA_POOL_PURGE_THREAD").is_none() {
     /// assert_eq!(ArenaConfig::DEFAULT.with_env(), ArenaConfig::DEFAULT);
     /// # }
     /// ```
@@ -58,6 +60,12 @@ impl ArenaConfig {
                 Some(ms) => self.purge_delay = Some(Duration::from_millis(ms)),
                 None => ignored += 1,
             },
+        }
+        match getenv(c"RDMA_POOL_PURGE_THREAD") {
+            None => {}
+            Some(b"on" | b"1") => self.purge_thread = true,
+            Some(b"off" | b"0") => self.purge_thread = false,
+            Some(_) => ignored += 1,
         }
         match getenv(c"RDMA_POOL_NUMA") {
             None => {}

@@ -208,6 +208,7 @@ pub struct Arena {
     /// Per slab of the reservation: purge state and page kind (`purge.rs`).
     slabs: MmapArray<purge::SlabInfo>,
     purge_delay: Option<std::time::Duration>,
+    purge_thread: bool,
     prefetch: prefetch::Prefetcher,
     /// One-slab runs made ready ahead of demand (`prefetch/refill.rs`).
     ahead: prefetch::Reserve,
@@ -383,6 +384,7 @@ impl Arena {
             numa,
             slabs,
             purge_delay: cfg.purge_delay,
+            purge_thread: cfg.purge_thread,
             prefetch: prefetch::Prefetcher::new(cfg.prefetch && mode == RegMode::Odp, caps),
             ahead: prefetch::Reserve::new().map_err(unreserve)?,
             asked: cfg.registration,

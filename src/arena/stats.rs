@@ -239,6 +239,12 @@ impl Arena {
         self.purge_delay
     }
 
+    /// Whether due purges run on the process's purge clock (the configuration's
+    /// `purge_thread`).
+    pub(crate) fn purge_thread(&self) -> bool {
+        self.purge_thread
+    }
+
     /// A snapshot of the counters, read without a lock.
     ///
     /// # Examples

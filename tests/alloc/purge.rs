@@ -8,6 +8,16 @@ use std::alloc::Layout;
 use std::time::Duration;
 
 fn purging_pool(pd: &Pd, delay: Option<Duration>, registration: Registration) -> Pool {
+    clock_pool(pd, delay, registration, true)
+}
+
+/// [`purging_pool`] with the purge clock on or off.
+fn clock_pool(
+    pd: &Pd,
+    delay: Option<Duration>,
+    registration: Registration,
+    purge_thread: bool,
+) -> Pool {
     // SAFETY: the test's peers write only blocks the test hands them, and the test reads
     // those only after the write completed.
     unsafe {
@@ -20,6 +30,7 @@ fn purging_pool(pd: &Pd, delay: Option<Duration>, registration: Registration) ->
                 remote: Access::REMOTE_WRITE,
                 registration,
                 purge_delay: delay,
+                purge_thread,
                 ..Default::default()
             },
         )
@@ -141,13 +152,14 @@ fn idle_slabs_of_every_kind_are_purged_on_request() {
 }
 
 #[test]
-fn idle_slabs_are_purged_after_the_delay() {
+fn idle_slabs_are_purged_after_the_delay_by_a_slow_path_without_the_clock() {
     let _g = serial();
     let bed = bed();
-    let pool = purging_pool(
+    let pool = clock_pool(
         &bed.a.pd,
         Some(Duration::from_millis(20)),
         Registration::Pinned,
+        false,
     );
     let large = Layout::from_size_align(3 << 19, 4096).unwrap();
     let a = pool.alloc(large);
@@ -168,6 +180,104 @@ fn idle_slabs_are_purged_after_the_delay() {
     assert!(s.purged_bytes >= SLAB as u64, "{s:?}");
     assert_eq!(stale(&bed), 0);
     assert!(pool.validate());
+    // Idle and off the clock, the pool keeps what goes idle now.
+    let c = pool.alloc(large);
+    // SAFETY: as above.
+    unsafe { pool.free_sized(c, large) };
+    let before = pool.stats().alloc;
+    assert!(!before.purge_clock);
+    std::thread::sleep(Duration::from_millis(300));
+    let after = pool.stats().alloc;
+    assert_eq!(after.arena.purged_bytes, before.arena.purged_bytes);
+    assert_eq!(after.purge_passes, before.purge_passes);
+}
+
+/// Poll `pool`'s stats (no allocator call) until `done` or `secs` seconds passed.
+fn wait_for(pool: &Pool, secs: u64, done: impl Fn(&rdma_pool::PoolStats) -> bool) -> bool {
+    let end = std::time::Instant::now() + Duration::from_secs(secs);
+    while std::time::Instant::now() < end {
+        if done(&pool.stats().alloc) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    done(&pool.stats().alloc)
+}
+
+#[test]
+fn idle_memory_goes_back_on_the_clock_while_the_program_makes_no_call() {
+    let _g = serial();
+    let bed = bed();
+    let pool = purging_pool(
+        &bed.a.pd,
+        Some(Duration::from_millis(30)),
+        Registration::Pinned,
+    );
+    let large = Layout::from_size_align(3 << 19, 4096).unwrap(); // a one-slab run
+    let small = Layout::from_size_align(16 << 10, 8).unwrap(); // 128 KiB pages
+    let l = pool.alloc(large);
+    let s_blocks = blocks_from_a_thread(&pool, small, 128); // one slab of pages
+    let before = pool.stats().alloc;
+    assert!(before.purge_clock);
+    assert_eq!(before.arena.purged_bytes, 0);
+    // SAFETY: a block of the pool, freed once.
+    unsafe { pool.free_sized(l, large) };
+    free_all(&pool, &s_blocks, small);
+    // From here on the test makes no call into the pool but `stats()`, which purges nothing.
+    let done = wait_for(&pool, 10, |s| s.arena.purged_bytes >= 2 * SLAB as u64);
+    let after = pool.stats().alloc;
+    assert!(done, "idle slabs stayed: {after:?}");
+    assert!(after.purge_clock_running);
+    assert!(after.purge_clock_passes > 0);
+    assert!(after.arena.committed_bytes <= before.arena.committed_bytes - 2 * SLAB as u64);
+    assert_eq!(stale(&bed), 0);
+    // Purged memory comes back committed and registered.
+    let again = pool.alloc(large);
+    assert!(pool.keys_of(again).is_some());
+    // SAFETY: a block of the pool, freed once.
+    unsafe { pool.free_sized(again, large) };
+    assert!(pool.validate());
+}
+
+#[test]
+fn pages_of_exited_threads_go_back_on_the_clock() {
+    let _g = serial();
+    let bed = bed();
+    let pool = purging_pool(
+        &bed.a.pd,
+        Some(Duration::from_millis(30)),
+        Registration::Pinned,
+    );
+    // The thread exits while its pages are full of live blocks: they stay with its heap.
+    let small = Layout::from_size_align(16 << 10, 8).unwrap();
+    let blocks = blocks_from_a_thread(&pool, small, 128);
+    let passes = pool.stats().alloc.purge_passes;
+    // Frees from this thread, into pages no thread owns, with no slow path of their own.
+    free_all(&pool, &blocks, small);
+    let done = wait_for(&pool, 10, |s| s.arena.purged_bytes >= SLAB as u64);
+    let after = pool.stats().alloc;
+    assert!(done, "the exited thread's pages stayed: {after:?}");
+    assert!(after.purge_passes > passes);
+    assert_eq!(after.small_allocated_bytes, 0);
+    assert_eq!(stale(&bed), 0);
+    assert!(pool.validate());
+}
+
+#[test]
+fn a_pool_on_the_clock_drops_while_the_clock_purges_it() {
+    let _g = serial();
+    let bed = bed();
+    let large = Layout::from_size_align(3 << 19, 4096).unwrap();
+    for round in 0..20u64 {
+        let pool = purging_pool(&bed.a.pd, Some(Duration::ZERO), Registration::Pinned);
+        let p = pool.alloc(large);
+        // SAFETY: a block of the pool, freed once.
+        unsafe { pool.free_sized(p, large) };
+        // The clock's pass may be inside the pool now, or not yet: the drop waits for it.
+        std::thread::sleep(Duration::from_micros(round * 50));
+        drop(pool);
+    }
+    assert_eq!(stale(&bed), 0);
 }
 
 #[test]

@@ -7,6 +7,8 @@ use super::*;
 use std::alloc::Layout;
 use std::time::Duration;
 
+/// A pool whose due purges run on its slow paths only (no purge clock: what these tests
+/// check is the work the allocator's own calls do; the clock is tested in `purge.rs`).
 fn reclaim_pool(pd: &Pd, delay: Option<Duration>) -> Pool {
     Pool::with_config(
         pd,
@@ -15,6 +17,7 @@ fn reclaim_pool(pd: &Pd, delay: Option<Duration>) -> Pool {
             chunk: 1 << 26,
             hugepages: Hugepages::Off,
             purge_delay: delay,
+            purge_thread: false,
             ..Default::default()
         },
     )

@@ -312,3 +312,94 @@ fn children_forked_while_threads_are_inside_the_pool_can_allocate() {
         );
     }
 }
+
+/// A pool on the purge clock with a short delay, on `side`'s PD.
+fn clock_pool(side: &Side) -> Pool {
+    Pool::with_config(
+        &side.pd,
+        ArenaConfig {
+            reserve: 1 << 32,
+            chunk: 1 << 24,
+            hugepages: Hugepages::Off,
+            registration: Registration::Pinned,
+            purge_delay: Some(std::time::Duration::from_millis(10)),
+            purge_thread: true,
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
+/// Poll `pool`'s purged bytes (no allocator call) until they pass `than`, for up to `secs`.
+fn purged_past(pool: &Pool, than: u64, secs: u64) -> bool {
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while pool.stats().alloc.arena.purged_bytes <= than {
+        if std::time::Instant::now() > end {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    true
+}
+
+#[test]
+fn a_child_runs_its_own_purge_clock() {
+    let _g = serial();
+    let (server, _peer, _unused) = pool_with(ForkStatus::Unneeded, Registration::Pinned);
+    let pool = clock_pool(&server);
+    let large = Layout::from_size_align(3 << 19, 4096).unwrap();
+    // The parent's clock starts with the first idle slab.
+    let p = pool.alloc(large);
+    // SAFETY: from this pool, freed once.
+    unsafe { pool.free_sized(p, large) };
+    assert!(purged_past(&pool, 0, 10), "the parent's clock never purged");
+    assert!(pool.stats().alloc.purge_clock_running);
+    for f in 0..6u64 {
+        // The parent's clock may be inside the pool (or its registry) as the process forks.
+        let p = pool.alloc(large);
+        // SAFETY: as above.
+        unsafe { pool.free_sized(p, large) };
+        std::thread::sleep(std::time::Duration::from_millis(f * 3));
+        let child = in_child(|| {
+            // SAFETY: a hung child dies of SIGALRM, which the parent reports.
+            unsafe { libc::alarm(20) };
+            // The parent's clock thread does not exist here.
+            if pool.stats().alloc.purge_clock_running {
+                return 2;
+            }
+            let before = pool.stats().alloc.arena.purged_bytes;
+            let q = pool.alloc(large);
+            if q.is_null() {
+                return 3;
+            }
+            // SAFETY: a fresh block of the layout's size, freed once.
+            unsafe {
+                q.write_bytes(0x3C, large.size());
+                pool.free_sized(q, large);
+            }
+            // The child's own clock purges it, with no further call.
+            if !purged_past(&pool, before, 10) {
+                return 4;
+            }
+            if !pool.stats().alloc.purge_clock_running {
+                return 5;
+            }
+            // A pool made and dropped in the child does not wait for the parent's clock.
+            let other = clock_pool(&server);
+            let r = other.alloc(large);
+            // SAFETY: from `other`, freed once.
+            unsafe { other.free_sized(r, large) };
+            drop(other);
+            if !pool.validate() {
+                return 6;
+            }
+            0
+        });
+        assert_eq!(
+            child,
+            Ok(0),
+            "child {f} (2: the parent's clock seen, 4: nothing purged, Err(14): hung)"
+        );
+    }
+    assert!(pool.validate());
+}
