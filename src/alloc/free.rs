@@ -7,6 +7,7 @@
 //! with no grant open in its granule; anything else takes [`Core::free`], which reads the
 //! page. See the module contract (`mod.rs`).
 
+use super::tcache::{LIMIT, SLOTS};
 use super::*;
 
 impl Core {
@@ -150,8 +151,9 @@ impl Core {
     pub(crate) unsafe fn free_sized_at(&self, p: *mut u8, off: usize, layout: Layout) {
         let size = layout.size();
         if layout.align() <= 8 && size <= TABLE_MAX {
-            // SAFETY: forwarded from the caller; `size <= TABLE_MAX`.
-            return unsafe { self.free_cached(p, off, small_class(size)) };
+            // SAFETY: forwarded from the caller; `size <= TABLE_MAX`, whose classes cache
+            // `SLOTS` blocks (`tcache.rs`).
+            return unsafe { self.free_cached(p, off, small_class(size), SLOTS as u32) };
         }
         // SAFETY: forwarded from the caller.
         unsafe { self.free_sized_mid(p, off, layout) }
@@ -163,8 +165,9 @@ impl Core {
     pub(super) unsafe fn free_sized_mid(&self, p: *mut u8, off: usize, layout: Layout) {
         let size = layout.size();
         if layout.align() <= 8 && size <= CACHED_MAX {
-            // SAFETY: forwarded from the caller; `class_of(size) < CACHED_CLASSES`.
-            return unsafe { self.free_cached(p, off, class_of(size)) };
+            let c = class_of(size);
+            // SAFETY: forwarded from the caller; `c < CACHED_CLASSES`, and its limit.
+            return unsafe { self.free_cached(p, off, c, LIMIT[c]) };
         }
         // SAFETY: forwarded from the caller.
         unsafe { self.free(p) }
@@ -175,9 +178,10 @@ impl Core {
     /// granule, else through [`Core::free`].
     ///
     /// # Safety
-    /// As [`Core::free_sized_at`], and `c < CACHED_CLASSES` is the class of the block's size.
+    /// As [`Core::free_sized_at`], `c < CACHED_CLASSES` is the class of the block's size and
+    /// `limit == LIMIT[c]`.
     #[inline(always)]
-    pub(super) unsafe fn free_cached(&self, p: *mut u8, off: usize, c: usize) {
+    pub(super) unsafe fn free_cached(&self, p: *mut u8, off: usize, c: usize, limit: u32) {
         // SAFETY: `off` is in the reservation (the caller's contract).
         let d = unsafe { self.table.desc_at(off) };
         if d.granted.load(std::sync::atomic::Ordering::Relaxed) != 0 {
@@ -196,7 +200,7 @@ impl Core {
                 }
             }
             // SAFETY: this thread's heap; `c < CACHED_CLASSES`.
-            if unsafe { (*heap).cache_sized(c, p) } {
+            if unsafe { (*heap).cache_sized(c, p, limit) } {
                 return;
             }
             // SAFETY: as above.
@@ -223,7 +227,7 @@ impl Core {
         // SAFETY: this thread's heap (the caller's contract).
         let heap = unsafe { &*heap };
         heap.flush_half(c);
-        let cached = heap.cache_sized(c, p);
+        let cached = heap.cache_sized(c, p, LIMIT[c]);
         debug_assert!(cached, "half the cache was just emptied");
     }
 }

@@ -31,7 +31,7 @@
 use super::class::CLASSES;
 use super::page::{Block, Page};
 use super::pool::PoolInner;
-use super::tcache::{CACHED_CLASSES, SLOTS, TCaches};
+use super::tcache::{CACHED_CLASSES, LIMIT, SLOTS, TCaches};
 use crossbeam::utils::CachePadded;
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
@@ -273,8 +273,8 @@ impl Heap {
         self.tick();
         let c = page.class.load(R) as usize;
         if c < CACHED_CLASSES {
-            // SAFETY: `c < CACHED_CLASSES`.
-            if unsafe { self.tcache.push(c, p) } {
+            // SAFETY: `c < CACHED_CLASSES`, and its limit.
+            if unsafe { self.tcache.push(c, p, LIMIT[c]) } {
                 return;
             }
             // The cache is full: the block's page is known here (unlike a sized free's), so
@@ -314,11 +314,11 @@ impl Heap {
     }
 
     /// Cache a block of class `c` of one of this heap's pages, freed with its size: the
-    /// sized-free fast path. False when the cache is full.
+    /// sized-free fast path. False when the cache holds `limit` (`LIMIT[c]`) blocks.
     #[inline(always)]
-    pub(crate) fn cache_sized(&self, c: usize, p: *mut u8) -> bool {
-        // SAFETY: callers pass `c < CACHED_CLASSES`.
-        if !unsafe { self.tcache.push(c, p) } {
+    pub(crate) fn cache_sized(&self, c: usize, p: *mut u8, limit: u32) -> bool {
+        // SAFETY: callers pass `c < CACHED_CLASSES` and its limit.
+        if !unsafe { self.tcache.push(c, p, limit) } {
             return false;
         }
         // Counted after the push: the tick's rare call is then the function's last.

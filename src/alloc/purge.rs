@@ -117,11 +117,9 @@ impl Idle {
     /// The purge clock of fork generation `gen` starts a pass in this pool.
     pub(crate) fn clock_enter(&self, generation: u64) {
         let g = (generation & 0xffff_ffff) << 32;
-        let _ = self
-            .clock_users
-            .fetch_update(Ordering::AcqRel, R, |v| {
-                Some(if v & !0xffff_ffff == g { v + 1 } else { g | 1 })
-            });
+        let _ = self.clock_users.fetch_update(Ordering::AcqRel, R, |v| {
+            Some(if v & !0xffff_ffff == g { v + 1 } else { g | 1 })
+        });
     }
 
     /// The purge clock's pass in this pool is over.
@@ -235,7 +233,11 @@ impl PoolInner {
         self.idle.passes.fetch_add(1, R);
         if self.collect_abandoned() && self.idle.delay.is_some() {
             // Heaps of exited threads still hold pages that other threads' frees may empty.
-            let rounds = self.idle.collect_rounds.fetch_add(1, R).min(COLLECT_BACKOFF);
+            let rounds = self
+                .idle
+                .collect_rounds
+                .fetch_add(1, R)
+                .min(COLLECT_BACKOFF);
             next_due_collect = now.saturating_add(delay.saturating_mul(1 << rounds).max(1));
         }
         let mut purged = 0;

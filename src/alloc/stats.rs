@@ -20,6 +20,9 @@ pub struct ClassStats {
     pub cached: u64,
     /// Pages of the class.
     pub pages: u64,
+    /// Of `cached`, blocks in threads' caches (each thread holds at most 32 of a class, and
+    /// no more than 32 KiB of it, at least one block).
+    pub thread_cached: u64,
 }
 
 /// A snapshot of a pool.
@@ -93,6 +96,7 @@ impl PoolInner {
             let cached = self.cached_in_heaps(c).min(s.allocated);
             s.allocated -= cached;
             s.cached += cached;
+            s.thread_cached = cached;
             small -= cached * s.block_size;
         }
         PoolStats {

@@ -10,11 +10,15 @@
 //! back to that page: caching it would hand it to this thread, and two threads would write one
 //! cache line (passive false sharing, mimalloc-bench's `cache-scratch`).
 //!
-//! Invariant: `n[c] <= SLOTS`, and `slots[c][..n[c]]` are distinct free blocks of this heap's pages,
+//! Each class's stack holds at most [`LIMIT`]`[c]` blocks: 32, and no more than 32 KiB of
+//! blocks (at least one), so a thread's caches hold at most 32 KiB per class, about 1.2 MiB in
+//! all (jemalloc's `tcache_max`), whatever it frees.
+//!
+//! Invariant: `n[c] <= LIMIT[c] <= SLOTS`, and `slots[c][..n[c]]` are distinct free blocks of this heap's pages,
 //! at least `class_size(c)` bytes long and 8-byte aligned (a block kept in place by `realloc`
 //! may sit in the cache of a smaller class).
 
-use super::class::{MAX_SMALL, class_of_computed};
+use super::class::{MAX_SMALL, TABLE_MAX, class_of_computed, class_size};
 use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
 
 const R: Ordering = Ordering::Relaxed;
@@ -26,6 +30,31 @@ pub(crate) const CACHED_CLASSES: usize = class_of_computed(32 << 10) + 1;
 pub(crate) const SLOTS: usize = 32;
 
 const _: () = assert!(32 << 10 <= MAX_SMALL);
+
+/// Bytes a class's cache holds at most.
+const CACHE_BYTES: usize = 32 << 10;
+
+/// Blocks each class's cache holds at most: `min(SLOTS, max(1, CACHE_BYTES / size))`.
+pub(crate) const LIMIT: [u32; CACHED_CLASSES] = {
+    let mut t = [0u32; CACHED_CLASSES];
+    let mut c = 0;
+    while c < CACHED_CLASSES {
+        let n = CACHE_BYTES / class_size(c);
+        t[c] = if n >= SLOTS {
+            SLOTS as u32
+        } else if n == 0 {
+            1
+        } else {
+            n as u32
+        };
+        c += 1;
+    }
+    t
+};
+
+// Every class the sized fast path's table classes (up to `TABLE_MAX` bytes) caches `SLOTS`
+// blocks: that path compares with the constant.
+const _: () = assert!(LIMIT[class_of_computed(TABLE_MAX)] as usize == SLOTS);
 
 /// Every cached class's stack: the counts side by side (one line for the hot classes), the
 /// slots in rows of 256 bytes, so a class's row is one shift away. All zero is empty (heaps
@@ -57,16 +86,17 @@ impl TCaches {
         Some(unsafe { self.slots.get_unchecked(c).get_unchecked(k as usize - 1) }.load(R))
     }
 
-    /// Keep `p` in class `c`'s stack; false when it is full.
+    /// Keep `p` in class `c`'s stack; false when it holds `limit` blocks.
     ///
     /// # Safety
-    /// `c < CACHED_CLASSES`.
+    /// `c < CACHED_CLASSES` and `limit == LIMIT[c]` (a constant where the caller knows it).
     #[inline(always)]
-    pub(crate) unsafe fn push(&self, c: usize, p: *mut u8) -> bool {
+    pub(crate) unsafe fn push(&self, c: usize, p: *mut u8, limit: u32) -> bool {
+        debug_assert!(c < CACHED_CLASSES && limit == LIMIT[c]);
         // SAFETY: `c < CACHED_CLASSES` (the caller's contract).
         let n = unsafe { self.n.get_unchecked(c) };
         let k = n.load(R);
-        if k as usize == SLOTS {
+        if k >= limit {
             return false;
         }
         // SAFETY: as above, and `k < SLOTS`.

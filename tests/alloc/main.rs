@@ -7,6 +7,7 @@
 mod common;
 
 mod api2;
+mod footprint;
 mod medium;
 mod model;
 mod purge;
