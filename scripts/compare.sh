@@ -13,7 +13,8 @@
 # runs; the script then exits with status 1).
 # Arguments go to the runner: --threads N (the …N workloads; default: the cores), --repeats R
 # (default 3), --scale F (1 = the originals' parameters), --only a,b (labels or workload names),
-# --timeout SECS (per run; default 300 × scale, at least 60).
+# --timeout SECS (per run; default 300 × scale, at least 60), --settle MS (default here 1500: final
+# memory read that long after the workload returned).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
@@ -28,4 +29,6 @@ cargo build --release -p rdma-pool-comparison --bins
 # shellcheck source=scripts/compare-c.sh
 source scripts/compare-c.sh
 c_prepare
-exec "$C_TARGET/release/compare" --out comparison/RESULTS.md --doc docs/benchmarks.md "${C_ARGS[@]}" "$@"
+# Final memory is read again 1.5 s after each workload returned (rdma-pool's purge delay is 1 s;
+# jemalloc is configured alike by the runner): what each allocator gives back on time.
+exec "$C_TARGET/release/compare" --out comparison/RESULTS.md --doc docs/benchmarks.md --settle 1500 "${C_ARGS[@]}" "$@"

@@ -15,6 +15,10 @@
  * draws from its own seeded generator; results that depend on scheduling are combined with
  * sums). A program exits with status 1 and a message when it finds its memory corrupted.
  *
+ * With $COMPARE_SETTLE_MS set, the program then sleeps that long and reads VmRSS + HugetlbPages
+ * again, printed after the checksum as "settled_kib=<KiB>" (what the allocator still holds
+ * once its purge delay passed with the program idle).
+ *
  * Arguments: [--threads N] [--scale F] (or a positional scale). N defaults to the cores,
  * F to 1 (the original's parameters); CI runs F = 0.01.
  */
@@ -140,9 +144,19 @@ static int bench_main(int argc, char **argv, const char *name, int threads_per_c
     double secs = now() - start;
     uint64_t huge = status_kib("HugetlbPages:");
     uint64_t final_kib = status_kib("VmRSS:") + huge;
-    printf("RESULT %s %s %ld %.6f %llu %llu %016llx\n", alloc ? alloc : "c", name, threads, secs,
-           (unsigned long long)(status_kib("VmHWM:") + huge), (unsigned long long)final_kib,
-           (unsigned long long)checksum);
+    uint64_t peak_kib = status_kib("VmHWM:") + huge;
+    const char *settle = getenv("COMPARE_SETTLE_MS");
+    long settle_ms = settle ? strtol(settle, NULL, 10) : 0;
+    char settled[64] = "";
+    if (settle_ms > 0) {
+        struct timespec ts = {settle_ms / 1000, (settle_ms % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+        snprintf(settled, sizeof settled, " settled_kib=%llu",
+                 (unsigned long long)(status_kib("VmRSS:") + status_kib("HugetlbPages:")));
+    }
+    printf("RESULT %s %s %ld %.6f %llu %llu %016llx%s\n", alloc ? alloc : "c", name, threads, secs,
+           (unsigned long long)peak_kib, (unsigned long long)final_kib,
+           (unsigned long long)checksum, settled);
     return 0;
 }
 

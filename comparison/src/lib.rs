@@ -9,12 +9,86 @@
 //! are not part of RSS), the final memory its `VmRSS` plus `HugetlbPages` once the workload
 //! has returned (and dropped what it allocated: what the allocator still holds), and the
 //! checksum is a function of what the workload computed, equal for every allocator (the
-//! runner checks it).
+//! runner checks it). With `COMPARE_SETTLE_MS=<ms>` the run then waits that long and reads
+//! the memory again (`settled_kib=<KiB>` among the notes): what the allocator still holds once
+//! its purge delay has passed with the program idle.
+//!
+//! [`Counting`] wraps an allocator to count the bytes the workload asks for: the
+//! `with_requested` binary prints their peak (`requested_kib=<KiB>`), the floor any allocator
+//! must hold.
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod workloads;
 
-use std::time::Instant;
+use std::alloc::{GlobalAlloc, Layout};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+/// A global allocator that counts the bytes live in `A` and their peak (two atomic updates per
+/// call: for counting runs, not for timing).
+pub struct Counting<A> {
+    inner: A,
+    live: AtomicUsize,
+    peak: AtomicUsize,
+}
+
+impl<A> Counting<A> {
+    /// Count the bytes `inner` hands out.
+    pub const fn new(inner: A) -> Self {
+        Counting {
+            inner,
+            live: AtomicUsize::new(0),
+            peak: AtomicUsize::new(0),
+        }
+    }
+
+    /// The most bytes that were live at once.
+    pub fn peak(&self) -> usize {
+        self.peak.load(Relaxed)
+    }
+
+    fn grow(&self, n: usize) {
+        let now = self.live.fetch_add(n, Relaxed) + n;
+        self.peak.fetch_max(now, Relaxed);
+    }
+}
+
+// SAFETY: every call is forwarded to `inner` unchanged; the counters only observe.
+unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded.
+        let p = unsafe { self.inner.alloc(layout) };
+        if !p.is_null() {
+            self.grow(layout.size());
+        }
+        p
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: forwarded.
+        let p = unsafe { self.inner.alloc_zeroed(layout) };
+        if !p.is_null() {
+            self.grow(layout.size());
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
+        self.live.fetch_sub(layout.size(), Relaxed);
+        // SAFETY: forwarded.
+        unsafe { self.inner.dealloc(p, layout) }
+    }
+
+    unsafe fn realloc(&self, p: *mut u8, layout: Layout, new: usize) -> *mut u8 {
+        // SAFETY: forwarded.
+        let q = unsafe { self.inner.realloc(p, layout, new) };
+        if !q.is_null() {
+            self.live.fetch_sub(layout.size(), Relaxed);
+            self.grow(new);
+        }
+        q
+    }
+}
 
 /// The number after `name` in a `/proc` key-value text (`/proc/self/status`, `/proc/meminfo`);
 /// 0 when absent.
@@ -61,13 +135,22 @@ pub fn main(allocator: &str, notes: impl Fn() -> Option<String>) {
     let checksum = run(threads, scale);
     let secs = start.elapsed().as_secs_f64();
     let final_kib = rss_kib();
+    let peak = peak_kib();
     if std::env::var_os("COMPARE_SMAPS").is_some() {
         print_largest_mappings();
     }
+    let settle = std::env::var("COMPARE_SETTLE_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .filter(|&ms| ms > 0);
+    let settled = settle.map(|ms| {
+        std::thread::sleep(Duration::from_millis(ms));
+        format!(" settled_kib={}", rss_kib())
+    });
     println!(
-        "RESULT {allocator} {name} {threads} {secs:.6} {} {final_kib} {checksum:016x} {}",
-        peak_kib(),
-        notes().unwrap_or_default()
+        "RESULT {allocator} {name} {threads} {secs:.6} {peak} {final_kib} {checksum:016x} {}{}",
+        notes().unwrap_or_default(),
+        settled.unwrap_or_default()
     );
 }
 

@@ -5,7 +5,11 @@
 //! `class_size(c) < class_size(c + 1)`; `class_size(class_of(n)) <= n + n / 8` above 64;
 //! `page_shift(c)` is the smallest power of two of at least 64 KiB that holds eight blocks, and
 //! at most one 2 MiB slab (which holds at least two blocks of any class): a thread's page of a
-//! large class never pins more than a slab.
+//! large class never pins more than a slab. That is the *dense* page; a heap's first page of a
+//! class is sized to its demand (`page_shift_for`): the smallest power of two of at least
+//! 64 KiB that holds one block — a thread holding one 200 KiB block holds a 256 KiB page, not
+//! 2 MiB. Its next pages of the class are dense (one step, not a doubling ramp: every page
+//! size a heap passes through cuts a slab of its own, shared with other heaps).
 
 /// Largest size served from size-class pages; larger blocks are slab runs.
 pub const MAX_SMALL: usize = 1 << 20;
@@ -145,6 +149,20 @@ pub(crate) const fn page_shift(c: usize) -> u32 {
     shift
 }
 
+/// log2 of the page a heap takes for class `c` while it holds `held` pages of the class: with
+/// none, the smallest that holds one block (at least 64 KiB); else the dense page
+/// ([`page_shift`]).
+pub(crate) const fn page_shift_for(c: usize, held: u32) -> u32 {
+    if held > 0 {
+        return page_shift(c);
+    }
+    let mut shift = GRANULE_SHIFT;
+    while (1usize << shift) < class_size(c) {
+        shift += 1;
+    }
+    shift
+}
+
 /// log2 of the largest page: one arena slab.
 pub(crate) const MAX_PAGE_SHIFT: u32 = crate::arena::SLAB_SHIFT;
 
@@ -212,6 +230,23 @@ mod tests {
             }
         }
         assert_eq!(class_for(MAX_SMALL + 1, 8), None);
+    }
+
+    #[test]
+    fn a_heaps_first_page_of_a_class_holds_one_block_the_next_are_dense() {
+        for c in 0..CLASSES {
+            let first = 1usize << page_shift_for(c, 0);
+            assert!(first >= class_size(c) && (first == 64 << 10 || first < 2 * class_size(c)));
+            assert!(page_shift_for(c, 0) <= page_shift(c), "class {c}");
+            for held in 1..300 {
+                assert_eq!(page_shift_for(c, held), page_shift(c));
+            }
+        }
+        // A 200 KiB block: a 256 KiB page, then the dense 2 MiB page.
+        let c = class_of_computed(200 << 10);
+        assert_eq!((page_shift_for(c, 0), page_shift_for(c, 1)), (18, 21));
+        // Small classes: 64 KiB either way.
+        assert_eq!((page_shift_for(3, 0), page_shift_for(3, 1)), (16, 16));
     }
 
     #[test]

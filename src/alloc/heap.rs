@@ -34,7 +34,7 @@ use super::pool::PoolInner;
 use super::tcache::{CACHED_CLASSES, LIMIT, SLOTS, TCaches};
 use crossbeam::utils::CachePadded;
 use std::ptr::null_mut;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, Ordering};
 
 mod remote;
 
@@ -80,6 +80,9 @@ pub(crate) struct Heap {
     queue: [AtomicPtr<Page>; CLASSES],
     /// `in_full` pages of each class (owner-only).
     full: [AtomicU32; CLASSES],
+    /// Pages of each class taken and not retired by this heap (owner-only, saturating; an
+    /// abandoned page stays counted): what the next page of the class is sized to.
+    held: [AtomicU8; CLASSES],
     /// Full pages that received remote frees (a lock-free stack through `notify_next`).
     notify: CachePadded<AtomicPtr<Page>>,
     /// Token of the owning thread; 0 when unclaimed.
@@ -377,7 +380,7 @@ impl Heap {
             && !page.notified.load(Ordering::Acquire)
         {
             self.dequeue(c, pp);
-            self.pool().retire_page(page);
+            self.retire(c, page);
             self.pool().maybe_purge();
         }
     }
@@ -403,9 +406,16 @@ impl Heap {
             && !page.notified.load(Ordering::Acquire);
         if empty {
             self.dequeue(c, page as *const Page as *mut Page);
-            self.pool().retire_page(page);
+            self.retire(c, page);
         }
         empty
+    }
+
+    /// Hand an empty page of class `c` of this heap back to the pool.
+    fn retire(&self, c: usize, page: &Page) {
+        let held = self.held[c].load(R);
+        self.held[c].store(held.saturating_sub(1), R);
+        self.pool().retire_page(page);
     }
 
     fn push_front(&self, c: usize, p: *mut Page) {
@@ -487,9 +497,11 @@ impl Heap {
                 }
             }
         }
-        let Some(page) = self.pool().take_page(c, self.me()) else {
+        let held = self.held[c].load(R);
+        let Some(page) = self.pool().take_page(c, self.me(), u32::from(held)) else {
             return null_mut();
         };
+        self.held[c].store(held.saturating_add(1), R);
         self.enqueue(c, page as *const Page as *mut Page);
         page.extend(EXTEND_BYTES);
         self.alloc_page(c)
@@ -517,10 +529,12 @@ impl Heap {
                 page.collect();
                 if page.used.load(R) == 0 && !page.notified.load(Ordering::Acquire) {
                     self.dequeue(c, p);
-                    self.pool().retire_page(page);
+                    self.retire(c, page);
                 }
                 p = next;
             }
+            // The next thread to claim the heap starts with pages sized to its own demand.
+            self.held[c].store(0, R);
         }
     }
 }

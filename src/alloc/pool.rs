@@ -13,7 +13,7 @@
 //!
 //! Large runs (taking, caching, freeing) are in `pool/large.rs`.
 
-use super::class::{GRANULE_SHIFT, page_shift};
+use super::class::{GRANULE_SHIFT, page_shift_for};
 use super::heap::Heap;
 use super::heaps::Heaps;
 use super::memcheck;
@@ -218,6 +218,10 @@ pub(crate) struct PoolInner {
     reserve: usize,
     pages: MmapArray<Page>,
     free_pages: [List; PAGE_SIZES],
+    /// One carver per page size at a time: threads whose list was empty wait for the slab
+    /// the first one cuts instead of each cutting one (600 threads starting at once would
+    /// commit a slab each).
+    carving: [ForkLock<()>; PAGE_SIZES],
     large_free: [List; LARGE_LISTS + 1],
     pub(crate) heaps: Heaps,
     pub(crate) large_live: AtomicUsize,
@@ -254,6 +258,7 @@ impl PoolInner {
             reserve,
             pages,
             free_pages: [const { List::new() }; PAGE_SIZES],
+            carving: [const { ForkLock::new(()) }; PAGE_SIZES],
             large_free: [const { List::new() }; LARGE_LISTS + 1],
             heaps,
             large_live: AtomicUsize::new(0),
@@ -297,30 +302,40 @@ impl PoolInner {
             .get((page.start.load(R) - self.base) >> SLAB_SHIFT)
     }
 
-    /// An empty page for class `c`, owned by `heap`: from the free list of its size (revived
-    /// if it was purged), or carved from a fresh arena run.
-    pub(crate) fn take_page(&self, c: usize, heap: *mut Heap) -> Option<&Page> {
+    /// An empty page for class `c`, owned by `heap`, which holds `held` pages of the class
+    /// (the page is sized to that demand: `class.rs`): from the free list of its size
+    /// (revived if it was purged), or carved from a fresh arena run.
+    pub(crate) fn take_page(&self, c: usize, heap: *mut Heap, held: u32) -> Option<&Page> {
         let _inside = changing_hands();
-        let shift = page_shift(c);
-        let listed = self.page_list(shift).pop_if_then(
-            |_| true,
-            |p| {
-                if let Some(n) = self.small_free(p) {
-                    n.fetch_sub(1, R);
-                }
-            },
-        );
-        let page = match listed {
-            Some(p) => {
+        let shift = page_shift_for(c, held);
+        let mut carver = None;
+        let page = loop {
+            let listed = self.page_list(shift).pop_if_then(
+                |_| true,
+                |p| {
+                    if let Some(n) = self.small_free(p) {
+                        n.fetch_sub(1, R);
+                    }
+                },
+            );
+            if let Some(p) = listed {
                 if let Err(e) = self.reuse(p.start.load(R), 1 << shift) {
                     self.count_failure(&e);
                     self.list_page(p);
                     return None;
                 }
-                p
+                break p;
             }
-            None => self.carve(shift)?,
+            // Wait for a carver of this size and look again, unless this is a re-entrant
+            // allocation (it may come from inside the carver: it cuts on its own, and the
+            // arena refuses it growth).
+            if carver.is_none() && !crate::sys::provision::active() {
+                carver = Some(self.carving[(shift - GRANULE_SHIFT) as usize].lock());
+                continue;
+            }
+            break self.carve(shift)?;
         };
+        drop(carver);
         // SAFETY: an empty page nobody uses.
         unsafe {
             memcheck::recycled(

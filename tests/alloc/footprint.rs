@@ -1,6 +1,7 @@
 //! What a thread keeps: its caches of freed blocks are bounded per class — at most 32 blocks
 //! and no more than 32 KiB of a class (at least one block) — whatever it frees, by sized and
-//! unsized frees alike.
+//! unsized frees alike; its first page of a class holds one block (threads starting at once
+//! share the slab one of them cuts).
 
 use super::*;
 use std::alloc::Layout;
@@ -68,6 +69,53 @@ fn a_threads_caches_hold_at_most_32_kib_of_each_class() {
         assert!(
             total <= sizes.len() as u64 * (32 << 10),
             "{total} bytes cached"
+        );
+    });
+    assert_eq!(pool.live_blocks(), 0);
+    assert!(pool.validate());
+}
+
+#[test]
+fn a_thread_holding_one_medium_block_holds_a_page_of_about_its_size() {
+    let pd = Nic::soft().alloc_pd().unwrap();
+    let pool = pool_on(&pd, Access::empty());
+    const THREADS: usize = 32;
+    let medium = Layout::from_size_align(200 << 10, 8).unwrap();
+    let small = Layout::from_size_align(48, 8).unwrap();
+    let held = Barrier::new(THREADS + 1);
+    let done = Barrier::new(THREADS + 1);
+    let before = pool.stats().alloc.arena.committed_bytes;
+    std::thread::scope(|s| {
+        for _ in 0..THREADS {
+            s.spawn(|| {
+                let m = pool.alloc(medium);
+                let few: Vec<*mut u8> = (0..20).map(|_| pool.alloc(small)).collect();
+                assert!(!m.is_null() && few.iter().all(|p| !p.is_null()));
+                // SAFETY: fresh blocks of these sizes.
+                unsafe {
+                    m.write_bytes(0x11, medium.size());
+                    few.iter().for_each(|p| p.write_bytes(0x22, small.size()));
+                }
+                held.wait();
+                done.wait();
+                // SAFETY: blocks of `pool`, freed once.
+                unsafe {
+                    pool.free_sized(m, medium);
+                    few.iter().for_each(|&p| pool.free_sized(p, small));
+                }
+            });
+        }
+        held.wait();
+        // Each thread: a 256 KiB page for its 200 KiB block (a dense page would be 2 MiB) and
+        // a 64 KiB page of small blocks; pages of one size share slabs across threads.
+        let grew = pool.stats().alloc.arena.committed_bytes - before;
+        done.wait();
+        let bound = THREADS as u64 * ((256 + 64) << 10) + (4 << 20);
+        assert!(
+            grew <= bound,
+            "{THREADS} threads holding 200 KiB and 20 small blocks each committed {} KiB (bound {} KiB)",
+            grew >> 10,
+            bound >> 10
         );
     });
     assert_eq!(pool.live_blocks(), 0);

@@ -80,11 +80,12 @@ fn idle_slabs_of_every_kind_are_purged_on_request() {
     let bed = bed();
     let pool = purging_pool(&bed.a.pd, None, Registration::Auto);
     // Three slabs in all, so that the pinned memory fits the rxe guest's 8 MiB memlock limit.
-    let small = Layout::from_size_align(16 << 10, 8).unwrap(); // 128 KiB pages, 16 per slab
-    let medium = Layout::from_size_align(200 << 10, 8).unwrap(); // a 2 MiB page of 9 blocks
+    let small = Layout::from_size_align(8 << 10, 8).unwrap(); // 64 KiB pages, 32 per slab
+    // A thread's first page of a class holds one block: a 1 MiB page, in a slab of two.
+    let medium = Layout::from_size_align(600 << 10, 8).unwrap();
     let large = Layout::from_size_align(3 << 19, 4096).unwrap(); // a one-slab run
-    let s_blocks = blocks_from_a_thread(&pool, small, 128); // exactly one slab of pages
-    let m_blocks = blocks_from_a_thread(&pool, medium, 9);
+    let s_blocks = blocks_from_a_thread(&pool, small, 256); // exactly one slab of pages
+    let m_blocks = blocks_from_a_thread(&pool, medium, 1);
     let l_blocks = blocks_from_a_thread(&pool, large, 1);
     let keep = s_blocks[0] as *mut u8; // stays live: its slab is not idle
     let s_blocks = &s_blocks[1..];
@@ -96,7 +97,11 @@ fn idle_slabs_of_every_kind_are_purged_on_request() {
     assert_eq!(pool.stats().alloc.arena.purged_bytes, 0);
     let purged = pool.purge();
     let after = pool.stats().alloc.arena;
-    assert_eq!(purged, 2 * SLAB, "the large run and the 2 MiB page");
+    assert_eq!(
+        purged,
+        2 * SLAB,
+        "the large run and the slab of 1 MiB pages"
+    );
     // The last small block goes: now its slab is idle too.
     // SAFETY: a block of the pool, freed once.
     unsafe { pool.free_sized(keep, small) };
@@ -109,7 +114,7 @@ fn idle_slabs_of_every_kind_are_purged_on_request() {
     assert!(after.resident_bytes < before.resident_bytes);
     assert_eq!(pool.purge(), 0, "nothing idle is left");
     // Reuse: every kind comes back committed, zeroed where asked, and registered.
-    let again = blocks_from_a_thread(&pool, small, 128);
+    let again = blocks_from_a_thread(&pool, small, 256);
     let big = pool.alloc_zeroed(large);
     assert!(!big.is_null());
     // SAFETY: a live zeroed block of `large.size()` bytes.
@@ -121,7 +126,7 @@ fn idle_slabs_of_every_kind_are_purged_on_request() {
     let mid = pool.alloc(medium);
     for &p in again.iter().chain([big as usize, mid as usize].iter()) {
         let k = pool.keys_of(p as *const u8).expect("registered again");
-        assert!(k.contains(p, 16 << 10));
+        assert!(k.contains(p, small.size()));
     }
     assert!(pool.stats().alloc.arena.revived_bytes > 0);
     // A peer writes into the revived large block (remote opt-in), a page in.
@@ -214,9 +219,9 @@ fn idle_memory_goes_back_on_the_clock_while_the_program_makes_no_call() {
         Registration::Pinned,
     );
     let large = Layout::from_size_align(3 << 19, 4096).unwrap(); // a one-slab run
-    let small = Layout::from_size_align(16 << 10, 8).unwrap(); // 128 KiB pages
+    let small = Layout::from_size_align(16 << 10, 8).unwrap(); // a 64 KiB page, then 128 KiB ones
     let l = pool.alloc(large);
-    let s_blocks = blocks_from_a_thread(&pool, small, 128); // one slab of pages
+    let s_blocks = blocks_from_a_thread(&pool, small, 128); // two slabs of pages
     let before = pool.stats().alloc;
     assert!(before.purge_clock);
     assert_eq!(before.arena.purged_bytes, 0);

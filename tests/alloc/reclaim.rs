@@ -375,8 +375,9 @@ fn address_space_freed_by_one_shape_serves_the_next() {
         "{:?}",
         pool.stats()
     );
-    // Shape 2: 200 KiB blocks (2 MiB pages) in the same address space.
-    build_and_drop(&pool, 200 << 10, 40 << 20);
+    // Shape 2: 200 KiB blocks (a 256 KiB first page, then 2 MiB pages) in the same address
+    // space.
+    build_and_drop(&pool, 200 << 10, 36 << 20);
     assert_eq!(
         pool.stats().alloc.arena.chunks,
         chunks,

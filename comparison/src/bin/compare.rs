@@ -26,6 +26,15 @@
 //! there (rdma-pool's `librdma_pool.so` before it is built) is shown as "not built" in those
 //! rows, not as a failure. `--c-only` leaves the Rust workloads out; `--note TEXT` adds a line
 //! under the table's header (the allocators' versions, say).
+//!
+//! Memory beside time: each Rust workload also runs once under `with_requested` (the system
+//! allocator behind a counter), whose peak of live requested bytes is the `requested` column —
+//! the floor any allocator must hold — and rdma-pool's pinned bytes at their peak (the soft
+//! NIC's memlock account) are the `rdma_pool pinned` column, as a ratio to `requested`.
+//! `--settle MS` has every run wait MS once its workload returned and read its memory again:
+//! the final columns are then that memory, with jemalloc configured alike (its background
+//! thread on and its dirty pages decaying over rdma-pool's purge delay:
+//! `_RJEM_MALLOC_CONF` for the Rust binaries, `MALLOC_CONF` for the C programs).
 
 use plotters::prelude::*;
 use std::collections::{BTreeMap, BTreeSet};
@@ -111,7 +120,13 @@ struct Args {
     preload: BTreeMap<String, PathBuf>,
     /// Lines for the header (`--note`).
     notes: Vec<String>,
+    /// Milliseconds each run waits before it reads its final memory again (`--settle`).
+    settle_ms: u64,
 }
+
+/// rdma-pool's purge delay (its default `purge_delay`): what jemalloc's decay is set to when
+/// final memory is read after `--settle`.
+const PURGE_DELAY_MS: u64 = 1000;
 
 fn parse() -> Args {
     let mut a = Args {
@@ -126,6 +141,7 @@ fn parse() -> Args {
         c_only: false,
         preload: BTreeMap::new(),
         notes: Vec::new(),
+        settle_ms: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -156,6 +172,7 @@ fn parse() -> Args {
                 a.preload.insert(alloc.to_string(), path.into());
             }
             "--note" => a.notes.push(value()),
+            "--settle" => a.settle_ms = value().parse().unwrap_or_else(|_| fail("--settle MS")),
             _ => fail(&format!("unknown argument {flag}")),
         }
     }
@@ -181,6 +198,8 @@ struct Run {
     final_kib: u64,
     checksum: String,
     notes: String,
+    /// `settled_kib=` of the notes: the memory read again after `--settle`.
+    settled_kib: Option<u64>,
     /// Why the run does not count (crash, timeout, error, wrong checksum).
     failure: Option<String>,
     /// `phases`: `(RSS KiB after the build, RSS KiB after the free and wait)` per phase.
@@ -239,9 +258,16 @@ fn command(
     (label, name, threads): (&str, &str, usize),
 ) -> Option<Command> {
     let (threads, scale) = (threads.to_string(), args.scale.to_string());
+    let alike = format!("background_thread:true,dirty_decay_ms:{PURGE_DELAY_MS}");
     if !is_c(label) {
         let mut cmd = Command::new(dir.join(format!("with_{alloc}")));
         cmd.args([name, &threads, &scale]);
+        if args.settle_ms > 0 {
+            cmd.env("COMPARE_SETTLE_MS", args.settle_ms.to_string());
+            if alloc == "jemalloc" {
+                cmd.env("_RJEM_MALLOC_CONF", &alike);
+            }
+        }
         return Some(cmd);
     }
     let c_dir = args.c_dir.as_deref().expect("C rows come with --c-dir");
@@ -249,6 +275,12 @@ fn command(
     cmd.args(["--threads", &threads, "--scale", &scale])
         .env("COMPARE_ALLOCATOR", alloc)
         .env_remove("LD_PRELOAD");
+    if args.settle_ms > 0 {
+        cmd.env("COMPARE_SETTLE_MS", args.settle_ms.to_string());
+        if alloc == "jemalloc" {
+            cmd.env("MALLOC_CONF", &alike);
+        }
+    }
     match args.preload.get(alloc) {
         Some(lib) if lib.as_os_str().is_empty() => {}
         Some(lib) if lib.is_file() => {
@@ -365,9 +397,19 @@ fn run_one(
         final_kib: field(6).parse().unwrap_or(0),
         checksum: field(7).to_string(),
         notes: f.get(8..).map_or(String::new(), |n| n.join(" ")),
+        settled_kib: note_kib(&f, "settled_kib="),
         failure,
         series,
     }
+}
+
+/// The KiB after `key` among a RESULT line's notes (fields 8 on).
+fn note_kib(fields: &[&str], key: &str) -> Option<u64> {
+    fields
+        .iter()
+        .skip(8)
+        .find_map(|f| f.strip_prefix(key))
+        .and_then(|v| v.parse().ok())
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -448,6 +490,20 @@ fn main() {
     }
     let timeout = Duration::from_secs_f64(args.timeout.unwrap_or((300.0 * args.scale).max(60.0)));
     let mut results: Results = suite.iter().map(|s| (s.0, BTreeMap::new())).collect();
+    // What each Rust workload asks for at its peak: one counted run each.
+    let mut requested: BTreeMap<&str, Run> = BTreeMap::new();
+    for &(label, name, threads) in suite.iter().filter(|w| !is_c(w.0)) {
+        let Some(cmd) = command(&args, &dir, "requested", (label, name, threads)) else {
+            continue;
+        };
+        let run = run_one(cmd, "requested", name, threads, args.scale, timeout);
+        eprintln!(
+            "[requested] {label:<16} {} {}",
+            run.failure.as_deref().unwrap_or(""),
+            run.notes
+        );
+        requested.insert(label, run);
+    }
     for r in 0..args.repeats {
         for &(label, name, threads) in &suite {
             for i in 0..ALLOCATORS.len() {
@@ -504,7 +560,7 @@ fn main() {
     let table = report(
         &args,
         &suite,
-        &results,
+        (&results, &requested),
         args.out.as_deref().and_then(link).as_deref(),
     );
     print!("{table}");
@@ -512,7 +568,10 @@ fn main() {
         std::fs::write(out, &table).unwrap_or_else(|e| fail(&format!("{}: {e}", out.display())));
     }
     if let Some(doc) = &args.doc {
-        update_doc(doc, &report(&args, &suite, &results, link(doc).as_deref()));
+        update_doc(
+            doc,
+            &report(&args, &suite, (&results, &requested), link(doc).as_deref()),
+        );
     }
     let failures = failures(&suite, &results);
     if !failures.is_empty() {
@@ -596,7 +655,7 @@ fn relative(from: &Path, to: &Path) -> String {
 fn report(
     args: &Args,
     suite: &[(&str, &str, usize)],
-    results: &Results,
+    (results, requested): (&Results, &BTreeMap<&str, Run>),
     image: Option<&str>,
 ) -> String {
     let mut s = String::new();
@@ -605,11 +664,24 @@ fn report(
          Machine: {}.\n\
          Peak memory is `VmHWM + HugetlbPages` (hugetlb pages counted; rdma-pool prefers them); \
          final memory is `VmRSS + HugetlbPages` when the workload has returned and freed \
-         everything (what the allocator keeps).\n",
+         everything (what the allocator keeps){}. `requested` is the most bytes the workload \
+         had live at once (counted around the system allocator): the floor any allocator must \
+         hold; `rdma_pool pinned` is the most memory rdma-pool's soft NIC had pinned (its \
+         memlock account), with its ratio to `requested`.\n",
         args.repeats,
         args.scale,
         args.threads,
-        machine()
+        machine(),
+        if args.settle_ms > 0 {
+            format!(
+                ", read {} ms later with the program idle (jemalloc with \
+                 `background_thread:true,dirty_decay_ms:{PURGE_DELAY_MS}`, rdma-pool's purge \
+                 delay)",
+                args.settle_ms
+            )
+        } else {
+            String::new()
+        }
     );
     if suite.iter().any(|w| is_c(w.0)) {
         s += "Rows `c/…` are the C programs of `comparison/c` (mimalloc-bench's benchmarks, \
@@ -628,8 +700,9 @@ fn report(
             s += &format!(" {a}{what} |");
         }
     }
+    s += " requested | rdma_pool pinned |";
     s += "\n|---|";
-    s += &"---|".repeat(3 * ALLOCATORS.len());
+    s += &"---|".repeat(3 * ALLOCATORS.len() + 2);
     s += "\n";
     let (mut log_time, mut log_mem, mut log_final, mut n) = (0.0f64, 0.0f64, 0.0f64, 0);
     let mut worst_time = (String::new(), 0.0f64);
@@ -650,7 +723,7 @@ fn report(
         };
         let time = med(|r| r.secs);
         let mem = med(|r| r.peak_kib as f64);
-        let fin = med(|r| r.final_kib as f64);
+        let fin = med(|r| r.settled_kib.unwrap_or(r.final_kib) as f64);
         let best =
             |m: &BTreeMap<&str, f64>| m.values().copied().fold(f64::INFINITY, f64::min).max(1e-9);
         let (best_t, best_m, best_f) = (best(&time), best(&mem), best(&fin));
@@ -679,6 +752,36 @@ fn report(
                 };
             }
         }
+        let asked = requested
+            .get(label)
+            .filter(|r| r.failure.is_none())
+            .and_then(|r| {
+                r.notes
+                    .split_whitespace()
+                    .find_map(|n| n.strip_prefix("requested_kib="))
+            })
+            .and_then(|v| v.parse::<f64>().ok());
+        let pinned: Vec<f64> = ok
+            .get("rdma_pool")
+            .into_iter()
+            .flat_map(|runs| runs.iter())
+            .filter_map(|r| {
+                r.notes
+                    .split_whitespace()
+                    .find_map(|n| n.strip_prefix("pinned_peak_kib="))
+                    .and_then(|v| v.parse::<f64>().ok())
+            })
+            .collect();
+        let pinned = (!pinned.is_empty()).then(|| median(pinned));
+        s += &match asked {
+            Some(q) => format!(" {:.1} MiB |", q / 1024.0),
+            None => " – |".to_string(),
+        };
+        s += &match (pinned, asked) {
+            (Some(p), Some(q)) => format!(" {:.1} MiB ({:.2}×) |", p / 1024.0, p / q.max(1.0)),
+            (Some(p), None) => format!(" {:.1} MiB |", p / 1024.0),
+            _ => " – |".to_string(),
+        };
         s += "\n";
         let (Some(t), Some(tm), Some(tj)) = (
             time.get("rdma_pool"),

@@ -29,6 +29,8 @@ pub(super) struct Memlock {
     /// `CAP_IPC_LOCK`: the process limit does not apply.
     privileged: bool,
     pinned: AtomicU64,
+    /// The most `pinned` ever was.
+    peak: AtomicU64,
 }
 
 impl Memlock {
@@ -37,12 +39,18 @@ impl Memlock {
             limit,
             privileged: matches!(limit, MemlockLimit::Rlimit) && mem::has_cap_ipc_lock(),
             pinned: AtomicU64::new(0),
+            peak: AtomicU64::new(0),
         }
     }
 
     /// Bytes this device has pinned.
     pub(super) fn pinned(&self) -> u64 {
         self.pinned.load(Ordering::Relaxed)
+    }
+
+    /// The most bytes this device had pinned at once.
+    pub(super) fn peak(&self) -> u64 {
+        self.peak.load(Ordering::Relaxed)
     }
 
     /// Charge `bytes`, or fail with `ENOMEM` charging nothing.
@@ -64,9 +72,12 @@ impl Memlock {
                 Err(c) => cur = c,
             }
         }
-        if !matches!(self.limit, MemlockLimit::Bytes(_)) {
-            self.pinned.fetch_add(bytes, Ordering::Relaxed);
-        }
+        let now = if matches!(self.limit, MemlockLimit::Bytes(_)) {
+            self.pinned.load(Ordering::Relaxed)
+        } else {
+            self.pinned.fetch_add(bytes, Ordering::Relaxed) + bytes
+        };
+        self.peak.fetch_max(now, Ordering::Relaxed);
         Ok(())
     }
 
@@ -97,6 +108,7 @@ mod tests {
         m.charge(4096).unwrap();
         assert_eq!(m.charge(8192), Err(libc::ENOMEM));
         assert_eq!(m.pinned(), 4096);
+        assert_eq!(m.peak(), 4096);
         m.release(4096);
         m.charge(8192).unwrap();
     }

@@ -217,6 +217,19 @@ impl SoftNic {
         self.dev.memlock.pinned()
     }
 
+    /// The most bytes this device had pinned at once (what a workload's pinned memory peaked
+    /// at).
+    ///
+    /// # Examples
+    /// ```
+    /// let nic = rdma_pool::nic::Nic::soft();
+    /// let soft = nic.as_soft().unwrap();
+    /// assert!(soft.pinned_peak_bytes() >= soft.pinned_bytes());
+    /// ```
+    pub fn pinned_peak_bytes(&self) -> u64 {
+        self.dev.memlock.peak()
+    }
+
     /// True when this process can read page frame numbers (`CAP_SYS_ADMIN`), so that the
     /// soft NIC sees *every* replacement of a pinned region's pages; without them a page that
     /// was dropped and already faulted in again by the CPU goes unnoticed (see
