@@ -205,6 +205,9 @@ impl PageTable {
     }
 }
 
+/// The longest a thread waits for another to cut a slab of the page size it needs.
+const CARVE_WAIT_NS: u128 = 2_000_000;
+
 /// The shared state of a [`Core`](super::Core).
 pub(crate) struct PoolInner {
     /// The free path's quarantine (`quarantine.rs`), installed by the pool's features.
@@ -309,6 +312,7 @@ impl PoolInner {
         let _inside = changing_hands();
         let shift = page_shift_for(c, held);
         let mut carver = None;
+        let mut waited: Option<std::time::Instant> = None;
         let page = loop {
             let listed = self.page_list(shift).pop_if_then(
                 |_| true,
@@ -326,12 +330,21 @@ impl PoolInner {
                 }
                 break p;
             }
-            // Wait for a carver of this size and look again, unless this is a re-entrant
-            // allocation (it may come from inside the carver: it cuts on its own, and the
-            // arena refuses it growth).
+            // Become the carver of this size, or wait a little for the one there is and look
+            // again. Not for a re-entrant allocation (it may come from inside the carver: it
+            // cuts on its own, and the arena refuses it growth), and never without bound (a
+            // thread that holds a NIC lock the carver needs, allocating through the pool,
+            // would wait forever): past `CARVE_WAIT_NS` it cuts on its own, as before.
             if carver.is_none() && !crate::sys::provision::active() {
-                carver = Some(self.carving[(shift - GRANULE_SHIFT) as usize].lock());
-                continue;
+                if let Some(g) = self.carving[(shift - GRANULE_SHIFT) as usize].try_lock() {
+                    carver = Some(g);
+                    continue;
+                }
+                let t = *waited.get_or_insert_with(std::time::Instant::now);
+                if t.elapsed().as_nanos() < CARVE_WAIT_NS {
+                    std::thread::yield_now();
+                    continue;
+                }
             }
             break self.carve(shift)?;
         };

@@ -72,8 +72,12 @@ pub(crate) struct Idle {
     collect_rounds: AtomicU32,
 }
 
-/// The most a look for pages of exited threads is put off: `delay << 6`.
+/// The most a look for pages of exited threads is put off: `max(delay, COLLECT_FLOOR) << 6`.
 const COLLECT_BACKOFF: u32 = 6;
+
+/// The shortest wait between two looks for pages of exited threads (a purge delay of 0 must
+/// not make the clock walk every heap without pause while such a heap holds a live block).
+const COLLECT_FLOOR: u64 = 250_000_000;
 
 impl Idle {
     pub(crate) fn new(
@@ -152,8 +156,10 @@ impl Idle {
     /// Slab `s` became idle now.
     pub(crate) fn mark_idle(&self, s: usize) {
         let now = now_ns();
+        // SeqCst with the purge's reset of `next_due` and its read of the stamps (Dekker): the
+        // purge either sees this stamp or keeps the due time stored after it.
         if let Some(slot) = self.idle.get(s) {
-            slot.store(now, R);
+            slot.store(now, Ordering::SeqCst);
         }
         if let Some(d) = self.delay {
             self.due_by(now.saturating_add(d));
@@ -228,7 +234,7 @@ impl PoolInner {
         } else {
             now.saturating_sub(delay)
         };
-        self.idle.next_due.store(u64::MAX, R);
+        self.idle.next_due.store(u64::MAX, Ordering::SeqCst);
         let mut next_due_collect = u64::MAX;
         self.idle.passes.fetch_add(1, R);
         if self.collect_abandoned() && self.idle.delay.is_some() {
@@ -238,7 +244,8 @@ impl PoolInner {
                 .collect_rounds
                 .fetch_add(1, R)
                 .min(COLLECT_BACKOFF);
-            next_due_collect = now.saturating_add(delay.saturating_mul(1 << rounds).max(1));
+            next_due_collect =
+                now.saturating_add(delay.max(COLLECT_FLOOR).saturating_mul(1 << rounds));
         }
         let mut purged = 0;
         let mut next_due = next_due_collect;
@@ -249,7 +256,7 @@ impl PoolInner {
             purged += self.purge_small(shift, cutoff);
         }
         for s in 0..slabs {
-            let Some(t) = self.idle.idle.get(s).map(|t| t.load(R)) else {
+            let Some(t) = self.idle.idle.get(s).map(|t| t.load(Ordering::SeqCst)) else {
                 break;
             };
             if t == 0 || t == HANDLED {

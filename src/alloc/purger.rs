@@ -77,13 +77,15 @@ pub(crate) fn nudge(due: u64) {
     }
 }
 
-/// The purge thread runs, or was started now; false when it cannot run (the caller purges
-/// inline). Call only where a purge may run (a slow path holding no pool lock).
+/// The purge thread runs, or was started now; false when it does not run (the caller purges
+/// inline). Call only where a purge may run. It is not started by a thread inside the fork
+/// gate (holding a pool lock, e.g. the registry's): `pthread_create` may allocate, and that
+/// allocation must not need a lock this thread holds.
 pub(crate) fn ensure() -> bool {
     if running() {
         return true;
     }
-    start()
+    !atfork::is_inside() && start()
 }
 
 #[cold]
@@ -134,14 +136,15 @@ fn spawn() -> bool {
         let rc = libc::pthread_create(&mut t, &attr, entry, std::ptr::null_mut());
         libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
         libc::pthread_attr_destroy(&mut attr);
-        if rc == 0 {
-            libc::pthread_setname_np(t, c"rdma-pool-purge".as_ptr());
-        }
         rc == 0
     }
 }
 
 extern "C" fn entry(_: *mut libc::c_void) -> *mut libc::c_void {
+    // Named from inside: the handle of a detached thread may be gone by the time its creator
+    // would name it.
+    // SAFETY: this thread's own handle and a NUL-terminated name of at most 15 bytes.
+    unsafe { libc::pthread_setname_np(libc::pthread_self(), c"rdma-pool-purge".as_ptr()) };
     let generation = atfork::generation() + 1;
     // A panic (none is expected) ends the clock: the slow paths purge inline from then on.
     let _ = std::panic::catch_unwind(|| run(generation));
@@ -194,10 +197,30 @@ fn sleep(seq: u32, ns: u64) {
     };
 }
 
+/// How long a pool whose purge lock was busy (a `purge()` running, say) waits for the next
+/// look.
+const BUSY_BACKOFF_NS: u64 = 100_000_000;
+
+/// Leaves the counts of the pools a pass entered, from `done` on, also when a purge panics
+/// (each pool's drop waits for its count).
+struct Leaving<'a> {
+    pools: &'a [usize],
+    done: usize,
+}
+
+impl Drop for Leaving<'_> {
+    fn drop(&mut self) {
+        for &p in &self.pools[self.done..] {
+            // SAFETY: entered and not yet left: the pool lives (see `pass`).
+            unsafe { &*(p as *const PoolInner) }.idle.clock_leave();
+        }
+    }
+}
+
 /// One pass over the live pools: purge each one that is due (`purge`), or only look; the
-/// earliest due time left.
+/// earliest due time left. The counts are taken under the registry lock (inside the fork
+/// gate); the purges take the gate themselves, so a fork waits for one purge at most.
 fn pass(now: u64, purge: bool) -> u64 {
-    let _inside = atfork::inside();
     let generation = atfork::generation();
     let mut due = [0usize; tls::MAX_POOLS];
     let mut n = 0;
@@ -219,12 +242,19 @@ fn pass(now: u64, purge: bool) -> u64 {
         return next;
     }
     PASSES.fetch_add(1, R);
-    for &p in &due[..n] {
+    let mut leaving = Leaving {
+        pools: &due[..n],
+        done: 0,
+    };
+    for (i, &p) in due[..n].iter().enumerate() {
         // SAFETY: counted into the pool's `clock_users` under the registry lock while it was
         // registered: its drop waits for the count (see the module contract).
         let pool = unsafe { &*(p as *const PoolInner) };
         pool.purge_idle(false);
-        next = next.min(pool.idle.due());
+        let d = pool.idle.due();
+        // Still due: its purge lock was busy. Look again a little later, not at once.
+        next = next.min(if d <= now { now + BUSY_BACKOFF_NS } else { d });
+        leaving.done = i + 1;
         pool.idle.clock_leave();
     }
     next

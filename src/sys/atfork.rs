@@ -123,6 +123,12 @@ fn inside_now() -> usize {
     INSIDE.iter().map(|c| c.load(SeqCst)).sum()
 }
 
+/// Whether this thread is inside the gate now (holds a pool lock, or runs a slow path that
+/// spans several steps).
+pub(crate) fn is_inside() -> bool {
+    DEPTH.try_with(|d| d.get() > 0).unwrap_or(true)
+}
+
 /// Enter the gate (waiting while a fork is draining it, unless this thread is inside already
 /// or is the forking thread).
 pub(crate) fn inside() -> Inside {

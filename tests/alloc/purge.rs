@@ -379,3 +379,27 @@ fn a_pool_attached_to_the_applications_pd_posts_through_its_qps() {
     // SAFETY: freed once.
     unsafe { pool.free_sized(p, layout) };
 }
+
+#[test]
+fn the_clock_does_not_spin_while_an_exited_threads_block_stays_live() {
+    let _g = serial();
+    let bed = bed();
+    // A zero delay: every idle slab is due at once, and the heap the thread leaves holds a
+    // live block for as long as the test runs.
+    let pool = purging_pool(&bed.a.pd, Some(Duration::ZERO), Registration::Pinned);
+    let small = Layout::from_size_align(64, 8).unwrap();
+    let live = blocks_from_a_thread(&pool, small, 1);
+    std::thread::sleep(Duration::from_millis(200));
+    let before = pool.stats().alloc;
+    std::thread::sleep(Duration::from_secs(1));
+    let after = pool.stats().alloc;
+    // Looks at the exited thread's heap back off from 250 ms: a handful a second, not a
+    // thousand.
+    assert!(
+        after.purge_clock_passes - before.purge_clock_passes <= 12,
+        "{} clock passes in a second",
+        after.purge_clock_passes - before.purge_clock_passes
+    );
+    free_all(&pool, &live, small);
+    assert!(pool.validate());
+}

@@ -215,7 +215,7 @@ impl PoolInner {
 
     /// Keep a freed large run for reuse.
     pub(crate) fn free_large(&self, page: &Page) {
-        let _inside = changing_hands();
+        let inside = changing_hands();
         let len = page.large_len.load(R);
         page.kind.store(LARGE_FREE, Ordering::Release);
         self.large_live.fetch_sub(len, R);
@@ -224,6 +224,9 @@ impl PoolInner {
         // descriptor) at once.
         self.idle_from(page.start.load(R));
         self.large_list(len).push(page);
+        // Out of the gate: a purge takes it itself, and the purge clock is started only by a
+        // thread outside it.
+        drop(inside);
         self.maybe_purge();
     }
 }
