@@ -206,7 +206,7 @@ impl PageTable {
 }
 
 /// The longest a thread waits for another to cut a slab of the page size it needs.
-const CARVE_WAIT_NS: u128 = 2_000_000;
+const CARVE_WAIT_NS: u128 = 20_000_000;
 
 /// The shared state of a [`Core`](super::Core).
 pub(crate) struct PoolInner {
@@ -225,6 +225,8 @@ pub(crate) struct PoolInner {
     /// the first one cuts instead of each cutting one (600 threads starting at once would
     /// commit a slab each).
     carving: [ForkLock<()>; PAGE_SIZES],
+    /// Slabs cut per page size (a waiter's sign that its carver makes progress).
+    cuts: [AtomicU64; PAGE_SIZES],
     large_free: [List; LARGE_LISTS + 1],
     pub(crate) heaps: Heaps,
     pub(crate) large_live: AtomicUsize,
@@ -262,6 +264,7 @@ impl PoolInner {
             pages,
             free_pages: [const { List::new() }; PAGE_SIZES],
             carving: [const { ForkLock::new(()) }; PAGE_SIZES],
+            cuts: [const { AtomicU64::new(0) }; PAGE_SIZES],
             large_free: [const { List::new() }; LARGE_LISTS + 1],
             heaps,
             large_live: AtomicUsize::new(0),
@@ -312,7 +315,7 @@ impl PoolInner {
         let _inside = changing_hands();
         let shift = page_shift_for(c, held);
         let mut carver = None;
-        let mut waited: Option<std::time::Instant> = None;
+        let mut waited: Option<(std::time::Instant, u64)> = None;
         let page = loop {
             let listed = self.page_list(shift).pop_if_then(
                 |_| true,
@@ -340,13 +343,25 @@ impl PoolInner {
                     carver = Some(g);
                     continue;
                 }
-                let t = *waited.get_or_insert_with(std::time::Instant::now);
+                // The wait restarts whenever a carver of this size finished: only a carver
+                // that makes no progress for `CARVE_WAIT_NS` is given up on.
+                let cuts = self.cuts[(shift - GRANULE_SHIFT) as usize].load(R);
+                let (t, seen) = *waited.get_or_insert_with(|| (std::time::Instant::now(), cuts));
+                let t = if seen == cuts {
+                    t
+                } else {
+                    waited = Some((std::time::Instant::now(), cuts));
+                    std::time::Instant::now()
+                };
                 if t.elapsed().as_nanos() < CARVE_WAIT_NS {
-                    std::thread::yield_now();
+                    // Asleep, not spinning: on a few cores the waiters would starve the carver.
+                    std::thread::sleep(std::time::Duration::from_micros(50));
                     continue;
                 }
             }
-            break self.carve(shift)?;
+            let cut = self.carve(shift);
+            self.cuts[(shift - GRANULE_SHIFT) as usize].fetch_add(1, R);
+            break cut?;
         };
         drop(carver);
         // SAFETY: an empty page nobody uses.

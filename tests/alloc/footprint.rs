@@ -26,7 +26,7 @@ fn a_threads_caches_hold_at_most_32_kib_of_each_class() {
     let freed = Barrier::new(2);
     let read = Barrier::new(2);
     std::thread::scope(|s| {
-        s.spawn(|| {
+        let t = s.spawn(|| {
             for (k, &size) in sizes.iter().enumerate() {
                 let layout = Layout::from_size_align(size, 8).unwrap();
                 let blocks: Vec<*mut u8> = (0..40).map(|_| pool.alloc(layout)).collect();
@@ -70,6 +70,8 @@ fn a_threads_caches_hold_at_most_32_kib_of_each_class() {
             total <= sizes.len() as u64 * (32 << 10),
             "{total} bytes cached"
         );
+        // Joined: the scope's own wait may return before the thread handed its heap back.
+        t.join().unwrap();
     });
     assert_eq!(pool.live_blocks(), 0);
     assert!(pool.validate());
@@ -86,8 +88,9 @@ fn a_thread_holding_one_medium_block_holds_a_page_of_about_its_size() {
     let done = Barrier::new(THREADS + 1);
     let before = pool.stats().alloc.arena.committed_bytes;
     std::thread::scope(|s| {
+        let mut threads = Vec::new();
         for _ in 0..THREADS {
-            s.spawn(|| {
+            threads.push(s.spawn(|| {
                 let m = pool.alloc(medium);
                 let few: Vec<*mut u8> = (0..20).map(|_| pool.alloc(small)).collect();
                 assert!(!m.is_null() && few.iter().all(|p| !p.is_null()));
@@ -103,7 +106,7 @@ fn a_thread_holding_one_medium_block_holds_a_page_of_about_its_size() {
                     pool.free_sized(m, medium);
                     few.iter().for_each(|&p| pool.free_sized(p, small));
                 }
-            });
+            }));
         }
         held.wait();
         // Each thread: a 256 KiB page for its 200 KiB block (a dense page would be 2 MiB) and
@@ -117,6 +120,10 @@ fn a_thread_holding_one_medium_block_holds_a_page_of_about_its_size() {
             grew >> 10,
             bound >> 10
         );
+        // Joined: the scope's own wait may return before the threads handed their heaps back.
+        for t in threads {
+            t.join().unwrap();
+        }
     });
     assert_eq!(pool.live_blocks(), 0);
     assert!(pool.validate());
