@@ -206,7 +206,7 @@ impl PageTable {
 }
 
 /// The longest a thread waits for another to cut a slab of the page size it needs.
-const CARVE_WAIT_NS: u128 = 20_000_000;
+const CARVE_WAIT_NS: u128 = 50_000_000;
 
 /// The shared state of a [`Core`](super::Core).
 pub(crate) struct PoolInner {

@@ -113,7 +113,9 @@ fn a_thread_holding_one_medium_block_holds_a_page_of_about_its_size() {
         // a 64 KiB page of small blocks; pages of one size share slabs across threads.
         let grew = pool.stats().alloc.arena.committed_bytes - before;
         done.wait();
-        let bound = THREADS as u64 * ((256 + 64) << 10) + (4 << 20);
+        // Dense pages alone would be 2 MiB a thread (64 MiB). A thread that waited past its
+        // carver's bound (a loaded test machine) cuts a slab of its own: up to twice the pages.
+        let bound = THREADS as u64 * (2 * (256 + 64) << 10) + (4 << 20);
         assert!(
             grew <= bound,
             "{THREADS} threads holding 200 KiB and 20 small blocks each committed {} KiB (bound {} KiB)",
