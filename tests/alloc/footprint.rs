@@ -115,7 +115,7 @@ fn a_thread_holding_one_medium_block_holds_a_page_of_about_its_size() {
         done.wait();
         // Dense pages alone would be 2 MiB a thread (64 MiB). A thread that waited past its
         // carver's bound (a loaded test machine) cuts a slab of its own: up to twice the pages.
-        let bound = THREADS as u64 * (2 * (256 + 64) << 10) + (4 << 20);
+        let bound = THREADS as u64 * ((2 * (256 + 64)) << 10) + (4 << 20);
         assert!(
             grew <= bound,
             "{THREADS} threads holding 200 KiB and 20 small blocks each committed {} KiB (bound {} KiB)",
