@@ -19,7 +19,7 @@ use super::heaps::Heaps;
 use super::memcheck;
 use super::page::{LARGE, LARGE_FREE, Page, SMALL, TAIL, UNUSED};
 use super::purge::Idle;
-use crate::arena::{Arena, SLAB, SLAB_SHIFT};
+use crate::arena::{Arena, Backing, SLAB, SLAB_SHIFT};
 use crate::sys::atfork::{ForkGuard, ForkLock};
 use crate::sys::os::MmapArray;
 use std::ptr::null_mut;
@@ -397,7 +397,14 @@ impl PoolInner {
     #[cold]
     fn carve(&self, shift: u32) -> Option<&Page> {
         let bytes = 1usize << shift;
-        let (start, run_len, zero) = self.fresh_run(bytes.max(SLAB), bytes.max(SLAB))?;
+        // Pages smaller than a slab are shared by heaps that each touch a few blocks: 4 KiB
+        // pages under them (`arena/commit.rs`); a page of a whole slab is dense.
+        let backing = if bytes < SLAB {
+            Backing::Sparse
+        } else {
+            Backing::Dense
+        };
+        let (start, run_len, zero) = self.fresh_run(bytes.max(SLAB), bytes.max(SLAB), backing)?;
         memcheck::unpoison(start as *mut u8, run_len);
         let granules = bytes >> GRANULE_SHIFT;
         let mut first = None;

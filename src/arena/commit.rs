@@ -10,8 +10,15 @@
 //! A remap binds the new mapping to the chunk's NUMA node again (`numa.rs`): a fresh mapping
 //! has no policy.
 //!
+//! A chunk is mapped for one [`Backing`]: dense chunks (whole-slab pages, large runs, queue
+//! memory) take hugetlb, then transparent huge pages; sparse chunks (slabs cut into pages
+//! smaller than a slab, which many heaps share and each touches a little of) are ordinary
+//! memory advised `MADV_NOHUGEPAGE`, so touching one block faults in — and, pinned, pins —
+//! 4 KiB, not 2 MiB. Only [`Hugepages::Require`] puts sparse chunks on hugetlb too.
+//!
 //! Invariant: in a mapped range, slabs `[0, huge_until)` are hugetlb-mapped and slabs
-//! `[huge_until, end)` ordinary; `huge_until` only decreases.
+//! `[huge_until, end)` ordinary; `huge_until` only decreases; a sparse chunk's ordinary slabs
+//! are [`PageKind::Small`].
 
 use super::fork::ForkPolicy;
 use super::{Error, Hugepages, SLAB};
@@ -47,6 +54,15 @@ impl PageKind {
             PageKind::Small => 3,
         }
     }
+}
+
+/// What a chunk's slabs are cut into, which decides their pages (see the module contract).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Backing {
+    /// Whole-slab pages and runs: huge pages pay.
+    Dense,
+    /// Pages smaller than a slab, shared by heaps that each touch a few blocks: 4 KiB pages.
+    Sparse,
 }
 
 /// The page policy of one arena.
@@ -88,10 +104,17 @@ impl Pages {
         }
     }
 
-    /// Map `[addr, addr + slabs·SLAB)` and return its `huge_until` (unbound: the caller binds).
-    pub(crate) fn map_range(&self, addr: *mut u8, slabs: u32) -> Result<u32, Error> {
+    /// Map `[addr, addr + slabs·SLAB)` for `backing` and return its `huge_until` (unbound: the
+    /// caller binds).
+    pub(crate) fn map_range(
+        &self,
+        addr: *mut u8,
+        slabs: u32,
+        backing: Backing,
+    ) -> Result<u32, Error> {
         let len = slabs as usize * SLAB;
-        if self.policy.hugetlb() {
+        if self.policy.hugetlb() && (backing == Backing::Dense || self.policy == Hugepages::Require)
+        {
             // SAFETY: the range is an unused part of the arena's reservation.
             match unsafe { os::map_fixed(addr, len, true) } {
                 Ok(()) => {
@@ -104,19 +127,25 @@ impl Pages {
                 Err(_) => {}
             }
         }
-        self.map_ordinary(addr, len, 0)?;
+        self.map_ordinary(addr, len, 0, backing)?;
         Ok(0)
     }
 
-    /// Map ordinary memory over `[addr, addr + len)`, bound to node code `node` (see
-    /// [`Pages::bind`]).
-    fn map_ordinary(&self, addr: *mut u8, len: usize, node: u32) -> Result<(), Error> {
+    /// Map ordinary memory over `[addr, addr + len)` for `backing`, bound to node code `node`
+    /// (see [`Pages::bind`]).
+    fn map_ordinary(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        node: u32,
+        backing: Backing,
+    ) -> Result<(), Error> {
         // SAFETY: the range belongs to the arena and holds no handed-out memory.
         unsafe { os::map_fixed(addr, len, false) }.map_err(|errno| Error::Os {
             what: "mmap",
             errno,
         })?;
-        let advice = if self.policy == Hugepages::Off {
+        let advice = if self.policy == Hugepages::Off || backing == Backing::Sparse {
             libc::MADV_NOHUGEPAGE
         } else {
             libc::MADV_HUGEPAGE
@@ -139,23 +168,23 @@ impl Pages {
         Ok(())
     }
 
-    fn ordinary_kind(&self) -> PageKind {
-        if self.policy != Hugepages::Off && self.thp {
+    fn ordinary_kind(&self, backing: Backing) -> PageKind {
+        if self.policy != Hugepages::Off && self.thp && backing == Backing::Dense {
             PageKind::Thp
         } else {
             PageKind::Small
         }
     }
 
-    /// Commit slabs `[s, e)` of the range mapped at `base` with `slabs` slabs, bound to node
-    /// code `node` (what a remap of its hugetlb part is bound to).
+    /// Commit slabs `[s, e)` of the range mapped at `base` with `slabs` slabs for `backing`,
+    /// bound to node code `node` (what a remap of its hugetlb part is bound to).
     pub(crate) fn commit(
         &self,
         base: *mut u8,
         slabs: u32,
         huge_until: &mut u32,
         (s, e): (u32, u32),
-        node: u32,
+        (node, backing): (u32, Backing),
     ) -> Result<PageKind, Error> {
         let at = |i: u32| base.wrapping_add(i as usize * SLAB);
         let len = (e - s) as usize * SLAB;
@@ -173,11 +202,11 @@ impl Pages {
         }
         if s < *huge_until {
             // The hugetlb pool ran dry: the rest of the range becomes ordinary memory.
-            self.map_ordinary(at(s), (slabs - s) as usize * SLAB, node)?;
+            self.map_ordinary(at(s), (slabs - s) as usize * SLAB, node, backing)?;
             *huge_until = s;
         }
         self.populate_ordinary(at(s), len)?;
-        Ok(self.ordinary_kind())
+        Ok(self.ordinary_kind(backing))
     }
 
     /// Populate ordinary memory that is about to be pinned; nothing for a lazy (ODP) arena.
@@ -199,11 +228,11 @@ impl Pages {
         &self,
         addr: *mut u8,
         len: usize,
-        node: u32,
+        (node, backing): (u32, Backing),
     ) -> Result<PageKind, Error> {
-        self.map_ordinary(addr, len, node)?;
+        self.map_ordinary(addr, len, node, backing)?;
         self.populate_ordinary(addr, len)?;
-        Ok(self.ordinary_kind())
+        Ok(self.ordinary_kind(backing))
     }
 
     /// Give committed slabs back (a failed run).

@@ -10,7 +10,10 @@
 //!   another reservation of `reserve` bytes is added right behind (up to the window), so the
 //!   reservation never runs out while the window has room;
 //! - memory is committed in [`SLAB`] (2 MiB) slabs as a growing prefix of a chunk (see
-//!   `commit.rs` for the page kinds), and every committed slab handed out is registered —
+//!   `commit.rs` for the page kinds: chunks are dense, on huge pages, or sparse, on 4 KiB pages,
+//!   for slabs cut into pages smaller than a slab — [`Arena::alloc_run`] is dense, the pool asks
+//!   for sparse runs, and a run goes to a chunk of the other backing only when the window has
+//!   no room for a chunk of its own), and every committed slab handed out is registered —
 //!   pinned, or ODP one region per chunk (`register.rs`: [`Registration`], `Auto` and its
 //!   reason) — `LOCAL_WRITE | MW_BIND` only unless [`ArenaConfig::remote`] opts in to more;
 //! - a refused registration falls back to ODP, then to unregistered memory that is counted and
@@ -44,6 +47,7 @@
 //! (`stats.rs`), the prefetch state and automatic prefetch (`prefetch/hooks.rs`).
 
 mod commit;
+pub(crate) use commit::Backing;
 mod config;
 mod env;
 mod error;
@@ -141,13 +145,15 @@ struct ChunkState {
     fallback: bool,
     /// `n + 1` for a chunk bound to NUMA node `n`, 0 for an unbound one.
     node: u32,
+    /// Mapped for [`Backing::Sparse`](commit::Backing::Sparse) runs (`commit.rs`).
+    sparse: bool,
 }
 
 struct State {
     next_chunk: usize,
-    /// The chunk runs are cut from, per slot: slot 0 unless the placement is
-    /// [`NumaPlacement::Local`], then `node % MAX_NODES` of the calling thread.
-    open: [Option<usize>; numa::MAX_NODES],
+    /// The chunk runs are cut from, per backing (dense, sparse) and slot: slot 0 unless the
+    /// placement is [`NumaPlacement::Local`], then `node % MAX_NODES` of the calling thread.
+    open: [[Option<usize>; numa::MAX_NODES]; 2],
     /// The chunk unregistered runs (DEVX queue memory) are cut from, if one is open.
     queue: Option<usize>,
     /// Chunks below `next_chunk` skipped for the alignment of a run and never opened.
@@ -355,7 +361,7 @@ impl Arena {
             table,
             state: ForkLock::new(State {
                 next_chunk: 0,
-                open: [None; numa::MAX_NODES],
+                open: [[None; numa::MAX_NODES]; 2],
                 queue: None,
                 holes: 0,
                 chunks,

@@ -22,6 +22,7 @@
 //! Invariant: a `PURGED` slab is not committed, and no pinned region covers it; `LIVE` slabs a
 //! region covers are committed.
 
+use super::commit::Backing;
 use super::commit::PageKind;
 use super::stats::{add, sub};
 use super::{Arena, Error, Hugepages, RegMode, SLAB, SLAB_SHIFT};
@@ -49,6 +50,8 @@ pub(super) const QUEUE: u8 = 2;
 /// In [`SlabInfo::flags`]: committed for a run whose thread has not yet registered it on the
 /// rails (`rails/regions.rs`); an attach leaves such slabs to that thread.
 pub(super) const PENDING: u8 = 4;
+/// In [`SlabInfo::flags`]: a slab of a sparse chunk (`commit.rs`, [`Backing::Sparse`]).
+pub(super) const SPARSE: u8 = 8;
 
 /// What happened to a group of slabs covered by one registration (or by none).
 enum Unregistered {
@@ -123,16 +126,25 @@ impl Arena {
     }
 
     /// Note the run `[addr, addr + slabs · SLAB)` about to be committed (`QUEUE`: queue
-    /// memory; otherwise `PENDING` until [`Arena::rails_register`] clears it).
-    pub(super) fn mark_run(&self, addr: usize, slabs: usize, queue: bool) {
+    /// memory; otherwise `PENDING` until [`Arena::rails_register`] clears it), of a sparse
+    /// chunk or not.
+    pub(super) fn mark_run(&self, addr: usize, slabs: usize, queue: bool, sparse: bool) {
         let first = self.slab_index(addr);
-        let rest = if queue { QUEUE } else { PENDING };
+        let rest = if queue { QUEUE } else { PENDING } | if sparse { SPARSE } else { 0 };
         for i in first..first + slabs {
             if let Some(s) = self.slabs.get(i) {
                 let head = if i == first { RUN_HEAD } else { 0 };
                 s.flags.store(head | rest, Ordering::Relaxed);
             }
         }
+    }
+
+    /// Whether the slab holding `addr` lies in a sparse chunk: 4 KiB pages unless the policy
+    /// is [`Hugepages::Require`](super::Hugepages::Require) (`commit.rs`).
+    pub(crate) fn is_sparse(&self, addr: usize) -> bool {
+        addr.checked_sub(self.base())
+            .and_then(|o| self.slabs.get(o >> super::SLAB_SHIFT))
+            .is_some_and(|s| s.flags.load(Ordering::Relaxed) & SPARSE != 0)
     }
 
     /// Clear `PENDING` on slabs `[first, first + n)`.
@@ -541,7 +553,14 @@ impl Arena {
             let node = self
                 .chunk_of(addr as *const u8)
                 .map_or(0, |c| self.chunk_node_code(c));
-            kind = self.pages.remap_ordinary(addr as *mut u8, len, node)?;
+            let backing = if self.is_sparse(addr) {
+                Backing::Sparse
+            } else {
+                Backing::Dense
+            };
+            kind = self
+                .pages
+                .remap_ordinary(addr as *mut u8, len, (node, backing))?;
             self.set_kind(addr, e - s, kind);
         }
         let registered = self.table.reg_at(s);

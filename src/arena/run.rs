@@ -9,7 +9,7 @@
 //! its pages is committed; under `NumaPlacement::Local` runs are cut from the open chunk of
 //! the calling thread's node, and the reserve of ready slabs is not used.
 
-use super::commit::PageKind;
+use super::commit::{Backing, PageKind};
 use super::grow::Grown;
 use super::stats::MAX_STAT_NODES;
 use super::stats::{add, sub};
@@ -43,7 +43,24 @@ impl Arena {
     /// # Ok::<(), rdma_pool::PoolError>(())
     /// ```
     pub fn alloc_run(&self, len: usize, align: usize) -> Result<Run, Error> {
+        self.alloc_run_in(len, align, Backing::Dense)
+    }
+
+    /// [`Arena::alloc_run`] from a chunk mapped for `backing` (`commit.rs`): a sparse run (one
+    /// slab cut into pages smaller than a slab) comes from a chunk of 4 KiB pages and is not
+    /// prefetched whole (its pages are touched a block at a time). Runs of more than a chunk
+    /// are dense.
+    ///
+    /// # Errors
+    /// As [`Arena::alloc_run`].
+    pub(crate) fn alloc_run_in(
+        &self,
+        len: usize,
+        align: usize,
+        backing: Backing,
+    ) -> Result<Run, Error> {
         if len != 0
+            && backing == Backing::Dense
             && len <= SLAB
             && align.is_power_of_two()
             && align <= SLAB
@@ -57,11 +74,16 @@ impl Arena {
                 });
             }
         }
-        self.alloc_fresh(len, align)
+        self.alloc_fresh(len, align, backing)
     }
 
-    /// [`Arena::alloc_run`] without the reserve of ready slabs: commit and register now.
-    pub(crate) fn alloc_fresh(&self, len: usize, align: usize) -> Result<Run, Error> {
+    /// [`Arena::alloc_run_in`] without the reserve of ready slabs: commit and register now.
+    pub(crate) fn alloc_fresh(
+        &self,
+        len: usize,
+        align: usize,
+        backing: Backing,
+    ) -> Result<Run, Error> {
         if provision::active() {
             return Err(Error::Reentrant);
         }
@@ -85,55 +107,83 @@ impl Arena {
         if slabs > self.slabs_per_chunk as usize || align > self.chunk_size() {
             return self.alloc_dedicated(slabs, align);
         }
-        self.alloc_in_chunk(slabs as u32, (align / SLAB).max(1) as u32)
+        self.alloc_in_chunk(slabs as u32, (align / SLAB).max(1) as u32, backing)
     }
 
-    fn alloc_in_chunk(&self, slabs: u32, align_slabs: u32) -> Result<Run, Error> {
+    fn alloc_in_chunk(&self, slabs: u32, align_slabs: u32, backing: Backing) -> Result<Run, Error> {
         let spc = self.slabs_per_chunk;
         let (node, slot) = self.wanted_node();
-        let (c, old_used, s, kind, tail) = {
+        let sparse = backing == Backing::Sparse;
+        let b = usize::from(sparse);
+        let (c, old_used, s, kind, tail, sparse) = {
             let mut st = self.lock();
             let fits = |ch: &ChunkState| {
                 let s = ch.used.next_multiple_of(align_slabs);
                 (s + slabs <= spc).then_some(s)
             };
-            let open = st.open[slot].and_then(|c| Some((c, fits(st.chunks.get(c)?)?)));
+            let open = st.open[b][slot].and_then(|c| Some((c, fits(st.chunks.get(c)?)?)));
             // The open chunk is too full for this run: a chunk left behind earlier (a run that
             // did not fit moved on to a fresh chunk) takes it, before any fresh chunk is opened.
             let open = open.or_else(|| {
                 let c = (0..st.next_chunk).find(|&c| {
                     st.chunks.get(c).is_some_and(|ch| {
-                        ch.used > 0 && ch.used < spc && ch.node == node && fits(ch).is_some()
+                        ch.used > 0
+                            && ch.used < spc
+                            && ch.node == node
+                            && ch.sparse == sparse
+                            && fits(ch).is_some()
                     })
                 })?;
-                st.open[slot] = Some(c);
+                st.open[b][slot] = Some(c);
                 Some((c, fits(st.chunks.get(c)?)?))
             });
             let (c, s) = match open {
                 Some(cs) => cs,
-                None => {
-                    let c = self.open_chunks(&mut st, 1, 1, node)?;
-                    st.open[slot] = Some(c);
-                    (c, 0)
-                }
+                None => match self.open_chunks(&mut st, 1, 1, (node, backing)) {
+                    Ok(c) => {
+                        st.open[b][slot] = Some(c);
+                        (c, 0)
+                    }
+                    // No chunk of this backing can be opened: one of the other backing with
+                    // room takes the run (the backing is a preference, never a failure).
+                    Err(e @ Error::ReservationFull { .. }) => (0..st.next_chunk)
+                        .find_map(|c| {
+                            let ch = st.chunks.get(c)?;
+                            (ch.used > 0 && ch.node == node && st.queue != Some(c))
+                                .then_some((c, fits(ch)?))
+                        })
+                        .ok_or(e)?,
+                    Err(e) => return Err(e),
+                },
             };
             let base = self.chunk_base(c) as *mut u8;
             let Some(ch) = st.chunks.get_mut(c) else {
                 return Err(self.full());
             };
-            let kind = self
-                .pages
-                .commit(base, spc, &mut ch.huge_until, (s, s + slabs), ch.node)?;
+            // The chunk's own backing (another's when the reservation was full).
+            let sparse = ch.sparse;
+            let backing = if sparse {
+                Backing::Sparse
+            } else {
+                Backing::Dense
+            };
+            let kind = self.pages.commit(
+                base,
+                spc,
+                &mut ch.huge_until,
+                (s, s + slabs),
+                (ch.node, backing),
+            )?;
             let old_used = ch.used;
             ch.used = s + slabs;
             let tail = (self.rereg.load(Ordering::Relaxed) && ch.tail != 0 && ch.tail_end == s)
                 .then(|| ch.tail - 1)
                 .filter(|&id| self.table.reg(id).is_huge() == (kind == PageKind::Hugetlb));
-            (c, old_used, s, kind, tail)
+            (c, old_used, s, kind, tail, sparse)
         };
         let addr = self.chunk_base(c) + s as usize * SLAB;
         let len = slabs as usize * SLAB;
-        self.mark_run(addr, slabs as usize, false);
+        self.mark_run(addr, slabs as usize, false, sparse);
         self.committed(c, kind, addr, slabs);
         let huge = kind == PageKind::Hugetlb;
         let mut pinned_id = None;
@@ -205,16 +255,24 @@ impl Arena {
         let (node, _) = self.wanted_node();
         let (c, kind) = {
             let mut st = self.lock();
-            let c = self.open_chunks(&mut st, m, align, node)?;
+            let c = self.open_chunks(&mut st, m, align, (node, Backing::Dense))?;
             let node = st.chunks.get(c).map_or(0, |ch| ch.node);
             let base = self.chunk_base(c) as *mut u8;
             let mut huge_until = 0;
-            let mapped = self.pages.map_range(base, total).and_then(|hu| {
-                huge_until = hu;
-                self.pages.bind(base, total as usize * SLAB, node);
-                self.pages
-                    .commit(base, total, &mut huge_until, (0, slabs as u32), node)
-            });
+            let mapped = self
+                .pages
+                .map_range(base, total, Backing::Dense)
+                .and_then(|hu| {
+                    huge_until = hu;
+                    self.pages.bind(base, total as usize * SLAB, node);
+                    self.pages.commit(
+                        base,
+                        total,
+                        &mut huge_until,
+                        (0, slabs as u32),
+                        (node, Backing::Dense),
+                    )
+                });
             let kind = match mapped {
                 Ok(kind) => kind,
                 Err(e) => {
@@ -230,7 +288,7 @@ impl Arena {
             (c, kind)
         };
         let addr = self.chunk_base(c);
-        self.mark_run(addr, slabs, false);
+        self.mark_run(addr, slabs, false, false);
         self.committed(c, kind, addr, slabs as u32);
         let huge = kind == PageKind::Hugetlb;
         match self.register_run(c, addr, len, true, || self.register_new(addr, len, huge)) {
@@ -282,17 +340,23 @@ impl Arena {
                 .filter(|&c| st.chunks.get(c).is_some_and(|ch| ch.used + slabs <= spc));
             let (c, fresh) = match fits {
                 Some(c) => (c, false),
-                None => (self.open_chunks(&mut st, 1, 1, node)?, true),
+                None => (
+                    self.open_chunks(&mut st, 1, 1, (node, Backing::Dense))?,
+                    true,
+                ),
             };
             let base = self.chunk_base(c) as *mut u8;
             let Some(ch) = st.chunks.get_mut(c) else {
                 return Err(self.full());
             };
             let s = ch.used;
-            match self
-                .pages
-                .commit(base, spc, &mut ch.huge_until, (s, s + slabs), ch.node)
-            {
+            match self.pages.commit(
+                base,
+                spc,
+                &mut ch.huge_until,
+                (s, s + slabs),
+                (ch.node, Backing::Dense),
+            ) {
                 Ok(kind) => {
                     ch.used = s + slabs;
                     if fresh {
@@ -308,7 +372,7 @@ impl Arena {
                 }
             }
         };
-        self.mark_run(addr, slabs as usize, true);
+        self.mark_run(addr, slabs as usize, true, false);
         self.committed(c, kind, addr, slabs);
         add(&self.counters.queue_bytes, slabs as u64 * SLAB as u64);
         Ok((
@@ -320,15 +384,15 @@ impl Arena {
         ))
     }
 
-    /// Take `m` fresh chunks whose start is aligned to `align`, map them, bind them to node
-    /// code `node` (`n + 1`, 0 for none; the node in force is recorded in each chunk's state),
-    /// and return the first.
+    /// Take `m` fresh chunks whose start is aligned to `align`, map them for `backing`, bind
+    /// them to node code `node` (`n + 1`, 0 for none; the node in force is recorded in each
+    /// chunk's state), and return the first.
     fn open_chunks(
         &self,
         st: &mut State,
         m: usize,
         align: usize,
-        node: u32,
+        (node, backing): (u32, Backing),
     ) -> Result<usize, Error> {
         let c = match self.find_hole(st, m, align) {
             Some(c) => {
@@ -351,7 +415,7 @@ impl Arena {
         let base = self.chunk_base(c) as *mut u8;
         let huge_until = self
             .pages
-            .map_range(base, m as u32 * self.slabs_per_chunk)?;
+            .map_range(base, m as u32 * self.slabs_per_chunk, backing)?;
         // Before any page is touched: the policy decides where the first fault places it.
         let node = self.pages.bind(base, m << self.chunk_shift, node);
         if m == 1 {
@@ -362,6 +426,7 @@ impl Arena {
         for i in c..c + m {
             if let Some(ch) = st.chunks.get_mut(i) {
                 ch.node = node;
+                ch.sparse = backing == Backing::Sparse;
             }
         }
         if let Some(bytes) = self.node_bytes(node) {
@@ -386,7 +451,8 @@ impl Arena {
                     && ch.odp == 0
                     && !ch.fallback
                     && ch.node == 0
-            }) && !st.open.contains(&Some(i))
+                    && !ch.sparse
+            }) && !st.open.iter().flatten().any(|&o| o == Some(i))
                 && st.queue != Some(i)
         };
         let step = (align >> self.chunk_shift).max(1);
@@ -415,6 +481,7 @@ impl Arena {
         for i in c..c + m {
             if let Some(ch) = st.chunks.get_mut(i) {
                 ch.node = 0;
+                ch.sparse = false;
                 ch.huge_until = 0;
                 ch.used = 0;
             }

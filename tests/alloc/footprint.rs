@@ -136,3 +136,149 @@ fn a_thread_holding_one_medium_block_holds_a_page_of_about_its_size() {
     assert_eq!(pool.live_blocks(), 0);
     assert!(pool.validate());
 }
+
+/// The mapping of `/proc/self/smaps` holding `addr`: its `Rss` in KiB and its `VmFlags`.
+fn mapping_of(addr: usize) -> (u64, String) {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let mut inside = false;
+    let mut rss = None;
+    for line in smaps.lines() {
+        let first = line.split_whitespace().next().unwrap_or("");
+        if let Some((lo, hi)) = first.split_once('-') {
+            if let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
+            {
+                inside = (lo..hi).contains(&addr);
+                continue;
+            }
+        }
+        if !inside {
+            continue;
+        }
+        if let Some(kib) = line.strip_prefix("Rss:") {
+            rss = kib.trim().trim_end_matches("kB").trim().parse().ok();
+        }
+        if let Some(flags) = line.strip_prefix("VmFlags:") {
+            return (rss.unwrap(), flags.trim().to_string());
+        }
+    }
+    panic!("no mapping holds {addr:#x}");
+}
+
+#[test]
+fn small_blocks_live_on_4_kib_pages_and_whole_slab_blocks_on_huge_pages() {
+    let pd = Nic::soft().alloc_pd().unwrap();
+    // ODP: nothing is populated ahead of a touch, so resident memory is what was touched.
+    let pool = Pool::with_config(
+        &pd,
+        ArenaConfig {
+            reserve: 1 << 34,
+            chunk: 1 << 28,
+            hugepages: Hugepages::Transparent,
+            registration: rdma_pool::arena::Registration::Odp,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    const THREADS: usize = 32;
+    let small = Layout::from_size_align(48, 8).unwrap();
+    let page = Layout::from_size_align(4096, 8).unwrap();
+    let whole = Layout::from_size_align(4 << 20, 4096).unwrap();
+    let held = Barrier::new(THREADS + 1);
+    let done = Barrier::new(THREADS + 1);
+    let first = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        let mut threads = Vec::new();
+        for _ in 0..THREADS {
+            threads.push(s.spawn(|| {
+                let few: Vec<*mut u8> = (0..20).map(|_| pool.alloc(small)).collect();
+                let p = pool.alloc(page);
+                assert!(!p.is_null() && few.iter().all(|p| !p.is_null()));
+                // SAFETY: fresh blocks of these sizes.
+                unsafe {
+                    p.write_bytes(0x11, page.size());
+                    few.iter().for_each(|p| p.write_bytes(0x22, small.size()));
+                }
+                first.store(few[0] as usize, std::sync::atomic::Ordering::Relaxed);
+                held.wait();
+                done.wait();
+                // SAFETY: blocks of `pool`, freed once.
+                unsafe {
+                    pool.free_sized(p, page);
+                    few.iter().for_each(|&q| pool.free_sized(q, small));
+                }
+            }));
+        }
+        held.wait();
+        let big = pool.alloc(whole);
+        assert!(!big.is_null());
+        // SAFETY: a fresh block of 4 MiB.
+        unsafe { big.write_bytes(0x33, whole.size()) };
+        let thp = std::path::Path::new("/sys/kernel/mm/transparent_hugepage/enabled").exists();
+        let (rss, flags) = mapping_of(first.load(std::sync::atomic::Ordering::Relaxed));
+        let (_, big_flags) = mapping_of(big as usize);
+        // SAFETY: the block allocated above.
+        unsafe { pool.free_sized(big, whole) };
+        done.wait();
+        // The pages of small blocks are shared by the threads' heaps, each touching a few
+        // blocks: 32 threads × (a 4 KiB block + 20 small ones) touch some 300 KiB of 4 KiB
+        // pages. On huge pages each slab touched would be 2 MiB resident.
+        assert!(
+            rss <= 1024,
+            "{THREADS} threads' small blocks: {rss} KiB resident in their mapping ({flags})"
+        );
+        if thp {
+            let words: Vec<&str> = flags.split_whitespace().collect();
+            assert!(words.contains(&"nh"), "small pages' mapping: {flags}");
+            let words: Vec<&str> = big_flags.split_whitespace().collect();
+            assert!(
+                words.contains(&"hg"),
+                "a 4 MiB block's mapping: {big_flags}"
+            );
+        }
+        for t in threads {
+            t.join().unwrap();
+        }
+    });
+    assert_eq!(pool.live_blocks(), 0);
+    let arena = pool.stats().alloc.arena;
+    assert!(arena.slabs_small >= 1, "{arena:?}");
+    assert!(pool.validate());
+}
+
+#[test]
+fn a_pool_of_one_chunk_cuts_small_pages_and_whole_slabs_from_it() {
+    let pd = Nic::soft().alloc_pd().unwrap();
+    // Small pages and whole slabs prefer chunks of their own backing; with room for one chunk,
+    // whichever comes second shares the first one's.
+    for small_first in [true, false] {
+        let pool = Pool::with_config(
+            &pd,
+            ArenaConfig {
+                reserve: 1 << 26,
+                reservations: 1,
+                chunk: 1 << 26,
+                hugepages: Hugepages::Transparent,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let small = Layout::from_size_align(64, 8).unwrap();
+        let whole = Layout::from_size_align(4 << 20, 4096).unwrap();
+        let (a, b) = if small_first {
+            (pool.alloc(small), pool.alloc(whole))
+        } else {
+            let b = pool.alloc(whole);
+            (pool.alloc(small), b)
+        };
+        assert!(!a.is_null() && !b.is_null(), "small first: {small_first}");
+        let arena = pool.stats().alloc.arena;
+        assert_eq!(arena.chunks, 1, "{arena:?}");
+        // SAFETY: the blocks allocated above, freed once.
+        unsafe {
+            pool.free_sized(a, small);
+            pool.free_sized(b, whole);
+        }
+        assert_eq!(pool.live_blocks(), 0);
+        assert!(pool.validate());
+    }
+}

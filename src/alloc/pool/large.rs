@@ -53,7 +53,8 @@ impl PoolInner {
             }
             return p;
         }
-        let Some((start, run_len, clean)) = self.fresh_run(len, align.max(SLAB)) else {
+        let Some((start, run_len, clean)) = self.fresh_run(len, align.max(SLAB), Backing::Dense)
+        else {
             return null_mut();
         };
         let p = start as *mut u8;
@@ -72,11 +73,17 @@ impl PoolInner {
     }
 
     /// `(start, len, zero)` of a run of `len` bytes aligned to `align` (both multiples of a
-    /// slab) that nothing uses — a slab of another size's empty pages (dirty: `zero` false),
-    /// spare slabs revived (`spare.rs`; purged, so zero), else a fresh arena run (zero);
+    /// slab) that nothing uses — a slab of another size's empty pages (dirty: `zero` false;
+    /// already resident, so whatever its backing), spare slabs revived (`spare.rs`; purged, so
+    /// zero; of `backing` where there are such), else a fresh arena run of `backing` (zero);
     /// `None` (the failure counted) when none can be had.
-    pub(super) fn fresh_run(&self, len: usize, align: usize) -> Option<(usize, usize, bool)> {
-        self.fresh_run_once(len, align, false)
+    pub(super) fn fresh_run(
+        &self,
+        len: usize,
+        align: usize,
+        backing: Backing,
+    ) -> Option<(usize, usize, bool)> {
+        self.fresh_run_once(len, align, backing, false)
     }
 
     /// [`PoolInner::fresh_run`]; on a full arena, purge everything idle and try once more
@@ -85,6 +92,7 @@ impl PoolInner {
         &self,
         len: usize,
         align: usize,
+        backing: Backing,
         retried: bool,
     ) -> Option<(usize, usize, bool)> {
         let chunk = self.arena.chunk_size() / SLAB;
@@ -110,7 +118,16 @@ impl PoolInner {
                     .arena
                     .one_registration((self.base + s * SLAB) as *const u8, len)
         };
-        if let Some(s) = self.spare.take_if(n, a, chunk, one_reg) {
+        // Purged spare slabs fault in anew: of the backing asked for first (a sparse run on a
+        // slab of huge pages would fault in 2 MiB at its first block), else any.
+        let sparse = backing == Backing::Sparse;
+        let spare = self
+            .spare
+            .take_if(n, a, chunk, |s| {
+                one_reg(s) && self.arena.is_sparse(self.base + s * SLAB) == sparse
+            })
+            .or_else(|| self.spare.take_if(n, a, chunk, one_reg));
+        if let Some(s) = spare {
             let start = self.base + s * SLAB;
             match self.reuse(start, len) {
                 Ok(()) => return Some((start, len, true)),
@@ -120,13 +137,13 @@ impl PoolInner {
                 }
             }
         }
-        match self.arena.alloc_run(len, align) {
+        match self.arena.alloc_run_in(len, align, backing) {
             Ok(run) => Some((run.as_ptr() as usize, run.len(), true)),
             Err(crate::arena::Error::ReservationFull { .. }) if !retried => {
                 // Every reservation is used: freed slabs the purge delay still keeps become
                 // spare (purged now), and may hold the run.
                 self.purge_idle(true);
-                self.fresh_run_once(len, align, true)
+                self.fresh_run_once(len, align, backing, true)
             }
             Err(e) => {
                 self.count_failure(&e);

@@ -23,7 +23,9 @@ impl Arena {
     /// Prefetch a run just committed or revived, if its region (`id`) is an ODP region.
     pub(crate) fn prefetch_fresh(&self, id: Option<u32>, addr: usize, len: usize) {
         let Some(id) = id else { return };
-        if self.device_dead() {
+        // A sparse slab is touched a block at a time: prefetching it whole would fault in
+        // (and charge) every page of it; the first touch by CPU or NIC faults what is used.
+        if self.device_dead() || self.is_sparse(addr) {
             return;
         }
         let reg = self.table.reg(id);

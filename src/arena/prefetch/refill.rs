@@ -241,7 +241,7 @@ impl Refill {
 fn refill(arena: &Arena, epoch: u64) {
     let me = std::thread::current();
     while arena.ahead().wait_for_room(epoch, &me) {
-        match arena.alloc_fresh(SLAB, SLAB) {
+        match arena.alloc_fresh(SLAB, SLAB, crate::arena::commit::Backing::Dense) {
             Ok(run) => {
                 if !arena.ahead().put(run.as_ptr() as usize) {
                     // Full meanwhile: the run stays committed and unused until the arena
