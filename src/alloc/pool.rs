@@ -397,14 +397,11 @@ impl PoolInner {
     #[cold]
     fn carve(&self, shift: u32) -> Option<&Page> {
         let bytes = 1usize << shift;
-        // Pages smaller than a slab are shared by heaps that each touch a few blocks: 4 KiB
-        // pages under them (`arena/commit.rs`); a page of a whole slab is dense.
-        let backing = if bytes < SLAB {
-            Backing::Sparse
-        } else {
-            Backing::Dense
-        };
-        let (start, run_len, zero) = self.fresh_run(bytes.max(SLAB), bytes.max(SLAB), backing)?;
+        // Pages are shared by heaps that each touch a few of their blocks, and a heap's page
+        // of large blocks (up to a whole slab of eight) touches what the program writes of
+        // them: 4 KiB pages under all of them (`arena/commit.rs`); only large runs are dense.
+        let (start, run_len, zero) =
+            self.fresh_run(bytes.max(SLAB), bytes.max(SLAB), Backing::Sparse)?;
         memcheck::unpoison(start as *mut u8, run_len);
         let granules = bytes >> GRANULE_SHIFT;
         let mut first = None;

@@ -14,7 +14,9 @@
 //! memory) take hugetlb, then transparent huge pages; sparse chunks (slabs cut into pages
 //! smaller than a slab, which many heaps share and each touches a little of) are ordinary
 //! memory advised `MADV_NOHUGEPAGE`, so touching one block faults in — and, pinned, pins —
-//! 4 KiB, not 2 MiB. Only [`Hugepages::Require`] puts sparse chunks on hugetlb too.
+//! 4 KiB, not 2 MiB. Only [`Hugepages::Require`] puts sparse chunks on hugetlb too. Sparse
+//! chunks exist only in a lazy (ODP) arena: pinned slabs are populated and pinned whole, so
+//! small pages would pin as much and cost more faults and NIC translations (`run.rs`).
 //!
 //! Invariant: in a mapped range, slabs `[0, huge_until)` are hugetlb-mapped and slabs
 //! `[huge_until, end)` ordinary; `huge_until` only decreases; a sparse chunk's ordinary slabs

@@ -10,10 +10,11 @@
 //!   another reservation of `reserve` bytes is added right behind (up to the window), so the
 //!   reservation never runs out while the window has room;
 //! - memory is committed in [`SLAB`] (2 MiB) slabs as a growing prefix of a chunk (see
-//!   `commit.rs` for the page kinds: chunks are dense, on huge pages, or sparse, on 4 KiB pages,
-//!   for slabs cut into pages smaller than a slab — [`Arena::alloc_run`] is dense, the pool asks
-//!   for sparse runs, and a run goes to a chunk of the other backing only when the window has
-//!   no room for a chunk of its own), and every committed slab handed out is registered —
+//!   `commit.rs` for the page kinds: chunks are dense, on huge pages, or — in an ODP arena —
+//!   sparse, on 4 KiB pages, for slabs the pool cuts into size-class pages;
+//!   [`Arena::alloc_run`] is dense, and a run goes to a chunk of the other backing only when
+//!   the window has no room for a chunk of its own), and every committed slab handed out is
+//!   registered —
 //!   pinned, or ODP one region per chunk (`register.rs`: [`Registration`], `Auto` and its
 //!   reason) — `LOCAL_WRITE | MW_BIND` only unless [`ArenaConfig::remote`] opts in to more;
 //! - a refused registration falls back to ODP, then to unregistered memory that is counted and

@@ -46,10 +46,10 @@ impl Arena {
         self.alloc_run_in(len, align, Backing::Dense)
     }
 
-    /// [`Arena::alloc_run`] from a chunk mapped for `backing` (`commit.rs`): a sparse run (one
-    /// slab cut into pages smaller than a slab) comes from a chunk of 4 KiB pages and is not
-    /// prefetched whole (its pages are touched a block at a time). Runs of more than a chunk
-    /// are dense.
+    /// [`Arena::alloc_run`] from a chunk mapped for `backing` (`commit.rs`): in an ODP arena a
+    /// sparse run (a slab the pool cuts into size-class pages) comes from a chunk of 4 KiB
+    /// pages and is not prefetched whole (its pages are touched a block at a time). Runs of
+    /// more than a chunk, and every run of a pinned arena, are dense.
     ///
     /// # Errors
     /// As [`Arena::alloc_run`].
@@ -59,6 +59,13 @@ impl Arena {
         align: usize,
         backing: Backing,
     ) -> Result<Run, Error> {
+        // Pinned memory is populated and pinned whole slabs at a time whatever its pages: on
+        // 4 KiB pages it would pin as much, fault 512 times, and cost the NIC 512 translations.
+        let backing = if self.pages.lazy {
+            backing
+        } else {
+            Backing::Dense
+        };
         if len != 0
             && backing == Backing::Dense
             && len <= SLAB

@@ -1,7 +1,9 @@
 //! What a thread keeps: its caches of freed blocks are bounded per class — at most 32 blocks
 //! and no more than 32 KiB of a class (at least one block) — whatever it frees, by sized and
 //! unsized frees alike; its first page of a class holds one block (threads starting at once
-//! share the slab one of them cuts).
+//! share the slab one of them cuts). In an ODP pool its size-class pages are on 4 KiB pages
+//! (a block touched faults in 4 KiB), large runs on huge pages; a pinned pool pins whole slabs
+//! and keeps them all on huge pages.
 
 use super::*;
 use std::alloc::Layout;
@@ -165,7 +167,7 @@ fn mapping_of(addr: usize) -> (u64, String) {
 }
 
 #[test]
-fn small_blocks_live_on_4_kib_pages_and_whole_slab_blocks_on_huge_pages() {
+fn in_an_odp_pool_small_blocks_live_on_4_kib_pages_and_large_ones_on_huge_pages() {
     let pd = Nic::soft().alloc_pd().unwrap();
     // ODP: nothing is populated ahead of a touch, so resident memory is what was touched.
     let pool = Pool::with_config(
@@ -258,6 +260,8 @@ fn a_pool_of_one_chunk_cuts_small_pages_and_whole_slabs_from_it() {
                 reservations: 1,
                 chunk: 1 << 26,
                 hugepages: Hugepages::Transparent,
+                // Sparse chunks are an ODP arena's (pinned slabs are pinned whole).
+                registration: rdma_pool::arena::Registration::Odp,
                 ..Default::default()
             },
         )
@@ -281,4 +285,36 @@ fn a_pool_of_one_chunk_cuts_small_pages_and_whole_slabs_from_it() {
         assert_eq!(pool.live_blocks(), 0);
         assert!(pool.validate());
     }
+}
+
+#[test]
+fn a_pinned_pool_keeps_its_small_blocks_on_huge_pages() {
+    let pd = Nic::soft().alloc_pd().unwrap();
+    let pool = Pool::with_config(
+        &pd,
+        ArenaConfig {
+            reserve: 1 << 30,
+            chunk: 1 << 26,
+            hugepages: Hugepages::Transparent,
+            registration: rdma_pool::arena::Registration::Pinned,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let small = Layout::from_size_align(64, 8).unwrap();
+    let p = pool.alloc(small);
+    assert!(!p.is_null());
+    let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+        .is_ok_and(|s| !s.contains("[never]"));
+    let (_, flags) = mapping_of(p as usize);
+    let arena = pool.stats().alloc.arena;
+    // A pinned slab is populated and pinned whole: 4 KiB pages would pin as much.
+    if thp {
+        assert!(flags.split_whitespace().any(|w| w == "hg"), "{flags}");
+        assert_eq!(arena.slabs_small, 0, "{arena:?}");
+    }
+    assert!(!flags.split_whitespace().any(|w| w == "nh"), "{flags}");
+    // SAFETY: the block allocated above.
+    unsafe { pool.free_sized(p, small) };
+    assert!(pool.validate());
 }
