@@ -148,6 +148,8 @@ struct ChunkState {
     node: u32,
     /// Mapped for [`Backing::Sparse`](commit::Backing::Sparse) runs (`commit.rs`).
     sparse: bool,
+    /// Opened for queue memory (`alloc_unregistered`): never cut for registered runs.
+    queue: bool,
 }
 
 struct State {

@@ -143,7 +143,13 @@ impl Arena {
     /// is [`Hugepages::Require`](super::Hugepages::Require) (`commit.rs`).
     pub(crate) fn is_sparse(&self, addr: usize) -> bool {
         addr.checked_sub(self.base())
-            .and_then(|o| self.slabs.get(o >> super::SLAB_SHIFT))
+            .is_some_and(|o| self.slab_is_sparse(o >> super::SLAB_SHIFT))
+    }
+
+    /// Whether slab `i` lies in a sparse chunk.
+    fn slab_is_sparse(&self, i: usize) -> bool {
+        self.slabs
+            .get(i)
             .is_some_and(|s| s.flags.load(Ordering::Relaxed) & SPARSE != 0)
     }
 
@@ -498,8 +504,12 @@ impl Arena {
                     continue;
                 }
             }
+            // One group is one kind of page of one backing (a spare run may cross chunks).
+            let (kind, sparse) = (self.kind_at(i), self.slab_is_sparse(i));
             let mut e = i + 1;
             while e < first + n
+                && self.kind_at(e) == kind
+                && self.slab_is_sparse(e) == sparse
                 && self.slabs.get(e).is_some_and(|s| {
                     s.state
                         .compare_exchange(PURGED, BUSY, Ordering::AcqRel, Ordering::Acquire)

@@ -59,13 +59,7 @@ impl Arena {
         align: usize,
         backing: Backing,
     ) -> Result<Run, Error> {
-        // Pinned memory is populated and pinned whole slabs at a time whatever its pages: on
-        // 4 KiB pages it would pin as much, fault 512 times, and cost the NIC 512 translations.
-        let backing = if self.pages.lazy {
-            backing
-        } else {
-            Backing::Dense
-        };
+        let backing = self.backing_for(backing);
         if len != 0
             && backing == Backing::Dense
             && len <= SLAB
@@ -82,6 +76,17 @@ impl Arena {
             }
         }
         self.alloc_fresh(len, align, backing)
+    }
+
+    /// The backing a run asking for `backing` gets: sparse only in a lazy (ODP) arena. Pinned
+    /// memory is populated and pinned whole slabs at a time whatever its pages: on 4 KiB pages
+    /// it would pin as much, fault 512 times a slab, and cost the NIC 512 translations.
+    pub(crate) fn backing_for(&self, backing: Backing) -> Backing {
+        if self.pages.lazy {
+            backing
+        } else {
+            Backing::Dense
+        }
     }
 
     /// [`Arena::alloc_run_in`] without the reserve of ready slabs: commit and register now.
@@ -138,6 +143,7 @@ impl Arena {
                             && ch.used < spc
                             && ch.node == node
                             && ch.sparse == sparse
+                            && !ch.queue
                             && fits(ch).is_some()
                     })
                 })?;
@@ -156,8 +162,7 @@ impl Arena {
                     Err(e @ Error::ReservationFull { .. }) => (0..st.next_chunk)
                         .find_map(|c| {
                             let ch = st.chunks.get(c)?;
-                            (ch.used > 0 && ch.node == node && st.queue != Some(c))
-                                .then_some((c, fits(ch)?))
+                            (ch.used > 0 && ch.node == node && !ch.queue).then_some((c, fits(ch)?))
                         })
                         .ok_or(e)?,
                     Err(e) => return Err(e),
@@ -366,6 +371,7 @@ impl Arena {
             ) {
                 Ok(kind) => {
                     ch.used = s + slabs;
+                    ch.queue = true;
                     if fresh {
                         st.queue = Some(c);
                     }
@@ -459,6 +465,7 @@ impl Arena {
                     && !ch.fallback
                     && ch.node == 0
                     && !ch.sparse
+                    && !ch.queue
             }) && !st.open.iter().flatten().any(|&o| o == Some(i))
                 && st.queue != Some(i)
         };
@@ -489,6 +496,7 @@ impl Arena {
             if let Some(ch) = st.chunks.get_mut(i) {
                 ch.node = 0;
                 ch.sparse = false;
+                ch.queue = false;
                 ch.huge_until = 0;
                 ch.used = 0;
             }
@@ -514,6 +522,10 @@ impl Arena {
         add(&self.counters.committed_bytes, slabs as u64 * SLAB as u64);
         add(self.kind_counter(kind), slabs as u64);
         self.set_kind(addr, slabs as usize, kind);
+        if self.is_sparse(addr) {
+            // 4 KiB pages by design: the log below tells where huge pages ran out.
+            return;
+        }
         let prev = self.last_kind.swap(kind.code(), Ordering::Relaxed);
         if prev != kind.code() {
             tracing::info!(

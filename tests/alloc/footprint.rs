@@ -318,3 +318,52 @@ fn a_pinned_pool_keeps_its_small_blocks_on_huge_pages() {
     unsafe { pool.free_sized(p, small) };
     assert!(pool.validate());
 }
+
+#[test]
+fn small_pages_of_an_odp_pool_never_revive_a_purged_huge_page_slab_while_the_arena_has_room() {
+    let pd = Nic::soft().alloc_pd().unwrap();
+    let pool = Pool::with_config(
+        &pd,
+        ArenaConfig {
+            reserve: 1 << 34,
+            chunk: 1 << 28,
+            hugepages: Hugepages::Transparent,
+            registration: rdma_pool::arena::Registration::Odp,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    // A large block freed and purged: its slabs are spare, purged, in a chunk of huge pages.
+    let whole = Layout::from_size_align(8 << 20, 4096).unwrap();
+    let big = pool.alloc(whole);
+    assert!(!big.is_null());
+    // SAFETY: a fresh block of 8 MiB, then freed once.
+    unsafe {
+        big.write_bytes(0x44, whole.size());
+        pool.free_sized(big, whole);
+    }
+    pool.purge();
+    let arena = pool.stats().alloc.arena;
+    assert!(arena.purged_bytes >= 8 << 20, "{arena:?}");
+    // Small blocks come from a fresh sparse chunk, not from those slabs.
+    let small = Layout::from_size_align(64, 8).unwrap();
+    let p = pool.alloc(small);
+    assert!(!p.is_null());
+    let (_, flags) = mapping_of(p as usize);
+    let (_, big_flags) = mapping_of(big as usize);
+    if std::path::Path::new("/sys/kernel/mm/transparent_hugepage/enabled").exists() {
+        assert!(
+            flags.split_whitespace().any(|w| w == "nh"),
+            "small block: {flags}; the purged large block: {big_flags}"
+        );
+        assert_ne!(flags, big_flags);
+    }
+    // SAFETY: the block allocated above.
+    unsafe { pool.free_sized(p, small) };
+    // The large block comes back from its spare slabs.
+    let again = pool.alloc(whole);
+    assert_eq!(again, big);
+    // SAFETY: the block allocated above.
+    unsafe { pool.free_sized(again, whole) };
+    assert!(pool.validate());
+}

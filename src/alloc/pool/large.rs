@@ -118,28 +118,49 @@ impl PoolInner {
                     .arena
                     .one_registration((self.base + s * SLAB) as *const u8, len)
         };
-        // Purged spare slabs fault in anew: of the backing asked for first (a sparse run on a
-        // slab of huge pages would fault in 2 MiB at its first block), else any.
-        let sparse = backing == Backing::Sparse;
-        let spare = self
-            .spare
-            .take_if(n, a, chunk, |s| {
-                one_reg(s) && self.arena.is_sparse(self.base + s * SLAB) == sparse
-            })
-            .or_else(|| self.spare.take_if(n, a, chunk, one_reg));
-        if let Some(s) = spare {
+        // Purged spare slabs fault in anew, so their backing matters: the backing asked for
+        // first (a sparse run on a slab of huge pages would fault in 2 MiB at its first
+        // block), then a fresh run of it, and spare slabs of the other backing only when the
+        // arena is full. A range of spare slabs is taken only where its chunks share one
+        // backing.
+        let backing = self.arena.backing_for(backing);
+        let sparse_at = |i: usize| self.arena.is_sparse(self.base + i * SLAB);
+        let uniform = |s: usize, want: Option<bool>| {
+            let first = sparse_at(s);
+            want.is_none_or(|w| w == first)
+                && (s..s + n)
+                    .step_by(chunk.max(1))
+                    .chain([s + n - 1])
+                    .all(|i| sparse_at(i) == first)
+        };
+        let revive_spare = |want: Option<bool>| {
+            let s = self
+                .spare
+                .take_if(n, a, chunk, |s| one_reg(s) && uniform(s, want))?;
             let start = self.base + s * SLAB;
             match self.reuse(start, len) {
-                Ok(()) => return Some((start, len, true)),
+                Ok(()) => Some((start, len, true)),
                 Err(e) => {
                     self.count_failure(&e);
                     self.spare.put(s, n);
+                    None
                 }
             }
+        };
+        if let Some(run) = revive_spare(Some(backing == Backing::Sparse)) {
+            return Some(run);
         }
         match self.arena.alloc_run_in(len, align, backing) {
             Ok(run) => Some((run.as_ptr() as usize, run.len(), true)),
-            Err(crate::arena::Error::ReservationFull { .. }) if !retried => {
+            Err(crate::arena::Error::ReservationFull { .. }) => {
+                if let Some(run) = revive_spare(None) {
+                    return Some(run);
+                }
+                if retried {
+                    self.failed
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    return None;
+                }
                 // Every reservation is used: freed slabs the purge delay still keeps become
                 // spare (purged now), and may hold the run.
                 self.purge_idle(true);
