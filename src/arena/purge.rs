@@ -504,12 +504,8 @@ impl Arena {
                     continue;
                 }
             }
-            // One group is one kind of page of one backing (a spare run may cross chunks).
-            let (kind, sparse) = (self.kind_at(i), self.slab_is_sparse(i));
             let mut e = i + 1;
             while e < first + n
-                && self.kind_at(e) == kind
-                && self.slab_is_sparse(e) == sparse
                 && self.slabs.get(e).is_some_and(|s| {
                     s.state
                         .compare_exchange(PURGED, BUSY, Ordering::AcqRel, Ordering::Acquire)
@@ -575,7 +571,9 @@ impl Arena {
         }
         let registered = self.table.reg_at(s);
         add(&self.counters.committed_bytes, len as u64);
-        add(self.kind_counter(kind), (e - s) as u64);
+        // Per slab: a run revived whole may hold slabs of several kinds (runs committed apart,
+        // purged into one spare range), each counted as what it is.
+        (s..e).for_each(|i| add(self.kind_counter(self.kind_at(i)), 1));
         if let Some(id) = registered {
             // An ODP region kept its slabs: the purge dropped their pages, fault them back.
             add(&self.counters.registered_bytes, len as u64);
@@ -592,7 +590,7 @@ impl Arena {
                 // SAFETY: nothing lives in the slabs yet.
                 let _ = unsafe { os::madvise(addr as *mut u8, len, libc::MADV_DONTNEED) };
                 sub(&self.counters.committed_bytes, len as u64);
-                sub(self.kind_counter(kind), (e - s) as u64);
+                (s..e).for_each(|i| sub(self.kind_counter(self.kind_at(i)), 1));
                 return Err(err);
             }
         }
