@@ -16,7 +16,9 @@
 //! memory advised `MADV_NOHUGEPAGE`, so touching one block faults in — and, pinned, pins —
 //! 4 KiB, not 2 MiB. Only [`Hugepages::Require`] puts sparse chunks on hugetlb too. Sparse
 //! chunks exist only in a lazy (ODP) arena: pinned slabs are populated and pinned whole, so
-//! small pages would pin as much and cost more faults and NIC translations (`run.rs`).
+//! small pages would pin as much and cost more faults and NIC translations (`run.rs`). A pinned
+//! rail on an ODP arena (`rails/`) pins a sparse slab whole, on 4 KiB pages: as many bytes as
+//! on a huge page, with more translations on that device.
 //!
 //! Invariant: in a mapped range, slabs `[0, huge_until)` are hugetlb-mapped and slabs
 //! `[huge_until, end)` ordinary; `huge_until` only decreases; a sparse chunk's ordinary slabs
