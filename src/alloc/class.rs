@@ -6,10 +6,12 @@
 //! `page_shift(c)` is the smallest power of two of at least 64 KiB that holds eight blocks, and
 //! at most one 2 MiB slab (which holds at least two blocks of any class): a thread's page of a
 //! large class never pins more than a slab. That is the *dense* page; a heap's first page of a
-//! class is sized to its demand (`page_shift_for`): the smallest power of two of at least
-//! 64 KiB that holds one block — a thread holding one 200 KiB block holds a 256 KiB page, not
-//! 2 MiB. Its next pages of the class are dense (one step, not a doubling ramp: every page
-//! size a heap passes through cuts a slab of its own, shared with other heaps).
+//! class is sized to its demand (`page_shift_for`): one 4 KiB granule for blocks up to 1 KiB
+//! (a thread holding a few 48-byte blocks holds 4 KiB, not 64 KiB), else the smallest power of
+//! two of at least 64 KiB that holds one block — a thread holding one 200 KiB block holds a
+//! 256 KiB page, not 2 MiB. Its next pages of the class are dense (one step, not a doubling
+//! ramp: every page size a heap passes through cuts a slab of its own, shared with other heaps,
+//! and in pinned mode pinned whole and registered as one more region).
 
 /// Largest size served from size-class pages; larger blocks are slab runs.
 pub const MAX_SMALL: usize = 1 << 20;
@@ -17,8 +19,11 @@ pub const MAX_SMALL: usize = 1 << 20;
 /// Number of size classes.
 pub const CLASSES: usize = 8 + 8 * 14;
 
-/// log2 of the smallest page (64 KiB): the granule of the page table.
-pub(crate) const GRANULE_SHIFT: u32 = 16;
+/// log2 of the smallest page (4 KiB): the granule of the page table (one 128-byte descriptor
+/// per granule, written only for carved pages: 3% of a slab cut into pages).
+pub(crate) const GRANULE_SHIFT: u32 = 12;
+/// log2 of the smallest dense page (64 KiB): a heap's second and later pages of a class.
+pub(crate) const DENSE_SHIFT: u32 = 16;
 
 /// Sizes up to this are classed by one table load ([`SMALL_CLASS`]).
 pub(crate) const TABLE_MAX: usize = 1024;
@@ -142,26 +147,35 @@ pub(crate) fn is_block_offset(off: usize, c: usize) -> bool {
 /// log2 of the page size for class `c`.
 pub(crate) const fn page_shift(c: usize) -> u32 {
     let want = class_size(c) * 8;
-    let mut shift = GRANULE_SHIFT;
+    let mut shift = DENSE_SHIFT;
     while (1usize << shift) < want && shift < MAX_PAGE_SHIFT {
         shift += 1;
     }
     shift
 }
 
-/// log2 of the page a heap takes for class `c` while it holds `held` pages of the class: with
-/// none, the smallest that holds one block (at least 64 KiB); else the dense page
-/// ([`page_shift`]).
+/// log2 of the page a heap takes for class `c` while it holds `held` pages of the class.
+/// Blocks up to 1 KiB: one 4 KiB page first (at least four blocks), then the dense page.
+/// Larger blocks: the smallest page of at least 64 KiB that holds one block, then the dense
+/// page ([`page_shift`]). Few page sizes: each one a heap passes through cuts a slab of its
+/// own (shared with other heaps) — pinned whole, and one more region, in pinned mode.
 pub(crate) const fn page_shift_for(c: usize, held: u32) -> u32 {
+    let dense = page_shift(c);
     if held > 0 {
-        return page_shift(c);
+        return dense;
     }
-    let mut shift = GRANULE_SHIFT;
+    if class_size(c) <= FIRST_SMALL_MAX {
+        return GRANULE_SHIFT;
+    }
+    let mut shift = DENSE_SHIFT;
     while (1usize << shift) < class_size(c) {
         shift += 1;
     }
-    shift
+    if shift < dense { shift } else { dense }
 }
+
+/// Classes whose first page in a heap is one 4 KiB granule.
+const FIRST_SMALL_MAX: usize = 1 << 10;
 
 /// log2 of the largest page: one arena slab.
 pub(crate) const MAX_PAGE_SHIFT: u32 = crate::arena::SLAB_SHIFT;
@@ -233,20 +247,27 @@ mod tests {
     }
 
     #[test]
-    fn a_heaps_first_page_of_a_class_holds_one_block_the_next_are_dense() {
+    fn a_heaps_first_page_of_a_class_is_small_the_next_are_dense() {
         for c in 0..CLASSES {
             let first = 1usize << page_shift_for(c, 0);
-            assert!(first >= class_size(c) && (first == 64 << 10 || first < 2 * class_size(c)));
+            assert!(first >= 4 * class_size(c).min(1024), "class {c}");
+            assert!(
+                first == 4 << 10 || first == 64 << 10 || first < 2 * class_size(c),
+                "class {c}"
+            );
             assert!(page_shift_for(c, 0) <= page_shift(c), "class {c}");
             for held in 1..300 {
-                assert_eq!(page_shift_for(c, held), page_shift(c));
+                assert_eq!(page_shift_for(c, held), page_shift(c), "class {c}");
             }
         }
         // A 200 KiB block: a 256 KiB page, then the dense 2 MiB page.
         let c = class_of_computed(200 << 10);
         assert_eq!((page_shift_for(c, 0), page_shift_for(c, 1)), (18, 21));
-        // Small classes: 64 KiB either way.
-        assert_eq!((page_shift_for(3, 0), page_shift_for(3, 1)), (16, 16));
+        // 32-byte blocks: 4 KiB, then 64 KiB.
+        assert_eq!((page_shift_for(3, 0), page_shift_for(3, 1)), (12, 16));
+        // 4 KiB blocks: 64 KiB pages from the first.
+        let c = class_of_computed(4 << 10);
+        assert_eq!((page_shift_for(c, 0), page_shift_for(c, 1)), (16, 16));
     }
 
     #[test]

@@ -4,8 +4,8 @@
 //!
 //! Contract:
 //! - blocks up to [`MAX_SMALL`] (1 MiB, and aligned up to 1 MiB) come from pages of one size
-//!   class owned by a thread's heap, carved from arena runs (pages of 64 KiB to one 2 MiB slab,
-//!   at least two blocks each); larger ones are whole slab runs; either way a block never
+//!   class owned by a thread's heap, carved from arena runs (pages of 4 KiB to one 2 MiB slab,
+//!   at least one block each); larger ones are whole slab runs; either way a block never
 //!   straddles two registrations, so `keys_of(ptr)` describes it whole;
 //! - same-thread `alloc`/`free` touch only the thread's heap and the page, with plain loads and
 //!   stores; a free from another thread is one CAS onto the page's `thread_free`, collected by

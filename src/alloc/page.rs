@@ -1,4 +1,4 @@
-//! Pages: a run of 64 KiB granules cut into blocks of one size class, with a free list for its
+//! Pages: a run of 4 KiB granules cut into blocks of one size class, with a free list for its
 //! owning heap and a lock-free list for frees from other threads.
 //!
 //! Contract: one descriptor per granule of the arena, in a table indexed by

@@ -29,7 +29,7 @@ mod large;
 
 const R: Ordering = Ordering::Relaxed;
 
-/// Distinct page sizes: 64 KiB .. 2 MiB.
+/// Distinct page sizes: 4 KiB .. 2 MiB.
 const PAGE_SIZES: usize = (super::class::MAX_PAGE_SHIFT - GRANULE_SHIFT + 1) as usize;
 
 /// Freed large runs are kept in lists by slab count up to this; longer runs share one list.
@@ -243,8 +243,9 @@ impl PoolInner {
         let base = arena.base();
         let reserve = arena.window();
         // SAFETY: all-zero descriptors are UNUSED granules; all-zero heaps are unclaimed and
-        // uninitialised.
-        let pages = unsafe { MmapArray::zeroed(reserve >> GRANULE_SHIFT)? };
+        // uninitialised. Descriptors point only at pool memory and heaps (never at a block of
+        // the system allocator): the leak checker need not scan them.
+        let pages = unsafe { MmapArray::zeroed_unscanned(reserve >> GRANULE_SHIFT)? };
         let heaps = Heaps::new()?;
         let table = PageTable {
             base,
@@ -464,11 +465,23 @@ impl PoolInner {
     /// Walk the head descriptors of every carved page and run (statistics, teardown).
     pub(crate) fn for_each_head(&self, mut f: impl FnMut(&Page)) {
         let span = self.arena.span().min(self.reserve);
-        for i in 0..span >> GRANULE_SHIFT {
-            if let Some(d) = self.pages.get(i) {
-                match d.kind.load(Ordering::Acquire) {
-                    UNUSED | TAIL => {}
-                    _ => f(d),
+        let per_slab = 1usize << (SLAB_SHIFT - GRANULE_SHIFT);
+        for s in 0..span >> SLAB_SHIFT {
+            // Pages and runs are cut from slab-aligned runs: a slab whose first granule is
+            // unused holds no head (the inside of a large run, or nothing carved).
+            if self
+                .pages
+                .get(s * per_slab)
+                .is_none_or(|d| d.kind.load(Ordering::Acquire) == UNUSED)
+            {
+                continue;
+            }
+            for i in s * per_slab..(s + 1) * per_slab {
+                if let Some(d) = self.pages.get(i) {
+                    match d.kind.load(Ordering::Acquire) {
+                        UNUSED | TAIL => {}
+                        _ => f(d),
+                    }
                 }
             }
         }

@@ -13,6 +13,11 @@
 //!   revives it (`Arena::revive`) before any block of it is handed out;
 //! - a purge first collects the heaps no thread owns (their threads exited), so that pages
 //!   emptied by frees from other threads since then can go idle;
+//! - every purge pass also gives back the memory of empty pages listed inside slabs still in
+//!   use, where nothing pins it (an ODP arena without rails, slabs of 4 KiB pages:
+//!   `Arena::discard_free`): the page stays listed, marked `fresh` (zero), and is given back
+//!   once per use. So a few live blocks keep their own pages, not a slab of pages freed around
+//!   them; a pinned pool keeps such pages (its regions pin whole slabs);
 //! - `small_free[slab]` counts the empty pages of a small-page slab that sit in the free list;
 //!   it changes only under that list's lock, so a purge that finds it full under the lock and
 //!   takes the slab's pages out of the list holds every page of the slab.
@@ -70,6 +75,8 @@ pub(crate) struct Idle {
     /// Passes that found heaps of exited threads still holding pages since a thread last
     /// exited: the next look waits `delay << min(rounds, COLLECT_BACKOFF)`.
     collect_rounds: AtomicU32,
+    /// Bytes of free pages inside slabs in use given back (`discard_free_pages`).
+    pub(crate) discarded: AtomicU64,
 }
 
 /// The most a look for pages of exited threads is put off: `max(delay, COLLECT_FLOOR) << 6`.
@@ -97,6 +104,7 @@ impl Idle {
             clock,
             clock_users: AtomicU64::new(0),
             collect_rounds: AtomicU32::new(0),
+            discarded: AtomicU64::new(0),
         })
     }
 
@@ -255,6 +263,7 @@ impl PoolInner {
         // Small-page slabs first: one walk per free list takes out every due slab's pages.
         for shift in GRANULE_SHIFT..SLAB_SHIFT {
             purged += self.purge_small(shift, cutoff);
+            self.discard_free_pages(shift);
         }
         for s in 0..slabs {
             let Some(t) = self.idle.idle.get(s).map(|t| t.load(Ordering::SeqCst)) else {
@@ -353,11 +362,13 @@ impl PoolInner {
             full && t != 0 && t != HANDLED && t <= cutoff
         });
         let mut purged = 0;
+        let (mut lo, mut hi) = (usize::MAX, 0);
         let mut p = chain;
         while !p.is_null() {
             // SAFETY: descriptors of the chain live in the page table.
             let page = unsafe { &*p };
             let slab = page.start.load(R) & !(SLAB - 1);
+            (lo, hi) = (lo.min(slab), hi.max(slab));
             let t = self
                 .idle
                 .idle
@@ -382,22 +393,52 @@ impl PoolInner {
             }
             p = next;
         }
-        // Slabs purged whole leave their page size: any later run may take them. Each is
-        // handled at its first page (whose descriptor, like every other of the slab, the
-        // reset clears: later pages of a slab already made spare read start 0).
-        let mut p = chain;
-        while !p.is_null() {
-            // SAFETY: as above.
-            let page = unsafe { &*p };
-            let next = page.next.load(R);
-            let start = page.start.load(R);
-            if start != 0 && start % SLAB == 0 && self.slab_mark(start) == PURGED_WHOLE {
-                self.make_spare(start, SLAB);
-                self.mark_slab(start, HANDLED);
+        // Slabs purged whole leave their page size: any later run may take them. Found by
+        // their marks, not through the chain: making a slab spare resets (zeroes) all its
+        // descriptors, the chain's links among them.
+        if lo <= hi {
+            for slab in (lo..=hi).step_by(SLAB) {
+                if self.slab_mark(slab) == PURGED_WHOLE {
+                    self.make_spare(slab, SLAB);
+                    self.mark_slab(slab, HANDLED);
+                }
             }
-            p = next;
         }
         purged
+    }
+
+    /// Give back the memory of the listed pages of `1 << shift` bytes in slabs that are
+    /// still in use (a slab with every page free goes whole, after the delay): in an ODP
+    /// arena a few live blocks then keep their own 4 KiB pages, not a slab of pages freed
+    /// around them (`Arena::discard_free`). A page given back is `fresh` (zero) again; one
+    /// that is fresh already is left alone, so each is given back once per use.
+    fn discard_free_pages(&self, shift: u32) {
+        if cfg!(feature = "memcheck") || !self.arena.discards_free() {
+            return;
+        }
+        let per_slab = 1u32 << (SLAB_SHIFT - shift);
+        let list = self.page_list(shift);
+        let chain = list.take_all_if(|p| {
+            let start = p.start.load(R);
+            let whole = self
+                .idle
+                .small_free
+                .get(self.slab_of(start))
+                .is_some_and(|n| n.load(R) == per_slab);
+            !p.fresh.load(R) && !whole && self.arena.is_sparse(start)
+        });
+        let mut p = chain;
+        while !p.is_null() {
+            // SAFETY: descriptors of the chain live in the page table.
+            let page = unsafe { &*p };
+            let next = page.next.load(R);
+            if self.arena.discard_free(page.start.load(R), 1 << shift) {
+                page.fresh.store(true, R);
+                self.idle.discarded.fetch_add(1 << shift, R);
+            }
+            list.push(page);
+            p = next;
+        }
     }
 
     fn slab_mark(&self, slab: usize) -> u64 {

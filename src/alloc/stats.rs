@@ -41,6 +41,10 @@ pub struct PoolStats {
     /// Bytes of purged slabs that any later page or large run takes before fresh address
     /// space (what freed memory was cut into before does not matter).
     pub spare_bytes: u64,
+    /// Bytes of free pages inside slabs still in use given back to the system (ODP arenas
+    /// without rails, slabs of 4 KiB pages: a few live blocks keep their own pages, not the
+    /// slab of pages freed around them). Counted each time; a page is given back once per use.
+    pub discarded_bytes: u64,
     /// Allocations refused because the arena could not grow (reservation, memlock, NIC).
     pub failed_allocations: u64,
     /// Heaps ever created: at most the number of threads that used the pool at one time
@@ -106,6 +110,10 @@ impl PoolInner {
             large_cached_bytes: self.large_cached.load(Relaxed) as u64,
             empty_pages,
             spare_bytes: (self.spare.count() * crate::arena::SLAB) as u64,
+            discarded_bytes: self
+                .idle
+                .discarded
+                .load(std::sync::atomic::Ordering::Relaxed),
             failed_allocations: self.failed.load(Relaxed),
             heaps_created: self.heaps.top() as u64,
             heap_claims: self.heaps.claims(),

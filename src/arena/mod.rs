@@ -50,6 +50,7 @@
 mod commit;
 pub(crate) use commit::Backing;
 mod config;
+mod discard;
 mod env;
 mod error;
 mod events;

@@ -25,20 +25,20 @@
 use super::commit::Backing;
 use super::commit::PageKind;
 use super::stats::{add, sub};
-use super::{Arena, Error, Hugepages, RegMode, SLAB, SLAB_SHIFT};
+use super::{Arena, Error, Hugepages, SLAB, SLAB_SHIFT};
 use crate::sys::os;
 use crate::sys::provision::{self, Provisioning};
 use std::sync::atomic::{AtomicU8, Ordering};
 
-const LIVE: u8 = 0;
+pub(super) const LIVE: u8 = 0;
 const PURGED: u8 = 1;
 const BUSY: u8 = 2;
 
 /// One slab's purge state and page kind (all-zero: live, kind unknown).
 #[derive(Default)]
 pub(crate) struct SlabInfo {
-    state: AtomicU8,
-    kind: AtomicU8,
+    pub(super) state: AtomicU8,
+    pub(super) kind: AtomicU8,
     /// [`RUN_HEAD`], [`QUEUE`]: where runs start, what no region may cover (`rails/`).
     pub(super) flags: AtomicU8,
 }
@@ -64,41 +64,6 @@ enum Unregistered {
 }
 
 impl Arena {
-    /// Zero `[addr, addr + len)` of a run being handed out again (`calloc` of a reused block)
-    /// by dropping its pages (`MADV_DONTNEED`: the kernel gives zero pages at the next touch)
-    /// instead of writing them: a reused block of gigabytes then costs no memory until used.
-    /// Only where nothing pins the pages and no page is hugetlb (whose first touch could then
-    /// find the hugetlb pool empty): an ODP arena without rails. False (nothing done) elsewhere
-    /// or for a short range: the caller writes the zeros.
-    pub(crate) fn zero_by_discard(&self, addr: usize, len: usize) -> bool {
-        const MIN: usize = 1 << 20;
-        if len < MIN || self.mode != RegMode::Odp || self.rails.any() {
-            return false;
-        }
-        let first = self.slab_index(addr);
-        let slabs = len.div_ceil(SLAB);
-        let plain = (first..first + slabs).all(|i| {
-            self.slabs.get(i).is_some_and(|s| {
-                let k = s.kind.load(Ordering::Relaxed);
-                k == PageKind::Thp.code() || k == PageKind::Small.code()
-            })
-        });
-        if !plain {
-            return false;
-        }
-        // SAFETY: no preconditions.
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
-        let whole = len & !(page - 1);
-        // SAFETY: the run's pages, about to be handed out and used by nobody: the caller
-        // zeroes them; an ODP region follows (the soft NIC is told by `os::madvise`).
-        if unsafe { os::madvise(addr as *mut u8, whole, libc::MADV_DONTNEED) }.is_err() {
-            return false;
-        }
-        // SAFETY: the tail past the whole pages, ours likewise.
-        unsafe { std::ptr::write_bytes((addr + whole) as *mut u8, 0, len - whole) };
-        true
-    }
-
     pub(crate) fn set_kind(&self, addr: usize, slabs: usize, kind: PageKind) {
         let first = self.slab_index(addr);
         for i in first..first + slabs {

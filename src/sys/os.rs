@@ -330,6 +330,8 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
 pub(crate) struct MmapArray<T> {
     ptr: NonNull<T>,
     len: usize,
+    /// Registered with the leak checker as a root region (see [`lsan_root`]).
+    scanned: bool,
     _own: PhantomData<T>,
 }
 
@@ -344,6 +346,22 @@ impl<T> MmapArray<T> {
     /// # Safety
     /// The all-zero bit pattern is a valid `T`.
     pub(crate) unsafe fn zeroed(len: usize) -> Result<Self, i32> {
+        // SAFETY: forwarded.
+        unsafe { Self::zeroed_scanned(len, true) }
+    }
+
+    /// [`MmapArray::zeroed`] for a table whose pointers lead only into memory the pool maps
+    /// itself (never to a block of the system allocator): the leak checker does not scan it
+    /// (the page table spans 1/32 of the window, tens of GiB of untouched address space).
+    ///
+    /// # Safety
+    /// As [`MmapArray::zeroed`].
+    pub(crate) unsafe fn zeroed_unscanned(len: usize) -> Result<Self, i32> {
+        // SAFETY: forwarded.
+        unsafe { Self::zeroed_scanned(len, false) }
+    }
+
+    unsafe fn zeroed_scanned(len: usize, scanned: bool) -> Result<Self, i32> {
         let bytes = len.checked_mul(size_of::<T>()).ok_or(libc::ENOMEM)?.max(1);
         // SAFETY: a fresh private anonymous mapping (zero-filled by the kernel).
         let p = unsafe {
@@ -359,12 +377,40 @@ impl<T> MmapArray<T> {
         if p == libc::MAP_FAILED {
             return Err(errno());
         }
-        lsan_root(p, bytes, true);
+        if scanned {
+            lsan_root(p, bytes, true);
+        }
         Ok(MmapArray {
             ptr: NonNull::new(p.cast()).ok_or(libc::ENOMEM)?,
             len,
+            scanned,
             _own: PhantomData,
         })
+    }
+
+    /// Give the OS pages wholly inside elements `[from, from + n)` back (`MADV_DONTNEED`):
+    /// they read as zero again, and cost no memory until written. True when every byte of
+    /// the range was in such a page and was given back; false leaves it as it was, or zeroed
+    /// in part (the caller then writes what it needs).
+    ///
+    /// # Safety
+    /// No other thread writes those elements meanwhile (a write racing the discard may be
+    /// lost), and the all-zero bit pattern is a valid `T`.
+    pub(crate) unsafe fn discard(&self, from: usize, n: usize) -> bool {
+        let (Some(end), true) = (from.checked_add(n), n > 0) else {
+            return false;
+        };
+        if end > self.len {
+            return false;
+        }
+        let at = self.ptr.as_ptr() as usize + from * size_of::<T>();
+        let bytes = n * size_of::<T>();
+        if at % 4096 != 0 || bytes % 4096 != 0 {
+            return false;
+        }
+        // SAFETY: whole pages of this private anonymous mapping (checked above); the caller
+        // vouches that zeros are valid elements and that nobody writes them meanwhile.
+        unsafe { libc::madvise(at as *mut libc::c_void, bytes, libc::MADV_DONTNEED) == 0 }
     }
 
     /// Element `i`, or `None` past the end.
@@ -405,7 +451,9 @@ impl<T> Drop for MmapArray<T> {
                 self.len,
             ));
             let bytes = (self.len * size_of::<T>()).max(1);
-            lsan_root(self.ptr.as_ptr().cast(), bytes, false);
+            if self.scanned {
+                lsan_root(self.ptr.as_ptr().cast(), bytes, false);
+            }
             libc::munmap(self.ptr.as_ptr().cast(), bytes);
         }
     }

@@ -12,6 +12,7 @@ mod medium;
 mod model;
 mod purge;
 mod reclaim;
+mod small_pages;
 mod teardown;
 mod threads;
 

@@ -219,6 +219,21 @@ impl PoolInner {
 
     /// Reset the descriptors of `[start, start + len)` (whole slabs out of every list).
     pub(super) fn forget(&self, start: usize, len: usize) {
+        // Whole slabs' descriptors (64 KiB of table per slab of 4 KiB granules) go back to
+        // the OS, zero (`UNUSED`) again: a purged slab keeps no resident table behind.
+        // SAFETY: the slabs are out of every list and nothing in them is handed out, so
+        // nothing writes their descriptors meanwhile (a grant counter is 0: a granted block
+        // is live or parked, never in a spare slab); all-zero descriptors are `UNUSED`.
+        let discarded = unsafe {
+            self.pages
+                .discard((start - self.base) >> GRANULE_SHIFT, len >> GRANULE_SHIFT)
+        };
+        if let Some(n) = self.idle.small_free.get((start - self.base) / SLAB) {
+            n.store(0, R);
+        }
+        if discarded {
+            return;
+        }
         for at in (start..start + len).step_by(1 << GRANULE_SHIFT) {
             let d = self.desc(at);
             // Descriptors nothing ever wrote (the inside of a large run) stay untouched: a
