@@ -101,6 +101,15 @@ impl List {
         self.unlink(take, false, |_| ())
     }
 
+    /// [`List::take_all_if`], running `then` on each page taken, under the lock.
+    pub(crate) fn take_all_then(
+        &self,
+        take: impl Fn(&Page) -> bool,
+        then: impl FnMut(&Page),
+    ) -> *mut Page {
+        self.unlink(take, false, then)
+    }
+
     /// Pop the first page for which `fits` holds.
     pub(crate) fn pop_if(&self, fits: impl Fn(&Page) -> bool) -> Option<&Page> {
         self.pop_if_then(fits, |_| ())
@@ -300,7 +309,7 @@ impl PoolInner {
 
     /// The free-page counter of the small-page slab holding `page` (`purge.rs`), for pages
     /// smaller than a slab.
-    fn small_free(&self, page: &Page) -> Option<&AtomicU32> {
+    pub(super) fn small_free(&self, page: &Page) -> Option<&AtomicU32> {
         if u32::from(page.shift.load(R)) >= SLAB_SHIFT {
             return None;
         }
@@ -380,7 +389,7 @@ impl PoolInner {
 
     /// Put an empty page on the free list of its size; a slab whose pages are then all listed
     /// (or a page of a slab or more) becomes idle.
-    fn list_page(&self, page: &Page) {
+    pub(super) fn list_page(&self, page: &Page) {
         let shift = u32::from(page.shift.load(R));
         let start = page.start.load(R);
         let idle = self

@@ -418,15 +418,21 @@ impl PoolInner {
         }
         let per_slab = 1u32 << (SLAB_SHIFT - shift);
         let list = self.page_list(shift);
-        let chain = list.take_all_if(|p| {
-            let start = p.start.load(R);
-            let whole = self
-                .idle
-                .small_free
-                .get(self.slab_of(start))
-                .is_some_and(|n| n.load(R) == per_slab);
-            !p.fresh.load(R) && !whole && self.arena.is_sparse(start)
-        });
+        // Taken out of the list and out of their slabs' counts (under the list's lock), so
+        // that no purge or steal finds their slab wholly listed while they are out; put back
+        // as any empty page is (`list_page`: counted, and the slab idle if it is then whole).
+        let chain = list.take_all_then(
+            |p| {
+                let start = p.start.load(R);
+                let whole = self.small_free(p).is_some_and(|n| n.load(R) == per_slab);
+                !p.fresh.load(R) && !whole && self.arena.is_sparse(start)
+            },
+            |p| {
+                if let Some(n) = self.small_free(p) {
+                    n.fetch_sub(1, R);
+                }
+            },
+        );
         let mut p = chain;
         while !p.is_null() {
             // SAFETY: descriptors of the chain live in the page table.
@@ -436,7 +442,7 @@ impl PoolInner {
                 page.fresh.store(true, R);
                 self.idle.discarded.fetch_add(1 << shift, R);
             }
-            list.push(page);
+            self.list_page(page);
             p = next;
         }
     }
