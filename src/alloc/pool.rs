@@ -485,13 +485,20 @@ impl PoolInner {
             {
                 continue;
             }
-            for i in s * per_slab..(s + 1) * per_slab {
-                if let Some(d) = self.pages.get(i) {
-                    match d.kind.load(Ordering::Acquire) {
-                        UNUSED | TAIL => {}
-                        _ => f(d),
-                    }
+            let mut i = s * per_slab;
+            while i < (s + 1) * per_slab {
+                let Some(d) = self.pages.get(i) else { break };
+                let kind = d.kind.load(Ordering::Acquire);
+                if kind != UNUSED && kind != TAIL {
+                    f(d);
                 }
+                // A page's tails hold no head: skip them.
+                let shift = u32::from(d.shift.load(R));
+                i += if kind == SMALL && (GRANULE_SHIFT..=SLAB_SHIFT).contains(&shift) {
+                    1 << (shift - GRANULE_SHIFT)
+                } else {
+                    1
+                };
             }
         }
     }

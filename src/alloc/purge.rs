@@ -425,7 +425,10 @@ impl PoolInner {
             |p| {
                 let start = p.start.load(R);
                 let whole = self.small_free(p).is_some_and(|n| n.load(R) == per_slab);
-                !p.fresh.load(R) && !whole && self.arena.is_sparse(start)
+                !p.fresh.load(R)
+                    && !whole
+                    && self.arena.is_sparse(start)
+                    && self.arena.may_discard_in(start)
             },
             |p| {
                 if let Some(n) = self.small_free(p) {

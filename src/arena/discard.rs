@@ -60,20 +60,33 @@ impl Arena {
         }
         let first = self.slab_index(addr);
         let last = self.slab_index(addr + len - 1);
-        let small = (first..=last).all(|i| {
-            self.slabs.get(i).is_some_and(|s| {
-                s.kind.load(Ordering::Relaxed) == PageKind::Small.code()
-                    && s.state.load(Ordering::Relaxed) == LIVE
-            })
-        });
+        if !(first..=last).all(|i| self.slab_discardable(i)) {
+            return false;
+        }
         // SAFETY: the caller's free pages of live ODP slabs; the soft NIC is told
         // (`os::madvise`), a hardware ODP region follows the mapping.
-        small && unsafe { os::madvise(addr as *mut u8, len, libc::MADV_DONTNEED) }.is_ok()
+        unsafe { os::madvise(addr as *mut u8, len, libc::MADV_DONTNEED) }.is_ok()
     }
 
-    /// Whether [`Arena::discard_free`] may give pages back here at all (an ODP arena without
-    /// rails).
+    /// Whether [`Arena::discard_free`] may give pages back here at all: an ODP arena without
+    /// rails, on a kernel of 4 KiB pages (a larger OS page would take neighbours along).
     pub(crate) fn discards_free(&self) -> bool {
-        self.mode == RegMode::Odp && !self.rails.any()
+        // SAFETY: no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        self.mode == RegMode::Odp && !self.rails.any() && page == 4096
+    }
+
+    /// Whether the slab holding `addr` is one whose free pages [`Arena::discard_free`] gives
+    /// back (live, on 4 KiB pages), in an arena where it may.
+    pub(crate) fn may_discard_in(&self, addr: usize) -> bool {
+        addr.checked_sub(self.base())
+            .is_some_and(|o| self.slab_discardable(o >> super::SLAB_SHIFT))
+    }
+
+    fn slab_discardable(&self, i: usize) -> bool {
+        self.slabs.get(i).is_some_and(|s| {
+            s.kind.load(Ordering::Relaxed) == PageKind::Small.code()
+                && s.state.load(Ordering::Relaxed) == LIVE
+        })
     }
 }

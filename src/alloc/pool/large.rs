@@ -196,7 +196,7 @@ impl PoolInner {
             });
             if !chain.is_null() {
                 let slab = chosen.get();
-                self.forget(slab, SLAB);
+                self.forget(slab, SLAB, false);
                 return Some(slab);
             }
         }
@@ -205,7 +205,7 @@ impl PoolInner {
             .find_map(|i| self.large_free[i].pop_if(|p| p.large_len.load(R) >= SLAB))?;
         let (start, len) = (run.start.load(R), run.large_len.load(R));
         self.large_cached.fetch_sub(SLAB, R);
-        self.forget(start, SLAB);
+        self.forget(start, SLAB, false);
         if len > SLAB {
             let rest = self.desc(start + SLAB);
             rest.start.store(start + SLAB, R);
@@ -218,16 +218,18 @@ impl PoolInner {
     }
 
     /// Reset the descriptors of `[start, start + len)` (whole slabs out of every list).
-    pub(super) fn forget(&self, start: usize, len: usize) {
-        // Whole slabs' descriptors (64 KiB of table per slab of 4 KiB granules) go back to
-        // the OS, zero (`UNUSED`) again: a purged slab keeps no resident table behind.
+    pub(super) fn forget(&self, start: usize, len: usize, spare: bool) {
+        // A spare slab's descriptors (64 KiB of table per slab of 4 KiB granules) go back to
+        // the OS, zero (`UNUSED`) again: a purged slab keeps no resident table behind. A slab
+        // reused at once (stolen) is reset in place: it is cut anew right away.
         // SAFETY: the slabs are out of every list and nothing in them is handed out, so
         // nothing writes their descriptors meanwhile (a grant counter is 0: a granted block
         // is live or parked, never in a spare slab); all-zero descriptors are `UNUSED`.
-        let discarded = unsafe {
-            self.pages
-                .discard((start - self.base) >> GRANULE_SHIFT, len >> GRANULE_SHIFT)
-        };
+        let discarded = spare
+            && unsafe {
+                self.pages
+                    .discard((start - self.base) >> GRANULE_SHIFT, len >> GRANULE_SHIFT)
+            };
         if let Some(n) = self.idle.small_free.get((start - self.base) / SLAB) {
             n.store(0, R);
         }
@@ -262,7 +264,7 @@ impl PoolInner {
     /// Make `[start, start + len)` (whole slabs a purge returned, out of every list) spare:
     /// its descriptors forget what it was cut into.
     pub(in crate::alloc) fn make_spare(&self, start: usize, len: usize) {
-        self.forget(start, len);
+        self.forget(start, len, true);
         self.spare.put((start - self.base) / SLAB, len / SLAB);
     }
 
