@@ -5,7 +5,8 @@
 //! dropping does not split a huge page or empty the hugetlb pool (slabs of 4 KiB pages, or
 //! THP for whole runs). The pages read as zero at their next touch, by the CPU or, faulted
 //! in, by the NIC (the soft NIC is told through `os::madvise`). The slabs stay `LIVE` and
-//! registered: keys keep their meaning.
+//! registered: keys keep their meaning. A rail attached meanwhile waits for the drop to
+//! finish before it pins anything (`Rails::without_rails`).
 
 use super::commit::PageKind;
 use super::purge::LIVE;
@@ -40,8 +41,12 @@ impl Arena {
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
         let whole = len & !(page - 1);
         // SAFETY: the run's pages, about to be handed out and used by nobody: the caller
-        // zeroes them; an ODP region follows (the soft NIC is told by `os::madvise`).
-        if unsafe { os::madvise(addr as *mut u8, whole, libc::MADV_DONTNEED) }.is_err() {
+        // zeroes them; an ODP region follows (the soft NIC is told by `os::madvise`), and no
+        // rail pins them meanwhile (`without_rails`).
+        let dropped = self.rails.without_rails(|| unsafe {
+            os::madvise(addr as *mut u8, whole, libc::MADV_DONTNEED).is_ok()
+        });
+        if !dropped {
             return false;
         }
         // SAFETY: the tail past the whole pages, ours likewise.
@@ -64,8 +69,11 @@ impl Arena {
             return false;
         }
         // SAFETY: the caller's free pages of live ODP slabs; the soft NIC is told
-        // (`os::madvise`), a hardware ODP region follows the mapping.
-        unsafe { os::madvise(addr as *mut u8, len, libc::MADV_DONTNEED) }.is_ok()
+        // (`os::madvise`), a hardware ODP region follows the mapping, and no rail pins them
+        // meanwhile (`without_rails`).
+        self.rails.without_rails(|| unsafe {
+            os::madvise(addr as *mut u8, len, libc::MADV_DONTNEED).is_ok()
+        })
     }
 
     /// Whether [`Arena::discard_free`] may give pages back here at all: an ODP arena without

@@ -5,7 +5,7 @@ use super::*;
 use rdma_pool::arena::{ModeReason, Registration};
 use rdma_pool::nic::soft::SoftConfig;
 
-fn no_odp() -> SoftConfig {
+pub fn no_odp() -> SoftConfig {
     SoftConfig {
         odp: false,
         implicit_odp: false,

@@ -8,6 +8,7 @@
 mod common;
 
 mod degrade;
+mod discard;
 
 use allocator_api2::vec::Vec as AVec;
 use common::*;

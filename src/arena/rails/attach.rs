@@ -99,6 +99,15 @@ impl Arena {
         // lock and registers it on this rail too.
         slot.pd.store(pd.id(), Ordering::SeqCst);
         fence(Ordering::SeqCst);
+        // No page is being given back under what this rail is about to pin (see the module
+        // contract): a discard that missed the rail finishes first.
+        if !self.rails.discards_drained() {
+            slot.pd.store(0, Ordering::SeqCst);
+            held.conf_mut(r).pd = None;
+            return Err(Error::Busy(
+                "pages of the arena were being given back for over 2 s",
+            ));
+        }
         // Register what is in use: units are runs (broken at run heads and at slabs not in
         // use), so every block lies in one region.
         let n = self.span() >> SLAB_SHIFT;
@@ -153,7 +162,6 @@ impl Arena {
             .ok_or(Error::InvalidArgument("PD not attached"))?;
         let slot = &self.rails.slots[r];
         slot.device.store(0, Ordering::Release);
-        slot.pd.store(0, Ordering::Release);
         let mut first_err = None;
         if let Some(t) = slot.tables.get() {
             // SAFETY: the rails' lock excludes every other writer; grants on this rail hold
@@ -173,6 +181,9 @@ impl Arena {
                 }
             }
         }
+        // Published free only now: pages are given back (`discard.rs`) only while no rail is
+        // attached, and this rail's pinned regions held pages until the clear above.
+        slot.pd.store(0, Ordering::SeqCst);
         for v in [
             &slot.c.registered_bytes,
             &slot.c.unregistered_bytes,

@@ -20,6 +20,10 @@
 //!   a region wholly inside the purged slabs is deregistered; one that also covers live slabs
 //!   is split while its keys were never handed out, else the purge of those slabs is refused;
 //!   a revival registers them again; ODP rail regions stay, like the arena's own;
+//! - pages of the arena are given back (`discard.rs`) only while no rail is attached: a
+//!   discard counts itself in `discarding` and then looks for rails, an attach publishes its
+//!   rail and then waits for `discarding == 0` before it pins anything (both `SeqCst`: one of
+//!   the two sees the other), so no pinned rail region ever holds a page dropped under it;
 //! - one mutex serialises every change to the rails (attach, detach, registration, purge); it
 //!   is held across NIC calls but never together with the arena's state lock, and nothing here
 //!   allocates through the global allocator (tables are mapped from the kernel).
@@ -119,6 +123,8 @@ struct Rail {
 pub(crate) struct Rails {
     lock: ForkLock<()>,
     slots: [Rail; MAX_RAILS],
+    /// Threads giving pages of the arena back right now ([`Rails::without_rails`]).
+    discarding: AtomicUsize,
 }
 
 // SAFETY: `conf` is read and written only under `lock`; everything else is atomic or
@@ -166,6 +172,35 @@ impl Rails {
     /// Whether any rail is attached (one load per slot).
     pub(super) fn any(&self) -> bool {
         self.slots.iter().any(|s| s.pd.load(R) != 0)
+    }
+
+    /// Run `give_back` (which drops pages of the arena) only while no rail is attached, and
+    /// keep any attach from pinning until it returns: false, without running it, when a rail
+    /// is attached. See the module contract for the pairing with [`Arena::attach`].
+    pub(crate) fn without_rails(&self, give_back: impl FnOnce() -> bool) -> bool {
+        struct Out<'a>(&'a AtomicUsize);
+        impl Drop for Out<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        self.discarding.fetch_add(1, Ordering::SeqCst);
+        let _out = Out(&self.discarding);
+        !self.slots.iter().any(|s| s.pd.load(Ordering::SeqCst) != 0) && give_back()
+    }
+
+    /// Wait, after a rail was published, until no thread is inside [`Rails::without_rails`]:
+    /// false after `DISCARD_WAIT` (a thread stopped inside, e.g. by a fork that did not drain).
+    fn discards_drained(&self) -> bool {
+        const DISCARD_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+        let start = std::time::Instant::now();
+        while self.discarding.load(Ordering::SeqCst) != 0 {
+            if start.elapsed() > DISCARD_WAIT {
+                return false;
+            }
+            std::thread::yield_now();
+        }
+        true
     }
 
     /// Drop every rail's regions (the arena is being dropped).
