@@ -5,13 +5,14 @@
 //! `class_size(c) < class_size(c + 1)`; `class_size(class_of(n)) <= n + n / 8` above 64;
 //! `page_shift(c)` is the smallest power of two of at least 64 KiB that holds eight blocks, and
 //! at most one 2 MiB slab (which holds at least two blocks of any class): a thread's page of a
-//! large class never pins more than a slab. That is the *dense* page; a heap's first page of a
-//! class is sized to its demand (`page_shift_for`): one 4 KiB granule for blocks up to 1 KiB
-//! (a thread holding a few 48-byte blocks holds 4 KiB, not 64 KiB), else the smallest power of
-//! two of at least 64 KiB that holds one block — a thread holding one 200 KiB block holds a
-//! 256 KiB page, not 2 MiB. Its next pages of the class are dense (one step, not a doubling
-//! ramp: every page size a heap passes through cuts a slab of its own, shared with other heaps,
-//! and in pinned mode pinned whole and registered as one more region).
+//! large class never pins more than a slab. That is the *dense* page; a heap's first
+//! [`FIRST_SMALL_PAGES`] pages of a class are sized to its demand (`page_shift_for`): one 4 KiB
+//! granule for blocks up to 1 KiB (a thread holding twenty 256-byte blocks holds 8 KiB, not
+//! 68 KiB), else the smallest power of two of at least 64 KiB that holds one block — a thread
+//! holding two 200 KiB blocks holds two 256 KiB pages, not 256 KiB + 2 MiB. Its next pages of
+//! the class are dense (one step, not a doubling ramp: every page size a heap passes through
+//! cuts a slab of its own, shared with other heaps, and in pinned mode pinned whole and
+//! registered as one more region).
 
 /// Largest size served from size-class pages; larger blocks are slab runs.
 pub const MAX_SMALL: usize = 1 << 20;
@@ -22,7 +23,7 @@ pub const CLASSES: usize = 8 + 8 * 14;
 /// log2 of the smallest page (4 KiB): the granule of the page table (one 128-byte descriptor
 /// per granule, written only for carved pages: 3% of a slab cut into pages).
 pub(crate) const GRANULE_SHIFT: u32 = 12;
-/// log2 of the smallest dense page (64 KiB): a heap's second and later pages of a class.
+/// log2 of the smallest dense page (64 KiB).
 pub(crate) const DENSE_SHIFT: u32 = 16;
 
 /// Sizes up to this are classed by one table load ([`SMALL_CLASS`]).
@@ -155,13 +156,16 @@ pub(crate) const fn page_shift(c: usize) -> u32 {
 }
 
 /// log2 of the page a heap takes for class `c` while it holds `held` pages of the class.
-/// Blocks up to 1 KiB: one 4 KiB page first (at least four blocks), then the dense page.
-/// Larger blocks: the smallest page of at least 64 KiB that holds one block, then the dense
-/// page ([`page_shift`]). Few page sizes: each one a heap passes through cuts a slab of its
-/// own (shared with other heaps) — pinned whole, and one more region, in pinned mode.
+/// While the heap holds fewer than [`FIRST_SMALL_PAGES`] pages of the class, small pages:
+/// 4 KiB for blocks up to 1 KiB (at least four blocks each), the smallest page of at least
+/// 64 KiB that holds one block for larger ones; then the dense page ([`page_shift`]). A heap
+/// holding 20 blocks of 256 bytes holds 8 KiB of pages, not 4 KiB + 64 KiB, and one holding
+/// two 200 KiB blocks 512 KiB, not 256 KiB + 2 MiB. Few page sizes:
+/// each one a heap passes through cuts a slab of its own (shared with other heaps) — pinned
+/// whole, and one more region, in pinned mode.
 pub(crate) const fn page_shift_for(c: usize, held: u32) -> u32 {
     let dense = page_shift(c);
-    if held > 0 {
+    if held >= FIRST_SMALL_PAGES {
         return dense;
     }
     if class_size(c) <= FIRST_SMALL_MAX {
@@ -174,8 +178,11 @@ pub(crate) const fn page_shift_for(c: usize, held: u32) -> u32 {
     if shift < dense { shift } else { dense }
 }
 
-/// Classes whose first page in a heap is one 4 KiB granule.
+/// Classes whose first pages in a heap are 4 KiB granules.
 const FIRST_SMALL_MAX: usize = 1 << 10;
+
+/// Small pages a heap holds of a class before it takes dense ones.
+pub(crate) const FIRST_SMALL_PAGES: u32 = 4;
 
 /// log2 of the largest page: one arena slab.
 pub(crate) const MAX_PAGE_SHIFT: u32 = crate::arena::SLAB_SHIFT;
@@ -247,7 +254,7 @@ mod tests {
     }
 
     #[test]
-    fn a_heaps_first_page_of_a_class_is_small_the_next_are_dense() {
+    fn a_heaps_first_pages_of_a_class_are_small_the_next_are_dense() {
         for c in 0..CLASSES {
             let first = 1usize << page_shift_for(c, 0);
             assert!(first >= 4 * class_size(c).min(1024), "class {c}");
@@ -256,18 +263,21 @@ mod tests {
                 "class {c}"
             );
             assert!(page_shift_for(c, 0) <= page_shift(c), "class {c}");
-            for held in 1..300 {
+            for held in 1..FIRST_SMALL_PAGES {
+                assert_eq!(page_shift_for(c, held), page_shift_for(c, 0), "class {c}");
+            }
+            for held in FIRST_SMALL_PAGES..300 {
                 assert_eq!(page_shift_for(c, held), page_shift(c), "class {c}");
             }
         }
-        // A 200 KiB block: a 256 KiB page, then the dense 2 MiB page.
+        // 200 KiB blocks: four 256 KiB pages, then dense 2 MiB ones.
         let c = class_of_computed(200 << 10);
-        assert_eq!((page_shift_for(c, 0), page_shift_for(c, 1)), (18, 21));
-        // 32-byte blocks: 4 KiB, then 64 KiB.
-        assert_eq!((page_shift_for(3, 0), page_shift_for(3, 1)), (12, 16));
+        assert_eq!((page_shift_for(c, 3), page_shift_for(c, 4)), (18, 21));
+        // 32-byte blocks: four 4 KiB pages, then 64 KiB ones.
+        assert_eq!((page_shift_for(3, 3), page_shift_for(3, 4)), (12, 16));
         // 4 KiB blocks: 64 KiB pages from the first.
         let c = class_of_computed(4 << 10);
-        assert_eq!((page_shift_for(c, 0), page_shift_for(c, 1)), (16, 16));
+        assert_eq!((page_shift_for(c, 0), page_shift_for(c, 4)), (16, 16));
     }
 
     #[test]

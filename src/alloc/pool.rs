@@ -21,6 +21,7 @@ use super::page::{LARGE, LARGE_FREE, Page, SMALL, TAIL, UNUSED};
 use super::purge::Idle;
 use crate::arena::{Arena, Backing, SLAB, SLAB_SHIFT};
 use crate::sys::atfork::{ForkGuard, ForkLock};
+use crate::sys::futex;
 use crate::sys::os::MmapArray;
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -234,8 +235,9 @@ pub(crate) struct PoolInner {
     /// the first one cuts instead of each cutting one (600 threads starting at once would
     /// commit a slab each).
     carving: [ForkLock<()>; PAGE_SIZES],
-    /// Slabs cut per page size (a waiter's sign that its carver makes progress).
-    cuts: [AtomicU64; PAGE_SIZES],
+    /// Slabs cut per page size (wrapping): a waiter sleeps on its size's count until its
+    /// carver finished (`futex`), and takes that as the sign that the carver makes progress.
+    cuts: [AtomicU32; PAGE_SIZES],
     large_free: [List; LARGE_LISTS + 1],
     pub(crate) heaps: Heaps,
     pub(crate) large_live: AtomicUsize,
@@ -274,7 +276,7 @@ impl PoolInner {
             pages,
             free_pages: [const { List::new() }; PAGE_SIZES],
             carving: [const { ForkLock::new(()) }; PAGE_SIZES],
-            cuts: [const { AtomicU64::new(0) }; PAGE_SIZES],
+            cuts: [const { AtomicU32::new(0) }; PAGE_SIZES],
             large_free: [const { List::new() }; LARGE_LISTS + 1],
             heaps,
             large_live: AtomicUsize::new(0),
@@ -325,8 +327,12 @@ impl PoolInner {
         let _inside = changing_hands();
         let shift = page_shift_for(c, held);
         let mut carver = None;
-        let mut waited: Option<(std::time::Instant, u64)> = None;
+        let mut waited: Option<(std::time::Instant, u32)> = None;
+        let i = (shift - GRANULE_SHIFT) as usize;
         let page = loop {
+            // Read before the list is looked at: a carver that lists pages after the look
+            // has changed it by the wait below, which then returns at once (no lost wake).
+            let cuts = self.cuts[i].load(Ordering::SeqCst);
             let listed = self.page_list(shift).pop_if_then(
                 |_| true,
                 |p| {
@@ -343,19 +349,19 @@ impl PoolInner {
                 }
                 break p;
             }
-            // Become the carver of this size, or wait a little for the one there is and look
-            // again. Not for a re-entrant allocation (it may come from inside the carver: it
-            // cuts on its own, and the arena refuses it growth), and never without bound (a
-            // thread that holds a NIC lock the carver needs, allocating through the pool,
-            // would wait forever): past `CARVE_WAIT_NS` it cuts on its own, as before.
+            // Become the carver of this size, or sleep until the one there is has cut a slab
+            // and look again. Not for a re-entrant allocation (it may come from inside the
+            // carver: it cuts on its own, and the arena refuses it growth), and never without
+            // bound (a thread that holds a NIC lock the carver needs, allocating through the
+            // pool, would wait forever): past `CARVE_WAIT_NS` it cuts on its own, as before.
             if carver.is_none() && !crate::sys::provision::active() {
-                if let Some(g) = self.carving[(shift - GRANULE_SHIFT) as usize].try_lock() {
+                if let Some(g) = self.carving[i].try_lock() {
                     carver = Some(g);
                     continue;
                 }
                 // The wait restarts whenever a carver of this size finished: only a carver
-                // that makes no progress for `CARVE_WAIT_NS` is given up on.
-                let cuts = self.cuts[(shift - GRANULE_SHIFT) as usize].load(R);
+                // that makes no progress for `CARVE_WAIT_NS` is given up on. Asleep in the
+                // kernel, not polling: on a few cores 600 waiters would starve the carver.
                 let (t, seen) = *waited.get_or_insert_with(|| (std::time::Instant::now(), cuts));
                 let t = if seen == cuts {
                     t
@@ -363,14 +369,17 @@ impl PoolInner {
                     waited = Some((std::time::Instant::now(), cuts));
                     std::time::Instant::now()
                 };
-                if t.elapsed().as_nanos() < CARVE_WAIT_NS {
-                    // Asleep, not spinning: on a few cores the waiters would starve the carver.
-                    std::thread::sleep(std::time::Duration::from_micros(50));
+                let left = CARVE_WAIT_NS.saturating_sub(t.elapsed().as_nanos());
+                if left > 0 {
+                    futex::wait(&self.cuts[i], cuts, left as u64);
                     continue;
                 }
             }
             let cut = self.carve(shift);
-            self.cuts[(shift - GRANULE_SHIFT) as usize].fetch_add(1, R);
+            // The carver's lock goes first: a waiter woken to an empty list becomes the next.
+            drop(carver.take());
+            self.cuts[i].fetch_add(1, Ordering::SeqCst);
+            futex::wake(&self.cuts[i], i32::MAX);
             break cut?;
         };
         drop(carver);

@@ -28,7 +28,7 @@
 use super::pool::PoolInner;
 use super::purge::now_ns;
 use super::tls;
-use crate::sys::atfork;
+use crate::sys::{atfork, futex};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 const R: Ordering = Ordering::Relaxed;
@@ -62,18 +62,7 @@ pub(crate) fn nudge(due: u64) {
     if due < PLANNED.load(Ordering::SeqCst) && running() {
         PLANNED.fetch_min(due, R);
         SEQ.fetch_add(1, Ordering::SeqCst);
-        // SAFETY: a futex wake on a static word; no memory is read through it.
-        unsafe {
-            libc::syscall(
-                libc::SYS_futex,
-                SEQ.as_ptr(),
-                libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
-                1,
-                0usize,
-                0usize,
-                0u32,
-            )
-        };
+        futex::wake(&SEQ, 1);
     }
 }
 
@@ -174,27 +163,7 @@ fn run(generation: u64) {
 
 /// Wait on the futex word for `ns` (or forever when the plan is `u64::MAX`).
 fn sleep(seq: u32, ns: u64) {
-    let ts = libc::timespec {
-        tv_sec: (ns / 1_000_000_000).min(i64::MAX as u64) as libc::time_t,
-        tv_nsec: (ns % 1_000_000_000) as libc::c_long,
-    };
-    let timeout: *const libc::timespec = if ns >= u64::MAX / 2 {
-        std::ptr::null()
-    } else {
-        &ts
-    };
-    // SAFETY: a futex wait on a static word, with a valid (or null) relative timeout.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            SEQ.as_ptr(),
-            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
-            seq,
-            timeout,
-            0usize,
-            0u32,
-        )
-    };
+    futex::wait(&SEQ, seq, ns);
 }
 
 /// How long a pool whose purge lock was busy (a `purge()` running, say) waits for the next

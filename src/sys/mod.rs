@@ -7,6 +7,7 @@
 //! - `provision.rs`: the "this thread is calling the NIC" mark that keeps allocation from
 //!   re-entering provisioning.
 //! - `env.rs`: environment variables and numbers, read without allocating.
+//! - `futex.rs`: waiting on a word until another thread changes it.
 //! - `numa.rs`: NUMA system calls (`mbind`, `get_mempolicy`, `getcpu`, `move_pages`).
 //!
 //! Contract: this layer imports nothing else of the crate (`tests/layers.rs` checks it), and
@@ -14,6 +15,7 @@
 
 pub(crate) mod atfork;
 pub(crate) mod env;
+pub(crate) mod futex;
 pub(crate) mod numa;
 pub(crate) mod os;
 pub mod provision;

@@ -42,19 +42,22 @@ fn medium_sizes_come_from_per_thread_class_pages() {
         // Another thread's block of the class comes from its own page.
         let other = std::thread::scope(|s| s.spawn(|| pool.alloc(l(n, 8)) as usize).join()).unwrap()
             as *mut u8;
-        // A thread's first page of a class holds one block (at least 64 KiB), its next ones
-        // eight, or are one 2 MiB slab: the other thread's block is in neither of this
-        // thread's pages.
+        // A thread's first four pages of a class hold one block each (at least 64 KiB), its
+        // next ones eight, or are one 2 MiB slab: the other thread's block is in neither of
+        // this thread's pages.
         let first = usable.next_power_of_two().max(64 << 10);
-        let dense = (usable * 8).next_power_of_two().min(2 << 20);
         let in_page = |x: *mut u8, of: *mut u8, page: usize| {
             x as usize & !(page - 1) == of as usize & !(page - 1)
         };
-        assert!(
-            in_page(p, p, first) && !in_page(other, p, first),
-            "{n}: threads share a page"
-        );
-        assert!(!in_page(other, q, dense), "{n}: threads share a page");
+        for mine in [p, q] {
+            assert!(
+                in_page(mine, mine, first) && !in_page(other, mine, first),
+                "{n}: threads share a page"
+            );
+        }
+        if first > 64 << 10 {
+            assert!(!in_page(p, q, first), "{n}: two blocks on a one-block page");
+        }
         // SAFETY: live blocks of this pool with these layouts, each freed once.
         unsafe {
             pool.free_sized(p, l(n, 8));

@@ -28,6 +28,8 @@ fn pool_with(pd: &Pd, registration: Registration) -> Pool {
 /// Sizes of eight classes up to 1 KiB.
 const SIZES: [usize; 8] = [16, 48, 96, 160, 256, 384, 640, 1024];
 
+/// 64-byte blocks a heap's four 4 KiB first pages of the class hold.
+const FIRST: usize = 4 * 64;
 #[test]
 fn threads_holding_a_few_small_blocks_of_many_classes_pin_4_kib_pages() {
     let pd = Nic::soft().alloc_pd().unwrap();
@@ -104,18 +106,18 @@ fn free_pages_of_a_slab_in_use_go_back_on_a_purge_in_an_odp_pool_only() {
         let l = Layout::from_size_align(64, 8).unwrap();
         std::thread::scope(|s| {
             s.spawn(|| {
-                // A 4 KiB first page (64 blocks), then 64 KiB pages of 1024 blocks: four of
+                // Four 4 KiB pages (64 blocks each), then 64 KiB pages of 1024 blocks: four of
                 // them, filled.
-                let blocks: Vec<*mut u8> = (0..64 + 4 * 1024).map(|_| pool.alloc(l)).collect();
+                let blocks: Vec<*mut u8> = (0..FIRST + 4 * 1024).map(|_| pool.alloc(l)).collect();
                 for &p in &blocks {
                     assert!(!p.is_null());
                     // SAFETY: a fresh block of 64 bytes.
                     unsafe { p.write_bytes(0x5a, 64) };
                 }
-                let page = |k: usize| blocks[64 + k * 1024] as usize & !((64 << 10) - 1);
+                let page = |k: usize| blocks[FIRST + k * 1024] as usize & !((64 << 10) - 1);
                 let pages: Vec<usize> = (0..4).map(page).collect();
                 // The first 64 KiB page keeps one block; the other three empty.
-                let keep = blocks[64 + 5];
+                let keep = blocks[FIRST + 5];
                 for &p in &blocks {
                     if p != keep {
                         // SAFETY: a block of `pool`, freed once.

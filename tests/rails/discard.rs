@@ -10,6 +10,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// Attach and detach cycles raced against purges that give pages back.
 const ROUNDS: usize = 60;
 
+/// 64-byte blocks a heap's four 4 KiB first pages of the class hold.
+const FIRST: usize = 4 * 64;
 #[test]
 fn a_rail_attached_while_free_pages_go_back_never_pins_a_dropped_page() {
     let _s = serial();
@@ -33,13 +35,13 @@ fn a_rail_attached_while_free_pages_go_back_never_pins_a_dropped_page() {
         // that gives the three empty pages back (ODP, no rail attached): again and again.
         sc.spawn(move || {
             while !stop.load(Ordering::Relaxed) {
-                let blocks: Vec<*mut u8> = (0..64 + 4 * 1024).map(|_| pool.alloc(l)).collect();
+                let blocks: Vec<*mut u8> = (0..FIRST + 4 * 1024).map(|_| pool.alloc(l)).collect();
                 for &p in &blocks {
                     assert!(!p.is_null());
                     // SAFETY: a fresh block of 64 bytes.
                     unsafe { p.write_bytes(0x5a, 64) };
                 }
-                let keep = blocks[64 + 5];
+                let keep = blocks[FIRST + 5];
                 for &p in blocks.iter().filter(|&&p| p != keep) {
                     // SAFETY: a block of `pool`, freed once.
                     unsafe { pool.free_sized(p, l) };
