@@ -1,6 +1,7 @@
-//! Pages smaller than 64 KiB: a thread's first page of a class of blocks up to 1 KiB is one
-//! 4 KiB granule (so a thread holding a few blocks of many classes commits — and in pinned
-//! mode pins — 4 KiB per class, not 64 KiB), and free pages inside a slab still in use go
+//! Pages smaller than 64 KiB: a thread's first four pages of a class of blocks up to 1 KiB are
+//! 4 KiB granules (so a thread holding a few blocks of many classes commits — and in pinned
+//! mode pins — 4 KiB per class, not 64 KiB, and up to 16 KiB of a class on 4 KiB pages, not
+//! 4 KiB + 64 KiB), and free pages inside a slab still in use go
 //! back to the system on a purge in an ODP pool (a few live blocks keep their own 4 KiB
 //! pages, not the slab of pages freed around them), never in a pinned one (nor under the
 //! `memcheck` feature, whose fill of freed blocks is what it checks).
@@ -30,8 +31,26 @@ const SIZES: [usize; 8] = [16, 48, 96, 160, 256, 384, 640, 1024];
 
 /// 64-byte blocks a heap's four 4 KiB first pages of the class hold.
 const FIRST: usize = 4 * 64;
+
 #[test]
 fn threads_holding_a_few_small_blocks_of_many_classes_pin_4_kib_pages() {
+    // 32 threads × 8 classes × 4 KiB = 1 MiB of pages: one slab of 4 KiB pages. With 64 KiB
+    // first pages it was 16 MiB (eight slabs), all pinned.
+    let grew = committed_by_threads_holding(|_| 3);
+    assert!(grew <= 2 * SLAB as u64, "committed {} KiB", grew >> 10);
+}
+
+#[test]
+fn threads_holding_8_kib_of_each_class_stay_on_4_kib_pages() {
+    // 8 KiB of each class: two or three 4 KiB pages a class, 3 MiB of pages for 32 threads ×
+    // 8 classes (two slabs). With one 4 KiB page and then 64 KiB ones it was 17 MiB.
+    let grew = committed_by_threads_holding(|n| (8 << 10) / n);
+    assert!(grew <= 2 * SLAB as u64, "committed {} KiB", grew >> 10);
+}
+
+/// What 32 threads of a pinned pool commit while each holds `count(n)` blocks of `n` bytes of
+/// every size in [`SIZES`]; the blocks are written, checked and freed afterwards.
+fn committed_by_threads_holding(count: impl Fn(usize) -> usize + Sync) -> u64 {
     let pd = Nic::soft().alloc_pd().unwrap();
     let pool = pool_with(&pd, Registration::Pinned);
     const THREADS: usize = 32;
@@ -39,10 +58,11 @@ fn threads_holding_a_few_small_blocks_of_many_classes_pin_4_kib_pages() {
     let done = Barrier::new(THREADS + 1);
     let one_at_a_time = std::sync::Mutex::new(());
     let before = pool.stats().alloc.arena.committed_bytes;
-    std::thread::scope(|s| {
+    let grew = std::thread::scope(|s| {
         let mut threads = Vec::new();
         for t in 0..THREADS {
-            let (held, done, one_at_a_time, pool) = (&held, &done, &one_at_a_time, &pool);
+            let (held, done, one_at_a_time, pool, count) =
+                (&held, &done, &one_at_a_time, &pool, &count);
             threads.push(s.spawn(move || {
                 // One thread allocates at a time: what is measured is each thread's pages,
                 // not how many slabs threads racing for an empty list cut.
@@ -51,7 +71,7 @@ fn threads_holding_a_few_small_blocks_of_many_classes_pin_4_kib_pages() {
                     .iter()
                     .flat_map(|&n| {
                         let l = Layout::from_size_align(n, 8).unwrap();
-                        (0..3).map(move |_| (pool.alloc(l), l))
+                        (0..count(n)).map(move |_| (pool.alloc(l), l))
                     })
                     .collect();
                 drop(turn);
@@ -74,19 +94,14 @@ fn threads_holding_a_few_small_blocks_of_many_classes_pin_4_kib_pages() {
         held.wait();
         let grew = pool.stats().alloc.arena.committed_bytes - before;
         done.wait();
-        // 32 threads × 8 classes × 4 KiB = 1 MiB of pages: one slab of 4 KiB pages. With
-        // 64 KiB first pages it was 16 MiB (eight slabs), all pinned.
-        assert!(
-            grew <= 2 * SLAB as u64,
-            "{THREADS} threads holding 3 blocks of 8 classes each committed {} KiB",
-            grew >> 10
-        );
         for t in threads {
             t.join().unwrap();
         }
+        grew
     });
     assert_eq!(pool.live_blocks(), 0);
     assert!(pool.validate());
+    grew
 }
 
 /// Whether every 4 KiB page of `[addr, addr + len)` is resident.
