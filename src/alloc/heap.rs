@@ -522,6 +522,7 @@ impl Heap {
         self.drain_notify();
         for c in 0..CLASSES {
             let mut p = self.queue[c].load(R);
+            let mut kept = self.full[c].load(R);
             while !p.is_null() {
                 // SAFETY: a page of this heap.
                 let page = unsafe { &*p };
@@ -530,11 +531,13 @@ impl Heap {
                 if page.used.load(R) == 0 && !page.notified.load(Ordering::Acquire) {
                     self.dequeue(c, p);
                     self.retire(c, page);
+                } else {
+                    kept += 1;
                 }
                 p = next;
             }
-            // The next thread to claim the heap starts with pages sized to its own demand.
-            self.held[c].store(0, R);
+            // The next thread to claim the heap sizes its pages by the ones that stay.
+            self.held[c].store(kept.min(u32::from(u8::MAX)) as u8, R);
         }
     }
 }

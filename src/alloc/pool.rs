@@ -218,6 +218,27 @@ impl PageTable {
 /// The longest a thread waits for another to cut a slab of the page size it needs.
 const CARVE_WAIT_NS: u128 = 50_000_000;
 
+/// A thread's turn to cut slabs of one page size (its carving lock). However it ends — a
+/// slab cut, pages found listed meanwhile, an error — the lock goes first and then the
+/// waiters are woken: one of them, finding the list empty, takes the next turn.
+struct Turn<'a> {
+    lock: Option<ForkGuard<'a, ()>>,
+    turns: &'a AtomicU32,
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        drop(self.lock.take());
+        turn_ended(self.turns);
+    }
+}
+
+/// Count the end of a carving turn (or a cut) and wake every thread waiting on it.
+fn turn_ended(turns: &AtomicU32) {
+    turns.fetch_add(1, Ordering::SeqCst);
+    futex::wake(turns, i32::MAX);
+}
+
 /// The shared state of a [`Core`](super::Core).
 pub(crate) struct PoolInner {
     /// The free path's quarantine (`quarantine.rs`), installed by the pool's features.
@@ -235,8 +256,9 @@ pub(crate) struct PoolInner {
     /// the first one cuts instead of each cutting one (600 threads starting at once would
     /// commit a slab each).
     carving: [ForkLock<()>; PAGE_SIZES],
-    /// Slabs cut per page size (wrapping): a waiter sleeps on its size's count until its
-    /// carver finished (`futex`), and takes that as the sign that the carver makes progress.
+    /// Carving turns ended (a slab cut, or pages found listed) and slabs cut by threads that
+    /// gave up waiting, per page size (wrapping): a waiter sleeps on its size's count until
+    /// it changes (`futex`), and takes that as the sign that carvers make progress.
     cuts: [AtomicU32; PAGE_SIZES],
     large_free: [List; LARGE_LISTS + 1],
     pub(crate) heaps: Heaps,
@@ -356,10 +378,13 @@ impl PoolInner {
             // pool, would wait forever): past `CARVE_WAIT_NS` it cuts on its own, as before.
             if carver.is_none() && !crate::sys::provision::active() {
                 if let Some(g) = self.carving[i].try_lock() {
-                    carver = Some(g);
+                    carver = Some(Turn {
+                        lock: Some(g),
+                        turns: &self.cuts[i],
+                    });
                     continue;
                 }
-                // The wait restarts whenever a carver of this size finished: only a carver
+                // The wait restarts whenever a carving turn of this size ended: only a carver
                 // that makes no progress for `CARVE_WAIT_NS` is given up on. Asleep in the
                 // kernel, not polling: on a few cores 600 waiters would starve the carver.
                 let (t, seen) = *waited.get_or_insert_with(|| (std::time::Instant::now(), cuts));
@@ -376,10 +401,10 @@ impl PoolInner {
                 }
             }
             let cut = self.carve(shift);
-            // The carver's lock goes first: a waiter woken to an empty list becomes the next.
-            drop(carver.take());
-            self.cuts[i].fetch_add(1, Ordering::SeqCst);
-            futex::wake(&self.cuts[i], i32::MAX);
+            match carver.take() {
+                Some(turn) => drop(turn),
+                None => turn_ended(&self.cuts[i]),
+            }
             break cut?;
         };
         drop(carver);

@@ -98,3 +98,78 @@ impl Arena {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::arena::{Arena, ArenaConfig, Error, Hugepages};
+    use crate::nic::Nic;
+    use std::sync::Barrier;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    fn arena() -> (Arena, Nic) {
+        let cfg = ArenaConfig {
+            reserve: 1 << 30,
+            chunk: 1 << 26,
+            hugepages: Hugepages::Off,
+            ..Default::default()
+        };
+        let arena = Arena::new(&Nic::soft().alloc_pd().unwrap(), cfg).unwrap();
+        (arena, Nic::soft())
+    }
+
+    #[test]
+    fn an_attach_waits_for_pages_being_given_back_and_stops_the_next() {
+        let (arena, other) = arena();
+        let pd = other.alloc_pd().unwrap();
+        let (inside, dropped) = (Barrier::new(2), AtomicBool::new(false));
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                assert!(arena.rails.without_rails(|| {
+                    inside.wait();
+                    std::thread::sleep(Duration::from_millis(200));
+                    dropped.store(true, Ordering::SeqCst);
+                    true
+                }));
+            });
+            inside.wait();
+            arena.attach(&pd).unwrap();
+            assert!(
+                dropped.load(Ordering::SeqCst),
+                "the attach waited for the drop"
+            );
+        });
+        assert!(
+            !arena
+                .rails
+                .without_rails(|| unreachable!("a rail is attached"))
+        );
+        arena.detach(&pd).unwrap();
+        assert!(
+            arena.rails.without_rails(|| true),
+            "no rail: pages go back again"
+        );
+    }
+
+    #[test]
+    fn an_attach_that_waits_too_long_attaches_nothing() {
+        let (arena, other) = arena();
+        let pd = other.alloc_pd().unwrap();
+        let inside = Barrier::new(2);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                arena.rails.without_rails(|| {
+                    inside.wait();
+                    std::thread::sleep(Duration::from_millis(2500));
+                    true
+                })
+            });
+            inside.wait();
+            assert!(matches!(arena.attach(&pd), Err(Error::Busy(_))));
+            assert!(arena.rail_stats().is_empty(), "nothing attached");
+        });
+        assert!(arena.rails.without_rails(|| true));
+        assert_eq!(arena.attach(&pd).unwrap(), 0, "the slot is free again");
+        assert!(arena.rails_valid());
+    }
+}

@@ -31,8 +31,10 @@ impl Arena {
     /// [`Error::Config`] when [`MAX_RAILS`] rails are attached, or the arena asks for ODP
     /// registration and this device has no ODP for the operations the pool needs;
     /// [`Error::Os`] when the rail's tables cannot be mapped; [`Error::Reentrant`] from inside
-    /// the arena's own provisioning. Registrations the device refuses are not errors: they are
-    /// counted in [`RailStats`].
+    /// the arena's own provisioning; [`Error::Busy`] when pages being given back (an ODP
+    /// arena's purge) were still being dropped 2 s after the rail was published (only after a
+    /// `fork` that did not drain the pool): nothing was attached. Registrations the device
+    /// refuses are not errors: they are counted in [`RailStats`].
     ///
     /// # Examples
     /// ```
@@ -103,7 +105,7 @@ impl Arena {
         // contract): a discard that missed the rail finishes first.
         if !self.rails.discards_drained() {
             slot.pd.store(0, Ordering::SeqCst);
-            held.conf_mut(r).pd = None;
+            *held.conf_mut(r) = Conf::default();
             return Err(Error::Busy(
                 "pages of the arena were being given back for over 2 s",
             ));
@@ -182,7 +184,11 @@ impl Arena {
             }
         }
         // Published free only now: pages are given back (`discard.rs`) only while no rail is
-        // attached, and this rail's pinned regions held pages until the clear above.
+        // attached, and this rail's pinned regions held pages until the clear above. A region
+        // the device refused to deregister may pin its pages still: none is given back again.
+        if first_err.is_some() {
+            self.rails.pinned_leak.store(true, Ordering::SeqCst);
+        }
         slot.pd.store(0, Ordering::SeqCst);
         for v in [
             &slot.c.registered_bytes,

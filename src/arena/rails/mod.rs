@@ -23,7 +23,9 @@
 //! - pages of the arena are given back (`discard.rs`) only while no rail is attached: a
 //!   discard counts itself in `discarding` and then looks for rails, an attach publishes its
 //!   rail and then waits for `discarding == 0` before it pins anything (both `SeqCst`: one of
-//!   the two sees the other), so no pinned rail region ever holds a page dropped under it;
+//!   the two sees the other), a detach publishes its rail free only once its regions are gone
+//!   (and none ever again if one could not be deregistered), so no pinned rail region ever
+//!   holds a page dropped under it;
 //! - one mutex serialises every change to the rails (attach, detach, registration, purge); it
 //!   is held across NIC calls but never together with the arena's state lock, and nothing here
 //!   allocates through the global allocator (tables are mapped from the kernel).
@@ -125,6 +127,9 @@ pub(crate) struct Rails {
     slots: [Rail; MAX_RAILS],
     /// Threads giving pages of the arena back right now ([`Rails::without_rails`]).
     discarding: AtomicUsize,
+    /// A rail region the device refused to deregister was dropped (leaked, maybe still
+    /// pinning its pages): no page of the arena is given back from then on.
+    pinned_leak: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: `conf` is read and written only under `lock`; everything else is atomic or
@@ -186,7 +191,9 @@ impl Rails {
         }
         self.discarding.fetch_add(1, Ordering::SeqCst);
         let _out = Out(&self.discarding);
-        !self.slots.iter().any(|s| s.pd.load(Ordering::SeqCst) != 0) && give_back()
+        !self.slots.iter().any(|s| s.pd.load(Ordering::SeqCst) != 0)
+            && !self.pinned_leak.load(Ordering::SeqCst)
+            && give_back()
     }
 
     /// Wait, after a rail was published, until no thread is inside [`Rails::without_rails`]:
