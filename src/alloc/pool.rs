@@ -564,6 +564,9 @@ impl PoolInner {
 
     /// Debug check of every page's invariant (at quiescence).
     pub(crate) fn validate(&self) -> bool {
+        // No purge pass meanwhile (the clock's thread may run one): it takes pages out of
+        // lists and gives descriptors of spare slabs back (zeroed) while it runs.
+        let _no_purge = self.idle.lock.lock();
         let mut ok = true;
         self.for_each_head(|d| {
             if d.kind.load(R) == SMALL {
@@ -576,7 +579,11 @@ impl PoolInner {
                 }
                 // Every tail names the head's owner.
                 let start = d.start.load(R);
-                let granules = 1usize << (u32::from(d.shift.load(R)) - GRANULE_SHIFT);
+                let Some(g_shift) = u32::from(d.shift.load(R)).checked_sub(GRANULE_SHIFT) else {
+                    ok = false;
+                    return;
+                };
+                let granules = 1usize << g_shift;
                 ok &= (1..granules).all(|g| {
                     self.desc(start + (g << GRANULE_SHIFT)).heap.load(R) == d.heap.load(R)
                 });

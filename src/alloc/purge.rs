@@ -66,7 +66,7 @@ pub(crate) struct Idle {
     next_due: AtomicU64,
     /// Nanoseconds a slab stays idle before it is purged; `None`: only on request.
     delay: Option<u64>,
-    lock: ForkLock<()>,
+    pub(super) lock: ForkLock<()>,
     pub(crate) passes: AtomicU64,
     /// Due purges run on the process's purge clock (`purger.rs`).
     clock: bool,
