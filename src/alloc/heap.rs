@@ -93,6 +93,11 @@ pub(crate) struct Heap {
     pub(crate) generation: AtomicU64,
     pub(crate) initialised: AtomicBool,
     pub(crate) pool: AtomicPtr<PoolInner>,
+    /// Set by other threads ([`Heap::request_trim`]): the owner gives back what it keeps for
+    /// itself at its next free or slow path.
+    trim: AtomicBool,
+    /// The purge's last look at this heap: `tick << 32 | ms` (`purge.rs`, quiet heaps).
+    pub(crate) seen: AtomicU64,
 }
 
 // No two heaps share a line, and the stack other threads push to shares none with the owner's.
@@ -242,8 +247,48 @@ impl Heap {
     #[inline(never)]
     fn tick_slow(&self) {
         self.tick.store(TICK, R);
-        self.retire_empty();
+        if self.trim.load(Ordering::Acquire) {
+            self.trim_now();
+        } else {
+            self.retire_empty();
+        }
         self.pool().maybe_purge();
+    }
+
+    /// Frees counted since the last tick, as the owner last stored them (any thread, racy:
+    /// the purge compares two looks to tell a quiet heap).
+    pub(crate) fn ticks(&self) -> u32 {
+        self.tick.load(R)
+    }
+
+    /// Ask the owner (from any thread) to give back its cached blocks and its empty pages at
+    /// its next free or allocation slow path, whichever comes first: the flag, and the tick
+    /// counter set to fire at the next free. The counter is the owner's: a store lost to the
+    /// owner's own decrement only puts the trim off to the next tick ([`TICK`] frees) or slow
+    /// path. False when a trim was already pending. A thread that never calls the pool again
+    /// keeps its cache and the pages of its live blocks (nobody else may touch them: its fast
+    /// paths take no lock).
+    pub(crate) fn request_trim(&self) -> bool {
+        if self.trim.swap(true, Ordering::AcqRel) {
+            return false;
+        }
+        self.tick.store(0, R);
+        true
+    }
+
+    /// Whether a trim was asked and the owner has not run it yet.
+    pub(crate) fn trim_pending(&self) -> bool {
+        self.trim.load(Ordering::Acquire)
+    }
+
+    /// A requested trim, on the owning thread: every cached block back to its page, the empty
+    /// pages back to the pool.
+    #[cold]
+    #[inline(never)]
+    fn trim_now(&self) {
+        self.trim.store(false, Ordering::Release);
+        self.pool().count_trim();
+        self.flush_all();
     }
 
     /// Retire the current pages that are empty: the last page of a class a program stopped
@@ -465,6 +510,9 @@ impl Heap {
     #[cold]
     #[inline(never)]
     fn alloc_slow(&self, c: usize) -> *mut u8 {
+        if self.trim.load(Ordering::Acquire) {
+            self.trim_now();
+        }
         self.pool().maybe_purge();
         self.drain_notify();
         loop {
@@ -516,6 +564,7 @@ impl Heap {
     /// Hand every page back: empty ones to the pool, the others stay with the heap for its next
     /// owner (called when the owning thread leaves, under the pool registry lock).
     pub(crate) fn release(&self) {
+        self.trim.store(false, Ordering::Release);
         for c in 0..CACHED_CLASSES {
             self.flush(c, SLOTS);
         }

@@ -390,6 +390,12 @@ impl Core {
     /// handed out keeps its slabs). Returns the bytes purged. Reusing purged memory commits
     /// (and registers) it again.
     ///
+    /// The calling thread's cached blocks go back first. Every other thread using the pool is
+    /// asked to give back its cached blocks and empty pages at its next free or allocation
+    /// slow path (`trims_requested`/`trims` in the stats); what they give back then goes after
+    /// the purge delay, or at the next `purge()`. Another thread's cache is never touched from
+    /// here: its fast paths take no lock.
+    ///
     /// # Examples
     /// ```
     /// use rdma_pool::Pool;
@@ -409,6 +415,9 @@ impl Core {
     /// ```
     pub fn purge(&self) -> usize {
         let heap = tls::heap_of(self.id);
+        // Other threads give their cached blocks and empty pages back at their next call.
+        self.inner()
+            .request_trims(Some(heap.cast_const()), purge::now_ns());
         if !heap.is_null() {
             // SAFETY: this thread's heap in this pool.
             unsafe { (*heap).flush_all() };

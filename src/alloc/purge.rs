@@ -26,6 +26,7 @@
 //! equality iff all its pages are in the free list.
 
 use super::class::GRANULE_SHIFT;
+use super::heap::Heap;
 use super::page::{LARGE_FREE, Page, SMALL};
 use super::pool::PoolInner;
 use crate::arena::{SLAB, SLAB_SHIFT};
@@ -77,6 +78,9 @@ pub(crate) struct Idle {
     collect_rounds: AtomicU32,
     /// Bytes of free pages inside slabs in use given back (`discard_free_pages`).
     pub(crate) discarded: AtomicU64,
+    /// Trims asked of live threads' heaps (`request_trims`), and trims their owners ran.
+    pub(crate) trims_requested: AtomicU64,
+    pub(crate) trims: AtomicU64,
 }
 
 /// The most a look for pages of exited threads is put off: `max(delay, COLLECT_FLOOR) << 6`.
@@ -105,6 +109,8 @@ impl Idle {
             clock_users: AtomicU64::new(0),
             collect_rounds: AtomicU32::new(0),
             discarded: AtomicU64::new(0),
+            trims_requested: AtomicU64::new(0),
+            trims: AtomicU64::new(0),
         })
     }
 
@@ -258,6 +264,11 @@ impl PoolInner {
         }
         let mut purged = 0;
         let mut next_due = next_due_collect;
+        if !all && self.idle.delay.is_some() && self.request_trims(None, now) {
+            // A thread freed since the last look: look again, to find it quiet or not. An
+            // idle program stops the looks after one round.
+            next_due = next_due.min(now.saturating_add(delay.max(COLLECT_FLOOR)));
+        }
         let slabs = self.arena.span() >> SLAB_SHIFT;
         let base = self.table.span().0;
         // Small-page slabs first: one walk per free list takes out every due slab's pages.
@@ -311,6 +322,50 @@ impl PoolInner {
             }
         }
         holding
+    }
+
+    /// Ask live threads' heaps to trim ([`Heap::request_trim`]): every one but `except`'s
+    /// (`Some`: an explicit purge), or (`None`: a due purge) those whose thread freed nothing
+    /// for the purge delay — a quiet thread's cached blocks and empty pages then go back at
+    /// its next call, not at its next tick or never. True when a heap that no trim is pending
+    /// for freed since the last look (a later look may find it quiet).
+    pub(crate) fn request_trims(&self, except: Option<*const Heap>, now: u64) -> bool {
+        let mut active = false;
+        let me = super::tls::token();
+        let delay_ms = self.idle.delay.unwrap_or(0) / 1_000_000;
+        let now_ms = (now / 1_000_000) as u32;
+        for h in self.heaps.iter() {
+            let owner = h.owner.load(R);
+            if !h.initialised.load(Ordering::Acquire)
+                || owner == 0
+                || owner == PURGER
+                || owner == me
+                || h.orphaned()
+                || except.is_some_and(|e| std::ptr::eq(e, h))
+            {
+                continue;
+            }
+            let quiet = except.is_some() || {
+                let t = h.ticks();
+                let seen = h.seen.load(R);
+                if (seen >> 32) as u32 != t {
+                    h.seen.store(u64::from(t) << 32 | u64::from(now_ms), R);
+                    active |= !h.trim_pending();
+                    false
+                } else {
+                    u64::from(now_ms.wrapping_sub(seen as u32)) >= delay_ms
+                }
+            };
+            if quiet && h.request_trim() {
+                self.idle.trims_requested.fetch_add(1, R);
+            }
+        }
+        active
+    }
+
+    /// A heap's owner ran a requested trim (statistics).
+    pub(crate) fn count_trim(&self) {
+        self.idle.trims.fetch_add(1, R);
     }
 
     /// Purge one listed unit (a cached large run or an empty big page) if it is still listed.

@@ -67,6 +67,13 @@ pub struct PoolStats {
     pub purge_clock_running: bool,
     /// Passes the purge clock thread ran in this process, over all pools.
     pub purge_clock_passes: u64,
+    /// Trims asked of live threads: every other thread's at a `purge()`, a quiet thread's
+    /// (no free for the purge delay) at a due purge. A thread runs its trim — its cached
+    /// blocks back to their pages, its empty pages back to the pool — at its next free or
+    /// allocation slow path.
+    pub trims_requested: u64,
+    /// Trims the threads ran.
+    pub trims: u64,
     /// The arena below.
     pub arena: ArenaStats,
 }
@@ -122,6 +129,8 @@ impl PoolInner {
             purge_clock: self.idle.on_clock(),
             purge_clock_running: super::purger::running(),
             purge_clock_passes: super::purger::passes(),
+            trims_requested: self.idle.trims_requested.load(Relaxed),
+            trims: self.idle.trims.load(Relaxed),
             arena: self.arena.stats(),
         }
     }

@@ -15,6 +15,7 @@ mod reclaim;
 mod small_pages;
 mod teardown;
 mod threads;
+mod trim;
 
 use common::*;
 use rdma_pool::Pool;

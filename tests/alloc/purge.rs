@@ -12,7 +12,7 @@ fn purging_pool(pd: &Pd, delay: Option<Duration>, registration: Registration) ->
 }
 
 /// [`purging_pool`] with the purge clock on or off.
-fn clock_pool(
+pub(crate) fn clock_pool(
     pd: &Pd,
     delay: Option<Duration>,
     registration: Registration,
@@ -198,7 +198,11 @@ fn idle_slabs_are_purged_after_the_delay_by_a_slow_path_without_the_clock() {
 }
 
 /// Poll `pool`'s stats (no allocator call) until `done` or `secs` seconds passed.
-fn wait_for(pool: &Pool, secs: u64, done: impl Fn(&rdma_pool::PoolStats) -> bool) -> bool {
+pub(crate) fn wait_for(
+    pool: &Pool,
+    secs: u64,
+    done: impl Fn(&rdma_pool::PoolStats) -> bool,
+) -> bool {
     let end = std::time::Instant::now() + Duration::from_secs(secs);
     while std::time::Instant::now() < end {
         if done(&pool.stats().alloc) {
