@@ -36,7 +36,7 @@ const FIRST: usize = 4 * 64;
 fn threads_holding_a_few_small_blocks_of_many_classes_pin_4_kib_pages() {
     // 32 threads × 8 classes × 4 KiB = 1 MiB of pages: one slab of 4 KiB pages. With 64 KiB
     // first pages it was 16 MiB (eight slabs), all pinned.
-    let grew = committed_by_threads_holding(&SIZES, |_| 3);
+    let grew = committed_by_threads_holding(|_| 3);
     assert!(grew <= 2 * SLAB as u64, "committed {} KiB", grew >> 10);
 }
 
@@ -44,43 +44,30 @@ fn threads_holding_a_few_small_blocks_of_many_classes_pin_4_kib_pages() {
 fn threads_holding_8_kib_of_each_class_stay_on_4_kib_pages() {
     // 8 KiB of each class: two or three 4 KiB pages a class, 3 MiB of pages for 32 threads ×
     // 8 classes (two slabs). With one 4 KiB page and then 64 KiB ones it was 17 MiB.
-    let grew = committed_by_threads_holding(&SIZES, |n| (8 << 10) / n);
+    let grew = committed_by_threads_holding(|n| (8 << 10) / n);
     assert!(grew <= 2 * SLAB as u64, "committed {} KiB", grew >> 10);
 }
 
-#[test]
-fn threads_holding_a_few_blocks_of_kibibytes_stay_on_pages_of_their_size() {
-    // A 5 KiB block and a 20 KiB one a thread: 8 KiB and 32 KiB pages, 5 MiB for 128 threads
-    // (three slabs). With 64 KiB pages from the first it was 16 MiB.
-    let grew = committed_by(128, &[5 << 10, 20 << 10], |_| 1);
-    assert!(grew <= 3 * SLAB as u64, "committed {} KiB", grew >> 10);
-}
-
 /// What 32 threads of a pinned pool commit while each holds `count(n)` blocks of `n` bytes of
-/// every size in `sizes`.
-fn committed_by_threads_holding(sizes: &[usize], count: impl Fn(usize) -> usize + Sync) -> u64 {
-    committed_by(32, sizes, count)
-}
-
-/// What `threads` threads of a pinned pool commit while each holds `count(n)` blocks of `n`
-/// bytes of every size in `sizes`; the blocks are written, checked and freed afterwards.
-fn committed_by(threads: usize, sizes: &[usize], count: impl Fn(usize) -> usize + Sync) -> u64 {
+/// every size in [`SIZES`]; the blocks are written, checked and freed afterwards.
+fn committed_by_threads_holding(count: impl Fn(usize) -> usize + Sync) -> u64 {
     let pd = Nic::soft().alloc_pd().unwrap();
     let pool = pool_with(&pd, Registration::Pinned);
-    let held = Barrier::new(threads + 1);
-    let done = Barrier::new(threads + 1);
+    const THREADS: usize = 32;
+    let held = Barrier::new(THREADS + 1);
+    let done = Barrier::new(THREADS + 1);
     let one_at_a_time = std::sync::Mutex::new(());
     let before = pool.stats().alloc.arena.committed_bytes;
     let grew = std::thread::scope(|s| {
-        let mut joins = Vec::new();
-        for t in 0..threads {
+        let mut threads = Vec::new();
+        for t in 0..THREADS {
             let (held, done, one_at_a_time, pool, count) =
                 (&held, &done, &one_at_a_time, &pool, &count);
-            joins.push(s.spawn(move || {
+            threads.push(s.spawn(move || {
                 // One thread allocates at a time: what is measured is each thread's pages,
                 // not how many slabs threads racing for an empty list cut.
                 let turn = one_at_a_time.lock().unwrap();
-                let blocks: Vec<(*mut u8, Layout)> = sizes
+                let blocks: Vec<(*mut u8, Layout)> = SIZES
                     .iter()
                     .flat_map(|&n| {
                         let l = Layout::from_size_align(n, 8).unwrap();
@@ -107,7 +94,7 @@ fn committed_by(threads: usize, sizes: &[usize], count: impl Fn(usize) -> usize 
         held.wait();
         let grew = pool.stats().alloc.arena.committed_bytes - before;
         done.wait();
-        for t in joins {
+        for t in threads {
             t.join().unwrap();
         }
         grew
