@@ -79,20 +79,20 @@ fn idle_slabs_of_every_kind_are_purged_on_request() {
     let _g = serial();
     let bed = bed();
     let pool = purging_pool(&bed.a.pd, None, Registration::Auto);
-    // Three slabs at a time, so that the pinned memory fits the rxe guest's 8 MiB memlock
-    // limit. A thread's first four pages of 8 KiB blocks hold one block each (a slab of 8 KiB
-    // pages), its next ones eight (64 KiB pages, 32 per slab).
-    let small = Layout::from_size_align(8 << 10, 8).unwrap();
+    // Three slabs in all, so that the pinned memory fits the rxe guest's 8 MiB memlock limit.
+    let small = Layout::from_size_align(8 << 10, 8).unwrap(); // 64 KiB pages, 32 per slab
     // A thread's first page of a class holds one block: a 1 MiB page, in a slab of two.
     let medium = Layout::from_size_align(600 << 10, 8).unwrap();
     let large = Layout::from_size_align(3 << 19, 4096).unwrap(); // a one-slab run
-    let s_blocks = blocks_from_a_thread(&pool, small, 4 + 256); // two slabs of pages
+    let s_blocks = blocks_from_a_thread(&pool, small, 256); // exactly one slab of pages
     let m_blocks = blocks_from_a_thread(&pool, medium, 1);
-    let keep = s_blocks[4] as *mut u8; // stays live: its slab of 64 KiB pages is not idle
+    let l_blocks = blocks_from_a_thread(&pool, large, 1);
+    let keep = s_blocks[0] as *mut u8; // stays live: its slab is not idle
+    let s_blocks = &s_blocks[1..];
     let before = pool.stats().alloc.arena;
-    free_all(&pool, &s_blocks[..4], small);
-    free_all(&pool, &s_blocks[5..], small);
+    free_all(&pool, s_blocks, small);
     free_all(&pool, &m_blocks, medium);
+    free_all(&pool, &l_blocks, large);
     // Nothing is purged without a delay until asked.
     assert_eq!(pool.stats().alloc.arena.purged_bytes, 0);
     let purged = pool.purge();
@@ -100,25 +100,21 @@ fn idle_slabs_of_every_kind_are_purged_on_request() {
     assert_eq!(
         purged,
         2 * SLAB,
-        "the slab of 8 KiB pages and the slab of 1 MiB pages"
-    );
-    assert_eq!(after.purged_bytes, purged as u64);
-    assert_eq!(
-        after.committed_bytes,
-        before.committed_bytes - purged as u64
+        "the large run and the slab of 1 MiB pages"
     );
     // The last small block goes: now its slab is idle too.
     // SAFETY: a block of the pool, freed once.
     unsafe { pool.free_sized(keep, small) };
     assert_eq!(pool.purge(), SLAB);
-    // A freed large run goes whole.
-    let l_blocks = blocks_from_a_thread(&pool, large, 1);
-    free_all(&pool, &l_blocks, large);
-    assert_eq!(pool.purge(), SLAB);
+    assert_eq!(after.purged_bytes, purged as u64);
+    assert_eq!(
+        after.committed_bytes,
+        before.committed_bytes - purged as u64
+    );
     assert!(after.resident_bytes < before.resident_bytes);
     assert_eq!(pool.purge(), 0, "nothing idle is left");
     // Reuse: every kind comes back committed, zeroed where asked, and registered.
-    let again = blocks_from_a_thread(&pool, small, 4); // one slab of 8 KiB pages
+    let again = blocks_from_a_thread(&pool, small, 256);
     let big = pool.alloc_zeroed(large);
     assert!(!big.is_null());
     // SAFETY: a live zeroed block of `large.size()` bytes.
