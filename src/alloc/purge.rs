@@ -328,7 +328,7 @@ impl PoolInner {
     /// (`Some`: an explicit purge), or (`None`: a due purge) those whose thread freed nothing
     /// for the purge delay — a quiet thread's cached blocks and empty pages then go back at
     /// its next call, not at its next tick or never. True when a heap that no trim is pending
-    /// for freed since the last look (a later look may find it quiet).
+    /// for was not found quiet for the whole delay (a later look may find it quiet).
     pub(crate) fn request_trims(&self, except: Option<*const Heap>, now: u64) -> bool {
         let mut active = false;
         let me = super::tls::token();
@@ -352,8 +352,13 @@ impl PoolInner {
                     h.seen.store(u64::from(t) << 32 | u64::from(now_ms), R);
                     active |= !h.trim_pending();
                     false
+                } else if u64::from(now_ms.wrapping_sub(seen as u32)) >= delay_ms {
+                    true
                 } else {
-                    u64::from(now_ms.wrapping_sub(seen as u32)) >= delay_ms
+                    // Still, but not for the whole delay yet (this look came early, for a
+                    // slab's due time): a later look decides.
+                    active |= !h.trim_pending();
+                    false
                 }
             };
             if quiet && h.request_trim() {
