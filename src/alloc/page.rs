@@ -64,7 +64,9 @@ pub(crate) struct Page {
     pub(crate) shift: AtomicU8,
     pub(crate) in_full: AtomicBool,
     pub(crate) notified: AtomicBool,
-    _pad: [u8; 3],
+    /// On a pool list (set by a push, cleared by a take; checked in debug builds).
+    pub(crate) listed: AtomicBool,
+    _pad: [u8; 2],
     /// Frees counted into an abandoned page by threads without a heap in the pool since it
     /// was (last) abandoned: a hint that may run ahead (`heap.rs`), never behind.
     pub(crate) remote_frees: AtomicU32,
@@ -108,7 +110,8 @@ impl Page {
             shift: AtomicU8::new(0),
             in_full: AtomicBool::new(false),
             notified: AtomicBool::new(false),
-            _pad: [0; 3],
+            listed: AtomicBool::new(false),
+            _pad: [0; 2],
             remote_frees: AtomicU32::new(0),
             fresh: AtomicBool::new(false),
             former: AtomicPtr::new(null_mut()),

@@ -55,6 +55,8 @@ impl List {
     /// Push `page` and run `then` on it under the list's lock.
     pub(crate) fn push_then<T>(&self, page: &Page, then: impl FnOnce(&Page) -> T) -> T {
         let mut head = self.lock();
+        let twice = page.listed.swap(true, R);
+        debug_assert!(!twice, "a page listed twice: {:#x}", page.start.load(R));
         page.next.store(*head as *mut Page, R);
         *head = page as *const Page as usize;
         then(page)
@@ -84,6 +86,7 @@ impl List {
                     unsafe { (*prev).next.store(next, R) };
                 }
                 then(page);
+                page.listed.store(false, R);
                 page.next.store(chain, R);
                 chain = p;
                 if first {
@@ -425,15 +428,19 @@ impl PoolInner {
     /// (or a page of a slab or more) becomes idle.
     pub(super) fn list_page(&self, page: &Page) {
         let shift = u32::from(page.shift.load(R));
-        let start = page.start.load(R);
-        let idle = self
+        let slab = self.slab_of(page.start.load(R));
+        // The slab's idle stamp is written under the list's lock, with the count that makes
+        // it whole: a purge deciding under that lock which pages of whole slabs are due then
+        // sees one stamp for all of a slab's pages (written after, it could take some pages
+        // of a slab and leave the others listed, then give the slab back under them).
+        let stamped = self
             .page_list(shift)
             .push_then(page, |p| match self.small_free(p) {
-                Some(n) => n.fetch_add(1, R) + 1 == 1 << (SLAB_SHIFT - shift),
-                None => true,
+                Some(n) if n.fetch_add(1, R) + 1 != 1 << (SLAB_SHIFT - shift) => None,
+                _ => Some(self.idle.stamp_idle(slab)),
             });
-        if idle {
-            self.idle_from(start & !(SLAB - 1));
+        if let Some(now) = stamped {
+            self.idle.due_after(now);
         }
     }
 

@@ -170,14 +170,25 @@ impl Idle {
 
     /// Slab `s` became idle now.
     pub(crate) fn mark_idle(&self, s: usize) {
+        let now = self.stamp_idle(s);
+        self.due_after(now);
+    }
+
+    /// The stamp half of [`Idle::mark_idle`]: slab `s` idle from now (returned).
+    pub(crate) fn stamp_idle(&self, s: usize) -> u64 {
         let now = now_ns();
         // SeqCst with the purge's reset of `next_due` and its read of the stamps (Dekker): the
         // purge either sees this stamp or keeps the due time stored after it.
         if let Some(slot) = self.idle.get(s) {
             slot.store(now, Ordering::SeqCst);
         }
+        now
+    }
+
+    /// The due half of [`Idle::mark_idle`]: a purge is due one delay after `stamp`.
+    pub(crate) fn due_after(&self, stamp: u64) {
         if let Some(d) = self.delay {
-            self.due_by(now.saturating_add(d));
+            self.due_by(stamp.saturating_add(d));
         }
     }
 
@@ -192,7 +203,7 @@ impl Idle {
 }
 
 impl PoolInner {
-    fn slab_of(&self, addr: usize) -> usize {
+    pub(super) fn slab_of(&self, addr: usize) -> usize {
         (addr - self.table.span().0) >> SLAB_SHIFT
     }
 

@@ -225,6 +225,16 @@ impl PoolInner {
         // SAFETY: the slabs are out of every list and nothing in them is handed out, so
         // nothing writes their descriptors meanwhile (a grant counter is 0: a granted block
         // is live or parked, never in a spare slab); all-zero descriptors are `UNUSED`.
+        // Nothing of the range is on a list any more (a descriptor reset under a list would
+        // be handed out zeroed): the pages of a slab, or a run's head.
+        #[cfg(debug_assertions)]
+        for at in (start..start + len.min(SLAB)).step_by(1 << GRANULE_SHIFT) {
+            let d = self.desc(at);
+            assert!(
+                !d.listed.load(R),
+                "a listed page in a forgotten range: {at:#x}"
+            );
+        }
         let discarded = spare
             && unsafe {
                 self.pages
