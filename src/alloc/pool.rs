@@ -429,10 +429,9 @@ impl PoolInner {
     pub(super) fn list_page(&self, page: &Page) {
         let shift = u32::from(page.shift.load(R));
         let slab = self.slab_of(page.start.load(R));
-        // The slab's idle stamp is written under the list's lock, with the count that makes
-        // it whole: a purge deciding under that lock which pages of whole slabs are due then
-        // sees one stamp for all of a slab's pages (written after, it could take some pages
-        // of a slab and leave the others listed, then give the slab back under them).
+        // The idle stamp is written under the list's lock, with the count that makes the slab
+        // whole: a purge scanning the list sees one stamp for all its pages (written after,
+        // it could take some pages, leave the others listed and give the slab back).
         let stamped = self
             .page_list(shift)
             .push_then(page, |p| match self.small_free(p) {
