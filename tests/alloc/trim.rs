@@ -50,39 +50,63 @@ fn worker(pool: &Pool, go: Receiver<()>, done: Sender<()>) {
     }
 }
 
+/// Runs [`worker`] on a thread of `pool` and hands `test` the stats once the worker's cache is
+/// filled, and a call that has the worker make its one call.
+fn with_worker(pool: &Pool, test: impl FnOnce(&PoolStats, &dyn Fn())) {
+    let (go_tx, go_rx) = channel();
+    let (done_tx, done_rx) = channel();
+    std::thread::scope(|s| {
+        s.spawn(|| worker(pool, go_rx, done_tx));
+        done_rx.recv().unwrap();
+        let before = pool.stats().alloc;
+        assert!(cached(&before) >= 48, "{before:?}");
+        assert!(pages_of(&before, &SIZES[1..]) > 0);
+        test(&before, &|| {
+            go_tx.send(()).unwrap();
+            done_rx.recv().unwrap();
+        });
+        drop(go_tx);
+    });
+    assert!(pool.validate());
+}
+
+/// After its one call the worker has trimmed once: the block of that call may be cached again,
+/// nothing else is, and its pages of the other sizes are gone.
+fn assert_trimmed(pool: &Pool, before: &PoolStats) -> PoolStats {
+    let after = pool.stats().alloc;
+    assert_eq!(after.trims, before.trims + 1);
+    assert!(cached(&after) <= 1, "{after:?}");
+    assert_eq!(pages_of(&after, &SIZES[1..]), 0, "{after:?}");
+    after
+}
+
+/// Free a run of 1.5 MiB: it puts a purge on the clock.
+fn free_a_run(pool: &Pool) {
+    let large = Layout::from_size_align(3 << 19, 4096).unwrap();
+    let l = pool.alloc(large);
+    // SAFETY: a block of the pool, freed once.
+    unsafe { pool.free_sized(l, large) };
+}
+
 #[test]
 fn purge_asks_other_threads_to_give_back_their_caches_at_their_next_call() {
     let _g = serial();
     let bed = bed();
     let pool = clock_pool(&bed.a.pd, None, Registration::Pinned, false);
-    let (go_tx, go_rx) = channel();
-    let (done_tx, done_rx) = channel();
-    std::thread::scope(|s| {
-        s.spawn(|| worker(&pool, go_rx, done_tx));
-        done_rx.recv().unwrap();
-        let before = pool.stats().alloc;
-        assert!(cached(&before) >= 48, "{before:?}");
-        assert!(pages_of(&before, &SIZES[1..]) > 0);
+    with_worker(&pool, |before, call| {
         pool.purge();
         let asked = pool.stats().alloc;
         assert_eq!(asked.trims_requested, before.trims_requested + 1);
         // Nobody but the owner touches its cache.
         assert_eq!(asked.trims, before.trims);
-        assert_eq!(cached(&asked), cached(&before));
+        assert_eq!(cached(&asked), cached(before));
         // A second purge before the thread called asks nothing more.
         pool.purge();
         assert_eq!(pool.stats().alloc.trims_requested, asked.trims_requested);
-        go_tx.send(()).unwrap();
-        done_rx.recv().unwrap();
-        let after = pool.stats().alloc;
-        assert_eq!(after.trims, before.trims + 1);
-        // The block of its one call may be cached again; nothing else is.
-        assert!(cached(&after) <= 1, "{after:?}");
-        assert_eq!(pages_of(&after, &SIZES[1..]), 0, "{after:?}");
+        call();
+        let after = assert_trimmed(&pool, before);
         assert!(after.empty_pages > before.empty_pages);
-        drop(go_tx);
     });
-    assert!(pool.validate());
 }
 
 #[test]
@@ -95,33 +119,18 @@ fn the_clock_asks_a_quiet_thread_to_trim() {
         Registration::Pinned,
         true,
     );
-    let (go_tx, go_rx) = channel();
-    let (done_tx, done_rx) = channel();
-    std::thread::scope(|s| {
-        s.spawn(|| worker(&pool, go_rx, done_tx));
-        done_rx.recv().unwrap();
-        let before = pool.stats().alloc;
-        assert!(cached(&before) >= 48, "{before:?}");
+    with_worker(&pool, |before, call| {
         // A freed run puts a purge on the clock; its looks find the worker quiet.
-        let large = Layout::from_size_align(3 << 19, 4096).unwrap();
-        let l = pool.alloc(large);
-        // SAFETY: a block of the pool, freed once.
-        unsafe { pool.free_sized(l, large) };
+        free_a_run(&pool);
         assert!(
             wait_for(&pool, 10, |s| s.trims_requested > before.trims_requested),
             "{:?}",
             pool.stats().alloc
         );
         assert_eq!(pool.stats().alloc.trims, before.trims);
-        go_tx.send(()).unwrap();
-        done_rx.recv().unwrap();
-        let after = pool.stats().alloc;
-        assert_eq!(after.trims, before.trims + 1);
-        assert!(cached(&after) <= 1, "{after:?}");
-        assert_eq!(pages_of(&after, &SIZES[1..]), 0, "{after:?}");
-        drop(go_tx);
+        call();
+        assert_trimmed(&pool, before);
     });
-    assert!(pool.validate());
 }
 
 #[test]
@@ -145,12 +154,9 @@ fn a_busy_thread_is_not_asked_by_the_clock() {
             }
         });
         // Runs freed now and then keep purges (and the clock's looks) coming.
-        let large = Layout::from_size_align(3 << 19, 4096).unwrap();
         let passes = pool.stats().alloc.purge_passes;
         for _ in 0..40 {
-            let l = pool.alloc(large);
-            // SAFETY: a block of the pool, freed once.
-            unsafe { pool.free_sized(l, large) };
+            free_a_run(&pool);
             std::thread::sleep(Duration::from_millis(40));
         }
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
