@@ -40,6 +40,7 @@ mod rails;
 mod resize;
 mod spare;
 mod stats;
+mod stepped;
 mod tcache;
 mod tls;
 

@@ -19,7 +19,7 @@ use super::heaps::Heaps;
 use super::memcheck;
 use super::page::{LARGE, LARGE_FREE, Page, SMALL, TAIL, UNUSED};
 use super::purge::Idle;
-use crate::arena::{Arena, Backing, SLAB, SLAB_SHIFT};
+use crate::arena::{Arena, Backing, SLAB, SLAB_SHIFT, STEP_SHIFT};
 use crate::sys::atfork::{ForkGuard, ForkLock};
 use crate::sys::futex;
 use crate::sys::os::MmapArray;
@@ -367,7 +367,7 @@ impl PoolInner {
                 },
             );
             if let Some(p) = listed {
-                if let Err(e) = self.reuse(p.start.load(R), 1 << shift) {
+                if let Err(e) = self.reuse(p.start.load(R), 1 << shift, shift <= STEP_SHIFT) {
                     self.count_failure(&e);
                     self.list_page(p);
                     return None;
@@ -411,6 +411,7 @@ impl PoolInner {
             break cut?;
         };
         drop(carver);
+        let page = self.ready(page)?;
         // SAFETY: an empty page nobody uses.
         unsafe {
             memcheck::recycled(
@@ -450,8 +451,11 @@ impl PoolInner {
         // Pages are shared by heaps that each touch a few of their blocks, and a heap's page
         // of large blocks (up to a whole slab of eight) touches what the program writes of
         // them: 4 KiB pages under all of them (`arena/commit.rs`); only large runs are dense.
-        let (start, run_len, zero) =
-            self.fresh_run(bytes.max(SLAB), bytes.max(SLAB), Backing::Sparse)?;
+        let (start, run_len, zero) = self.fresh_run(
+            bytes.max(SLAB),
+            bytes.max(SLAB),
+            self.arena.page_backing(shift),
+        )?;
         memcheck::unpoison(start as *mut u8, run_len);
         let granules = bytes >> GRANULE_SHIFT;
         let mut first = None;
@@ -478,13 +482,6 @@ impl PoolInner {
             }
         }
         first
-    }
-
-    /// Count a failed arena run, unless it was a re-entrant request (served elsewhere).
-    pub(super) fn count_failure(&self, e: &crate::arena::Error) {
-        if !matches!(e, crate::arena::Error::Reentrant) {
-            self.failed.fetch_add(1, R);
-        }
     }
 
     /// Record `heap` as the owner of `page` in its head and in every tail descriptor, so that

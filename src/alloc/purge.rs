@@ -212,15 +212,28 @@ impl PoolInner {
         self.idle.mark_idle(self.slab_of(start));
     }
 
-    /// The unit at `start` is reused: not idle, and committed again if it was purged.
+    /// The unit at `start` is reused: not idle, and committed again if it was purged; as
+    /// pages of at most a step (`stepped`: its slab may stay, or become, registered in steps)
+    /// or as anything else (one region then covers it).
     ///
     /// # Errors
-    /// As [`Arena::revive`](crate::arena::Arena::revive).
-    pub(crate) fn reuse(&self, start: usize, len: usize) -> Result<(), crate::arena::Error> {
+    /// As [`Arena::revive`](crate::arena::Arena::revive); a window keeping a step of a slab
+    /// that must become one region.
+    pub(crate) fn reuse(
+        &self,
+        start: usize,
+        len: usize,
+        stepped: bool,
+    ) -> Result<(), crate::arena::Error> {
         let slab = start & !(SLAB - 1);
+        let slabs = (start + len).next_multiple_of(SLAB) - slab;
         self.idle.mark_used(self.slab_of(slab));
-        self.arena
-            .revive(slab as *mut u8, (start + len).next_multiple_of(SLAB) - slab)
+        self.arena.revive_as(slab as *mut u8, slabs, stepped)?;
+        if stepped {
+            return Ok(());
+        }
+        // Not pages of at most a step: one region must cover it (`arena/step.rs`).
+        self.arena.make_whole(slab, slabs)
     }
 
     /// Purge what has been idle for the delay, if anything is due (slow paths only; never
@@ -286,6 +299,7 @@ impl PoolInner {
         for shift in GRANULE_SHIFT..SLAB_SHIFT {
             purged += self.purge_small(shift, cutoff);
             self.discard_free_pages(shift);
+            self.drop_free_steps(shift);
         }
         for s in 0..slabs {
             let Some(t) = self.idle.idle.get(s).map(|t| t.load(Ordering::SeqCst)) else {

@@ -15,10 +15,12 @@
 //! smaller than a slab, which many heaps share and each touches a little of) are ordinary
 //! memory advised `MADV_NOHUGEPAGE`, so touching one block faults in — and, pinned, pins —
 //! 4 KiB, not 2 MiB. Only [`Hugepages::Require`] puts sparse chunks on hugetlb too. Sparse
-//! chunks exist only in a lazy (ODP) arena: pinned slabs are populated and pinned whole, so
-//! small pages would pin as much and cost more faults and NIC translations (`run.rs`). A pinned
-//! rail on an ODP arena (`rails/`) pins a sparse slab whole, on 4 KiB pages: as many bytes as
-//! on a huge page, with more translations on that device.
+//! chunks exist in a lazy (ODP) arena, and in a pinned one for slabs of pages of at most a
+//! step, which it registers a step at a time (`step.rs`); a pinned slab registered whole is
+//! populated and pinned whole, so small pages there would pin as much and cost more faults and
+//! NIC translations (`run.rs`). A pinned rail (`rails/`) pins a sparse slab whole, on 4 KiB
+//! pages: as many bytes as on a huge page, with more translations on that device. Sparse
+//! memory is not populated when committed: it is touched a page at a time.
 //!
 //! Invariant: in a mapped range, slabs `[0, huge_until)` are hugetlb-mapped and slabs
 //! `[huge_until, end)` ordinary; `huge_until` only decreases; a sparse chunk's ordinary slabs
@@ -209,7 +211,11 @@ impl Pages {
             self.map_ordinary(at(s), (slabs - s) as usize * SLAB, node, backing)?;
             *huge_until = s;
         }
-        self.populate_ordinary(at(s), len)?;
+        // Sparse memory is touched a page at a time: by the program, or by the registration
+        // of a step (`step.rs`); a pinned arena populates a sparse run it pins whole itself.
+        if backing == Backing::Dense {
+            self.populate_ordinary(at(s), len)?;
+        }
         Ok(self.ordinary_kind(backing))
     }
 

@@ -49,6 +49,22 @@
 
 mod commit;
 pub(crate) use commit::Backing;
+pub(crate) use table::{STEP, STEP_SHIFT};
+
+/// Bytes of a step: in a pinned arena, a slab cut into pages of at most this size is
+/// registered a step at a time, as its pages are used, so it pins what is in use, not 2 MiB.
+///
+/// # Examples
+/// ```
+/// assert_eq!(rdma_pool::arena::STEP_BYTES, 256 << 10);
+/// assert_eq!(rdma_pool::arena::SLAB % rdma_pool::arena::STEP_BYTES, 0);
+/// ```
+pub const STEP_BYTES: usize = STEP;
+
+/// The fewest regions (`max_mr`) a device must offer for a pinned arena to register steps: a
+/// quarter of them is the arena's step budget (`step.rs`), and a device with fewer regions
+/// keeps them for whole slabs and grants.
+const MIN_STEP_MAX_MR: u32 = 4096;
 mod config;
 mod discard;
 mod env;
@@ -69,6 +85,7 @@ mod rails;
 mod register;
 mod run;
 mod stats;
+mod step;
 mod table;
 
 pub use crate::sys::atfork::{DRAIN, ForkStats, fork_stats};
@@ -324,7 +341,14 @@ impl Arena {
                 errno: e,
             }
         };
-        let table = Table::new(base, window).map_err(unreserve)?;
+        // A quarter of the device's regions for steps (`step.rs`), in a pinned arena on a
+        // device with enough of them.
+        let step_slabs = if mode == RegMode::Pinned && caps.max_mr >= MIN_STEP_MAX_MR {
+            caps.max_mr as usize / 4 / table::STEPS
+        } else {
+            0
+        };
+        let table = Table::new(base, window, step_slabs).map_err(unreserve)?;
         // SAFETY: an all-zero ChunkState is a valid "not opened" chunk, an all-zero SlabInfo a
         // live slab of unknown kind.
         let (chunks, slabs) = unsafe {

@@ -112,7 +112,7 @@ impl Arena {
     }
 
     /// Whether slab `i` lies in a sparse chunk.
-    fn slab_is_sparse(&self, i: usize) -> bool {
+    pub(super) fn slab_is_sparse(&self, i: usize) -> bool {
         self.slabs
             .get(i)
             .is_some_and(|s| s.flags.load(Ordering::Relaxed) & SPARSE != 0)
@@ -216,9 +216,14 @@ impl Arena {
         let mut purged = 0;
         let mut i = first;
         while i < first + n {
+            if self.table.is_stepped(i) {
+                purged += self.purge_stepped(i);
+                i += 1;
+                continue;
+            }
             let id = self.table.reg_at(i);
             let mut e = i + 1;
-            while e < first + n && self.table.reg_at(e) == id {
+            while e < first + n && self.table.reg_at(e) == id && !self.table.is_stepped(e) {
                 e += 1;
             }
             // Other devices first: their pinned regions must not outlive the pages either.
@@ -275,7 +280,7 @@ impl Arena {
         Ok(())
     }
 
-    fn set_state(&self, first: usize, n: usize, state: u8) {
+    pub(super) fn set_state(&self, first: usize, n: usize, state: u8) {
         for i in first..first + n {
             if let Some(s) = self.slabs.get(i) {
                 s.state.store(state, Ordering::Release);
@@ -393,7 +398,7 @@ impl Arena {
     }
 
     /// Drop the pages of slabs `[first, first + n)` and mark them purged.
-    fn drop_pages(&self, first: usize, n: usize, registered: bool, unregistered: bool) {
+    pub(super) fn drop_pages(&self, first: usize, n: usize, registered: bool, unregistered: bool) {
         let bytes = n << SLAB_SHIFT;
         for i in first..first + n {
             let kind = self.kind_at(i);
@@ -432,6 +437,15 @@ impl Arena {
     /// registration under [`RegistrationPolicy::Required`](super::RegistrationPolicy). The
     /// slabs stay purged on error.
     pub fn revive(&self, ptr: *mut u8, len: usize) -> Result<(), Error> {
+        self.revive_as(ptr, len, false)
+    }
+
+    /// [`Arena::revive`]; `stepped`: the slabs will be cut into pages of at most a step, so
+    /// sparse ones of a pinned arena are registered in steps (`step.rs`), not whole.
+    ///
+    /// # Errors
+    /// As [`Arena::revive`].
+    pub(crate) fn revive_as(&self, ptr: *mut u8, len: usize, stepped: bool) -> Result<(), Error> {
         let (first, n) = self.slab_range(ptr, len)?;
         let all_live = (first..first + n).all(|i| {
             self.slabs
@@ -441,11 +455,11 @@ impl Arena {
         if all_live {
             return Ok(());
         }
-        self.revive_cold(first, n)
+        self.revive_cold(first, n, stepped)
     }
 
     #[cold]
-    fn revive_cold(&self, first: usize, n: usize) -> Result<(), Error> {
+    fn revive_cold(&self, first: usize, n: usize, stepped: bool) -> Result<(), Error> {
         let _inside = crate::sys::atfork::inside();
         if provision::active() {
             return Err(Error::Reentrant);
@@ -479,7 +493,7 @@ impl Arena {
             {
                 e += 1;
             }
-            if let Err(err) = self.recommit(i, e) {
+            if let Err(err) = self.recommit(i, e, stepped) {
                 self.set_state(i, e - i, PURGED);
                 return Err(err);
             }
@@ -491,13 +505,21 @@ impl Arena {
         Ok(())
     }
 
-    /// Commit and register slabs `[s, e)` (claimed `BUSY`).
-    fn recommit(&self, s: usize, e: usize) -> Result<(), Error> {
+    /// Commit and register slabs `[s, e)` (claimed `BUSY`); sparse ones in steps where
+    /// `stepped` asks and the arena registers steps.
+    fn recommit(&self, s: usize, e: usize, stepped: bool) -> Result<(), Error> {
         let addr = self.base + (s << SLAB_SHIFT);
         let len = (e - s) << SLAB_SHIFT;
         let mut kind = self.kind_at(s);
+        let stepped = stepped
+            && kind != PageKind::Hugetlb
+            && self.slab_is_sparse(s)
+            && self.steps_wanted()
+            && self.set_stepped(s, e - s);
         let populated = if kind == PageKind::Hugetlb {
             os::populate_write(addr as *mut u8, len)
+        } else if stepped {
+            Ok(())
         } else {
             self.pages
                 .populate_ordinary(addr as *mut u8, len)
@@ -539,6 +561,11 @@ impl Arena {
         // Per slab: a run revived whole may hold slabs of several kinds (runs committed apart,
         // purged into one spare range), each counted as what it is.
         (s..e).for_each(|i| add(self.kind_counter(self.kind_at(i)), 1));
+        if stepped {
+            // Its steps are registered as its pages are handed out.
+            add(&self.counters.revived_bytes, len as u64);
+            return Ok(());
+        }
         if let Some(id) = registered {
             // An ODP region kept its slabs: the purge dropped their pages, fault them back.
             add(&self.counters.registered_bytes, len as u64);

@@ -205,7 +205,7 @@ pub(crate) fn choose_mode(
 }
 
 /// The cause recorded for a refused registration.
-fn cause_of(e: &Error) -> DegradeCause {
+pub(super) fn cause_of(e: &Error) -> DegradeCause {
     match e {
         Error::Nic(crate::nic::Error::Limit { limit, .. }) if *limit == "max_mr" => {
             DegradeCause::MaxMr
@@ -344,7 +344,7 @@ impl Arena {
 
     /// A run committed after the device died: served unregistered (or refused when
     /// registration is required), with no NIC call.
-    fn dead_device_run(&self, len: usize) -> Result<Option<u32>, Error> {
+    pub(super) fn dead_device_run(&self, len: usize) -> Result<Option<u32>, Error> {
         self.record(Degradation {
             cause: DegradeCause::DeviceDead,
             odp_fallback: false,
@@ -368,7 +368,7 @@ impl Arena {
         });
     }
 
-    fn record(&self, d: Degradation) {
+    pub(super) fn record(&self, d: Degradation) {
         self.last_degradation.store(d.pack(), Ordering::Relaxed);
         add(&self.counters.degradations, 1);
     }

@@ -13,7 +13,7 @@ use super::commit::{Backing, PageKind};
 use super::grow::Grown;
 use super::stats::MAX_STAT_NODES;
 use super::stats::{add, sub};
-use super::{Arena, ChunkState, Error, NumaPlacement, Run, SLAB, State};
+use super::{Arena, ChunkState, Error, NumaPlacement, RegMode, Run, SLAB, State};
 use crate::sys::{os, provision};
 use std::ptr::NonNull;
 use std::sync::atomic::Ordering;
@@ -78,11 +78,13 @@ impl Arena {
         self.alloc_fresh(len, align, backing)
     }
 
-    /// The backing a run asking for `backing` gets: sparse only in a lazy (ODP) arena. Pinned
-    /// memory is populated and pinned whole slabs at a time whatever its pages: on 4 KiB pages
-    /// it would pin as much, fault 512 times a slab, and cost the NIC 512 translations.
+    /// The backing a run asking for `backing` gets: sparse in a lazy (ODP) arena, and in a
+    /// pinned one while its sparse runs are registered in steps (`step.rs`). Pinned memory
+    /// registered whole slabs at a time is populated and pinned whole whatever its pages: on
+    /// 4 KiB pages it would pin as much, fault 512 times a slab, and cost the NIC 512
+    /// translations.
     pub(crate) fn backing_for(&self, backing: Backing) -> Backing {
-        if self.pages.lazy {
+        if self.pages.lazy || self.steps_wanted() {
             backing
         } else {
             Backing::Dense
@@ -126,6 +128,7 @@ impl Arena {
         let spc = self.slabs_per_chunk;
         let (node, slot) = self.wanted_node();
         let sparse = backing == Backing::Sparse;
+        let want_steps = sparse && self.mode == RegMode::Pinned && self.steps_wanted();
         let b = usize::from(sparse);
         let (c, old_used, s, kind, tail, sparse) = {
             let mut st = self.lock();
@@ -199,25 +202,39 @@ impl Arena {
         self.committed(c, kind, addr, slabs);
         let huge = kind == PageKind::Hugetlb;
         let mut pinned_id = None;
-        let registered = self.register_run(c, addr, len, false, || {
-            let id = match tail {
-                Some(id) => match self.extend(id, addr, addr + len) {
-                    Ok(Grown::Extended) => Ok(id),
-                    Ok(Grown::Refused) => {
-                        add(&self.counters.fallbacks_to_new_mr, 1);
+        // A run of small pages in a pinned arena: registered a step at a time as its pages
+        // are handed out (`step.rs`); any other sparse run there is populated to be pinned.
+        let stepped =
+            want_steps && sparse && !huge && self.set_stepped(self.slab_index(addr), len / SLAB);
+        let populated = if sparse && !stepped && self.mode == RegMode::Pinned {
+            self.pages.populate_ordinary(addr as *mut u8, len)
+        } else {
+            Ok(())
+        };
+        let registered = populated.and_then(|()| {
+            if stepped {
+                return Ok(None);
+            }
+            self.register_run(c, addr, len, false, || {
+                let id = match tail {
+                    Some(id) => match self.extend(id, addr, addr + len) {
+                        Ok(Grown::Extended) => Ok(id),
+                        Ok(Grown::Refused) => {
+                            add(&self.counters.fallbacks_to_new_mr, 1);
+                            self.register_new(addr, len, huge)
+                        }
+                        Err(e) => Err(e),
+                    },
+                    None => {
+                        if s > 0 {
+                            add(&self.counters.fallbacks_to_new_mr, 1);
+                        }
                         self.register_new(addr, len, huge)
                     }
-                    Err(e) => Err(e),
-                },
-                None => {
-                    if s > 0 {
-                        add(&self.counters.fallbacks_to_new_mr, 1);
-                    }
-                    self.register_new(addr, len, huge)
-                }
-            }?;
-            pinned_id = Some(id);
-            Ok(id)
+                }?;
+                pinned_id = Some(id);
+                Ok(id)
+            })
         });
         if let Ok(id) = registered {
             // Outside the lock: NIC calls.

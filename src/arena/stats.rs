@@ -95,6 +95,9 @@ pub struct ArenaStats {
     pub purges_refused: u64,
     /// Bytes of purged slabs committed (and registered) again for reuse (cumulative).
     pub revived_bytes: u64,
+    /// Steps registered as regions of their own, of slabs a pinned arena registers in steps
+    /// (each [`STEP_BYTES`](super::STEP_BYTES) long and counted in `registered_bytes`).
+    pub step_regions: u64,
     /// Where chunks are placed: what [`ArenaConfig::numa`](super::ArenaConfig::numa)
     /// resolved to.
     pub numa: NumaPlacement,
@@ -140,6 +143,8 @@ pub(crate) struct Counters {
     pub(crate) purges: AtomicU64,
     pub(crate) purges_refused: AtomicU64,
     pub(crate) revived_bytes: AtomicU64,
+    /// Steps of stepped slabs registered as regions of their own (`step.rs`).
+    pub(crate) step_regions: AtomicU64,
     pub(crate) node_chunk_bytes: [AtomicU64; MAX_STAT_NODES],
 }
 
@@ -207,6 +212,7 @@ impl Counters {
             purges: r(&self.purges),
             purges_refused: r(&self.purges_refused),
             revived_bytes: r(&self.revived_bytes),
+            step_regions: r(&self.step_regions),
             numa: f.numa,
             node_chunk_bytes: std::array::from_fn(|n| r(&self.node_chunk_bytes[n])),
             numa_bind_failures: f.numa_bind_failures,

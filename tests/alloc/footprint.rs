@@ -288,8 +288,10 @@ fn a_pool_of_one_chunk_cuts_small_pages_and_whole_slabs_from_it() {
 }
 
 #[test]
-fn a_pinned_pool_keeps_its_small_blocks_on_huge_pages() {
-    let pd = Nic::soft().alloc_pd().unwrap();
+fn a_pinned_pool_pins_one_step_for_a_small_block_not_a_huge_page() {
+    let nic = Nic::soft();
+    let soft = nic.as_soft().unwrap();
+    let pd = nic.alloc_pd().unwrap();
     let pool = Pool::with_config(
         &pd,
         ArenaConfig {
@@ -304,18 +306,27 @@ fn a_pinned_pool_keeps_its_small_blocks_on_huge_pages() {
     let small = Layout::from_size_align(64, 8).unwrap();
     let p = pool.alloc(small);
     assert!(!p.is_null());
-    let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
-        .is_ok_and(|s| !s.contains("[never]"));
     let (_, flags) = mapping_of(p as usize);
     let arena = pool.stats().alloc.arena;
-    // A pinned slab is populated and pinned whole: 4 KiB pages would pin as much.
-    if thp {
-        assert!(flags.split_whitespace().any(|w| w == "hg"), "{flags}");
-        assert_eq!(arena.slabs_small, 0, "{arena:?}");
-    }
-    assert!(!flags.split_whitespace().any(|w| w == "nh"), "{flags}");
+    // A slab of small pages is on 4 KiB pages, registered a step at a time: one block pins
+    // its step (256 KiB), not a 2 MiB huge page.
+    assert!(!flags.split_whitespace().any(|w| w == "hg"), "{flags}");
+    assert_eq!(arena.slabs_thp, 0, "{arena:?}");
+    assert_eq!(arena.step_regions, 1, "{arena:?}");
+    assert_eq!(soft.pinned_bytes(), STEP_BYTES as u64);
+    let keys = pool.keys_of(p).unwrap();
+    assert_eq!(keys.len, STEP_BYTES);
+    assert_eq!(keys.addr % STEP_BYTES, 0);
+    assert!(keys.contains(p as usize, 64));
     // SAFETY: the block allocated above.
     unsafe { pool.free_sized(p, small) };
+    pool.purge();
+    assert_eq!(
+        soft.pinned_bytes(),
+        0,
+        "nothing pinned once it all went back"
+    );
+    assert_eq!(pool.stats().alloc.arena.step_regions, 0);
     assert!(pool.validate());
 }
 

@@ -13,13 +13,14 @@ mod model;
 mod purge;
 mod reclaim;
 mod small_pages;
+mod steps;
 mod teardown;
 mod threads;
 mod trim;
 
 use common::*;
 use rdma_pool::Pool;
-use rdma_pool::arena::{ArenaConfig, Hugepages};
+use rdma_pool::arena::{ArenaConfig, Hugepages, STEP_BYTES};
 use rdma_pool::nic::*;
 
 /// A pool on `pd`: 16 GiB reserved, hugepages preferred, pool rights `remote`.

@@ -366,9 +366,10 @@ fn attach_and_detach_race_allocating_threads_and_no_block_loses_its_keys() {
     let mut check = allocator_api2::vec![in &t.pool; 0u8; 70_000];
     t.round_trip(1, &mut check, 7);
     let s = t.pool.stats().rails;
-    assert_eq!(
-        s[0].registered_bytes,
-        t.pool.stats().alloc.arena.registered_bytes
-    );
+    // The rail covers every committed slab whole; the pool's own device registers a slab of
+    // small pages a step at a time (`registered_bytes` counts the registered steps).
+    let a = t.pool.stats().alloc.arena;
+    assert!(s[0].registered_bytes >= a.registered_bytes, "{s:?} {a:?}");
+    assert!(s[0].registered_bytes <= a.committed_bytes, "{s:?} {a:?}");
     assert!(t.pool.validate());
 }

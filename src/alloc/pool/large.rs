@@ -28,7 +28,7 @@ impl PoolInner {
             .find_map(|list| list.pop_if(fits));
         let cached = cached.filter(|page| {
             let (start, run_len) = (page.start.load(R), page.large_len.load(R));
-            match self.reuse(start, run_len) {
+            match self.reuse(start, run_len, false) {
                 Ok(()) => true,
                 Err(e) => {
                     self.count_failure(&e);
@@ -72,6 +72,13 @@ impl PoolInner {
         p
     }
 
+    /// Count a failed arena run, unless it was a re-entrant request (served elsewhere).
+    pub(in crate::alloc) fn count_failure(&self, e: &crate::arena::Error) {
+        if !matches!(e, crate::arena::Error::Reentrant) {
+            self.failed.fetch_add(1, R);
+        }
+    }
+
     /// `(start, len, zero)` of a run of `len` bytes aligned to `align` (both multiples of a
     /// slab) that nothing uses — a slab of another size's empty pages (dirty: `zero` false;
     /// already resident, so whatever its backing), spare slabs revived (`spare.rs`; purged, so
@@ -99,7 +106,7 @@ impl PoolInner {
         let (n, a) = (len / SLAB, align / SLAB);
         if n == 1 && a == 1 {
             if let Some(start) = self.steal_free_slab() {
-                match self.reuse(start, SLAB) {
+                match self.reuse(start, SLAB, backing == Backing::Sparse) {
                     Ok(()) => return Some((start, SLAB, false)),
                     // Its pages are gone from their list: spare now, purged by nobody but
                     // revived by the next taker (the arena still has it committed or purged).
@@ -138,7 +145,7 @@ impl PoolInner {
                 .spare
                 .take_if(n, a, chunk, |s| one_reg(s) && uniform(s, want))?;
             let start = self.base + s * SLAB;
-            match self.reuse(start, len) {
+            match self.reuse(start, len, backing == Backing::Sparse) {
                 Ok(()) => Some((start, len, true)),
                 Err(e) => {
                     self.count_failure(&e);
@@ -147,7 +154,8 @@ impl PoolInner {
                 }
             }
         };
-        if let Some(run) = revive_spare(Some(backing == Backing::Sparse)) {
+        let want = (!self.arena.backings_alike()).then_some(backing == Backing::Sparse);
+        if let Some(run) = revive_spare(want) {
             return Some(run);
         }
         match self.arena.alloc_run_in(len, align, backing) {

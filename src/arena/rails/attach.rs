@@ -80,7 +80,7 @@ impl Arena {
                 what: "mmap of a rail's tables",
                 errno,
             };
-            let table = Table::new(self.base, self.window).map_err(os)?;
+            let table = Table::new(self.base, self.window, 0).map_err(os)?;
             // SAFETY: an all-zero AtomicU32 is a valid "no ODP region".
             let chunk_odp = unsafe { MmapArray::zeroed(self.window_chunks()) }.map_err(os)?;
             let _ = slot.tables.set(Tables { table, chunk_odp });

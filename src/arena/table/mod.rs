@@ -1,8 +1,11 @@
 //! The key table: which registration covers each slab, answered in O(1) without a lock.
 //!
-//! Contract: `slots[i].meta` holds `0` (slab `i` of the reservation is not registered) or
-//! `id + 1` where `regs[id]` is the live registration covering slab `i`; it is published
-//! (`Release`) only after the registration's fields are written. Once the registration's keys
+//! Contract: `slots[i].meta` holds `0` (slab `i` of the reservation is not registered),
+//! `id + 1` where `regs[id]` is the live registration covering slab `i`, or `STEPPED_BIT`: the
+//! slab is registered in steps of [`STEP`] bytes (`step.rs`), and `steps[j]` (slab `i`'s
+//! `j - i·STEPS`-th step) says by what, with the same encoding and protocol as a slab's slot
+//! (a step's slot also carries `BUSY_BIT` while one thread registers or deregisters it). A
+//! slot's id is published (`Release`) only after the registration's fields are written. Once the registration's keys
 //! are handed out, the slot caches them (keys, start, len) and sets `EXPOSED_BIT` in `meta`, so
 //! `keys_of` is one slot read: a load of `meta` and three loads from the same cache line. A
 //! registration's `state` is
@@ -14,17 +17,22 @@
 //!   regs[id].len`, and with `EXPOSED_BIT` the slot's cached fields equal the registration's;
 //! - a registration never shrinks, and its slots never point elsewhere while it lives;
 //! - `state == EXPOSED ⇒ (lkey, rkey, start, len)` are final;
+//! - `steps[j].meta & ID == id + 1 ⇒` the slab of step `j` is stepped and `regs[id]` covers
+//!   step `j` (as above, at step granularity);
 //! - ids come from a counter or from the stack of released ids (a registration the purge
 //!   deregistered): an id is released only after no slot points at it, so
-//!   `next_reg - |released| <= slabs + 1` (every live registration but the implicit ODP one
-//!   covers at least one slab of its own).
+//!   `next_reg - |released| <= slabs + 1 + step_slabs · STEPS` (every live registration but
+//!   the implicit ODP one and the steps' covers at least one slab of its own, and at most
+//!   `stepped <= step_slabs` slabs have steps).
 
-use super::SLAB_SHIFT;
+use super::{SLAB, SLAB_SHIFT};
 use crate::nic::{Lkey, Mr, Rkey};
 use crate::sys::os::MmapArray;
 use std::cell::UnsafeCell;
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+
+mod steps;
 
 pub(crate) const PRIVATE: u8 = 0;
 pub(crate) const EXPOSED: u8 = 1;
@@ -32,6 +40,17 @@ pub(crate) const REREG: u8 = 2;
 
 /// In `Slot::meta`: the slot caches the final keys and range of its registration.
 const EXPOSED_BIT: u64 = 1 << 63;
+/// In a slab's `Slot::meta`: the slab is registered in steps (its steps' slots say by what).
+const STEPPED_BIT: u64 = 1 << 62;
+/// In a step's `Slot::meta`: a thread is registering or deregistering the step.
+const BUSY_BIT: u64 = 1 << 61;
+
+/// log2 of a step: the smallest part of a slab registered as a region of its own.
+pub(crate) const STEP_SHIFT: u32 = 18;
+/// Bytes in a step (256 KiB: a GiB of steps is 4,096 regions).
+pub(crate) const STEP: usize = 1 << STEP_SHIFT;
+/// Steps in a slab.
+pub(crate) const STEPS: usize = 1 << (SLAB_SHIFT - STEP_SHIFT);
 
 /// One slab's entry: the registration covering it and, once exposed, a copy of its keys.
 #[repr(C, align(32))]
@@ -227,23 +246,43 @@ pub(crate) struct Table {
     base: usize,
     len: usize,
     slots: MmapArray<Slot>,
+    /// The steps' slots, `STEPS` per slab, used where the slab's slot is `STEPPED_BIT`.
+    steps: MmapArray<Slot>,
     regs: MmapArray<Reg>,
     next_reg: AtomicU32,
+    /// Slabs whose slot is `STEPPED_BIT`, at most `step_slabs`: so step regions never
+    /// outnumber `step_slabs · STEPS`, and `regs` has room for them by construction.
+    stepped: AtomicUsize,
+    step_slabs: usize,
     /// `id + 1` of the top of the released-id stack, 0 when empty.
     released: crate::sys::atfork::ForkLock<u32>,
 }
 
 impl Table {
-    pub(crate) fn new(base: usize, len: usize) -> Result<Table, i32> {
+    /// A table for the `len` bytes at `base`, of which at most `step_slabs` slabs are
+    /// registered in steps at once.
+    pub(crate) fn new(base: usize, len: usize, step_slabs: usize) -> Result<Table, i32> {
         let slabs = len >> SLAB_SHIFT;
-        // SAFETY: zero is a valid (unregistered) Slot and a valid (not live, PRIVATE) Reg.
-        let (slots, regs) = unsafe { (MmapArray::zeroed(slabs)?, MmapArray::zeroed(slabs + 1)?) };
+        let step_slabs = step_slabs.min(slabs);
+        // SAFETY: zero is a valid (unregistered) Slot and a valid (not live, PRIVATE) Reg;
+        // the arrays are reserved, and only what is touched is ever committed. Slots hold no
+        // pointers: the leak checker need not scan the steps' (32 B per 256 KiB of window).
+        let (slots, steps, regs) = unsafe {
+            (
+                MmapArray::zeroed(slabs)?,
+                MmapArray::zeroed_unscanned(if step_slabs > 0 { slabs * STEPS } else { 0 })?,
+                MmapArray::zeroed(slabs + 1 + step_slabs * STEPS)?,
+            )
+        };
         Ok(Table {
             base,
             len,
             slots,
+            steps,
             regs,
             next_reg: AtomicU32::new(0),
+            stepped: AtomicUsize::new(0),
+            step_slabs,
             released: crate::sys::atfork::ForkLock::new(0),
         })
     }
@@ -261,7 +300,26 @@ impl Table {
         if meta & EXPOSED_BIT != 0 {
             return Some(slot.cached());
         }
+        if meta & STEPPED_BIT != 0 {
+            // SAFETY: `off < len`, and `steps.len() == (len >> SLAB_SHIFT) · STEPS`.
+            let step = unsafe { self.steps.get_unchecked(off >> STEP_SHIFT) };
+            let meta = step.meta.load(Ordering::Acquire);
+            if meta & EXPOSED_BIT != 0 {
+                return Some(step.cached());
+            }
+            return self.keys_of_slow(step, meta);
+        }
         self.keys_of_slow(slot, meta)
+    }
+
+    /// The slot that says what covers `addr`: its slab's, or its step's in a stepped slab.
+    fn slot_of(&self, addr: usize) -> Option<&Slot> {
+        let off = addr.wrapping_sub(self.base);
+        let slot = self.slots.get(off >> SLAB_SHIFT)?;
+        if slot.meta.load(Ordering::Acquire) & STEPPED_BIT != 0 {
+            return self.steps.get(off >> STEP_SHIFT);
+        }
+        Some(slot)
     }
 
     /// The live region covering `addr`, exposed first (for grants, which bind windows to
@@ -269,8 +327,7 @@ impl Table {
     /// purge of slabs with nothing live in them.
     pub(crate) fn exposed_region(&self, addr: usize) -> Option<&Mr> {
         self.keys_of(addr)?;
-        let slot = self.slots.get(addr.wrapping_sub(self.base) >> SLAB_SHIFT)?;
-        let id = slot.meta.load(Ordering::Acquire) as u32;
+        let id = self.slot_of(addr)?.meta.load(Ordering::Acquire) as u32;
         let reg = self.regs.get((id as usize).checked_sub(1)?)?;
         if !reg.is_live() || !reg.is_exposed() {
             return None;
@@ -283,7 +340,7 @@ impl Table {
     /// The registration covering `addr` and its keys, without exposing it (the keys of a
     /// private region may change under a grower: callers use this for ODP regions only).
     pub(crate) fn peek(&self, addr: usize) -> Option<(u32, Keys)> {
-        let slot = self.slots.get(addr.wrapping_sub(self.base) >> SLAB_SHIFT)?;
+        let slot = self.slot_of(addr)?;
         let id = (slot.meta.load(Ordering::Acquire) as u32).checked_sub(1)?;
         let reg = self.regs.get(id as usize)?;
         reg.is_live().then(|| (id, reg.keys()))
@@ -373,7 +430,9 @@ impl Table {
         let v = id.map_or(0, |id| id as u64 + 1);
         for i in first..first + n {
             if let Some(slot) = self.slots.get(i) {
-                slot.meta.store(v, Ordering::Release);
+                if slot.meta.swap(v, Ordering::AcqRel) & STEPPED_BIT != 0 {
+                    self.stepped.fetch_sub(1, Ordering::Relaxed);
+                }
             }
         }
     }
@@ -385,6 +444,11 @@ impl Table {
     /// The caller excludes every other writer of the table and every holder of a reference
     /// from [`Table::exposed_region`] until it returns.
     pub(crate) unsafe fn clear(&self, mut f: impl FnMut(Mr)) {
+        for i in 0..self.len >> SLAB_SHIFT {
+            if self.is_stepped(i) {
+                (i * STEPS..(i + 1) * STEPS).for_each(|j| self.end_step(j, None));
+            }
+        }
         self.publish(0, self.len >> SLAB_SHIFT, None);
         let n = (self.next_reg.load(Ordering::Relaxed) as usize).min(self.regs.len());
         for id in 0..n {
@@ -414,21 +478,40 @@ impl Table {
     /// Debug check of the invariants above.
     pub(crate) fn validate(&self) -> bool {
         let slabs = self.len >> SLAB_SHIFT;
-        (0..slabs).all(|i| {
-            let Some(slot) = self.slots.get(i) else {
-                return false;
-            };
-            let meta = slot.meta.load(Ordering::Acquire);
-            let id = meta as u32;
-            if id == 0 {
-                return true;
-            }
-            let reg = self.reg(id - 1);
-            let (start, len) = reg.range();
-            let addr = self.base + (i << SLAB_SHIFT);
-            let cached_ok = meta & EXPOSED_BIT == 0 || slot.cached() == reg.keys();
-            reg.live.load(Ordering::Acquire) && start <= addr && addr < start + len && cached_ok
-        })
+        let stepped = (0..slabs).filter(|&i| self.is_stepped(i)).count();
+        stepped <= self.step_slabs
+            && self.stepped.load(Ordering::Relaxed) <= self.step_slabs
+            && (0..slabs).all(|i| {
+                let Some(slot) = self.slots.get(i) else {
+                    return false;
+                };
+                let meta = slot.meta.load(Ordering::Acquire);
+                if meta & STEPPED_BIT != 0 {
+                    return meta == STEPPED_BIT
+                        && (0..STEPS).all(|k| {
+                            let j = i * STEPS + k;
+                            self.steps.get(j).is_some_and(|step| {
+                                let addr = self.base + (j << STEP_SHIFT);
+                                self.covered(step, addr, STEP)
+                            })
+                        });
+                }
+                self.covered(slot, self.base + (i << SLAB_SHIFT), SLAB)
+            })
+    }
+
+    /// Whether `slot` (of the `len` bytes at `addr`) is empty or points at a live
+    /// registration covering them whose keys it caches once exposed.
+    fn covered(&self, slot: &Slot, addr: usize, len: usize) -> bool {
+        let meta = slot.meta.load(Ordering::Acquire);
+        let id = meta as u32;
+        if id == 0 {
+            return meta & !BUSY_BIT == 0;
+        }
+        let reg = self.reg(id - 1);
+        let (start, rlen) = reg.range();
+        let cached_ok = meta & EXPOSED_BIT == 0 || slot.cached() == reg.keys();
+        reg.live.load(Ordering::Acquire) && start <= addr && addr + len <= start + rlen && cached_ok
     }
 }
 
@@ -442,7 +525,7 @@ mod tests {
         let pd = Nic::soft().alloc_pd().unwrap();
         let mut mem = crate::nic::Buffer::new(4 << 20).unwrap();
         let base = (mem.as_mut_ptr() as usize).next_multiple_of(super::super::SLAB);
-        let table = Table::new(base, super::super::SLAB).unwrap();
+        let table = Table::new(base, super::super::SLAB, 0).unwrap();
         // SAFETY: `mem` outlives the region (dropped by `drop_all` below).
         let mr =
             unsafe { pd.reg_mr(base as *mut u8, super::super::SLAB, Access::LOCAL_WRITE) }.unwrap();

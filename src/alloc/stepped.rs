@@ -1,0 +1,109 @@
+//! The pool's side of pinned steps (`arena/step.rs`): a slab of pages of at most a step in a
+//! pinned arena is registered a step at a time, as its pages are handed out, and a step whose
+//! pages are all free gives its memory back — region first — while its slab stays in use.
+//!
+//! Contract:
+//! - every page handed out of a stepped slab lies in a registered step: `take_page` readies
+//!   the page's step ([`Arena::ready_steps`](crate::arena::Arena)) before it hands the page
+//!   to a heap, and puts the page back when that fails;
+//! - [`PoolInner::drop_free_steps`] (each purge pass) takes the listed pages of stepped slabs
+//!   out of their free list under its lock (out of their slab's count too, so no purge or
+//!   steal finds the slab wholly listed meanwhile), lists again at once those of steps it does
+//!   not hold whole, drops each step all of whose pages it holds, marks those pages `fresh`
+//!   (zero), and lists them again: so no thread can take a page of a step while its region
+//!   goes, and the next taker registers it again;
+//! - while out of the list, a taken page's `used` is [`TAKEN`] (an empty page's is 0
+//!   otherwise), which is how the pass tells that it holds every page of a step.
+//!
+//! Invariant: a page no thread owns and no list holds is one this pass holds (`used ==
+//! TAKEN`), and it is listed again before the pass returns.
+
+use super::page::Page;
+use super::pool::PoolInner;
+use crate::arena::{SLAB_SHIFT, STEP, STEP_SHIFT};
+use std::sync::atomic::Ordering;
+
+const R: Ordering = Ordering::Relaxed;
+
+/// `Page::used` of an empty page this pass holds.
+const TAKEN: u32 = u32::MAX;
+
+impl PoolInner {
+    /// `page`, taken to be handed out, with its step registered (`None`: it could not be;
+    /// the page is listed again and the failure counted).
+    pub(super) fn ready<'a>(&self, page: &'a Page) -> Option<&'a Page> {
+        let bytes = 1usize << page.shift.load(R);
+        match self.arena.ready_steps(page.start.load(R), bytes) {
+            Ok(()) => Some(page),
+            Err(e) => {
+                self.count_failure(&e);
+                self.list_page(page);
+                None
+            }
+        }
+    }
+
+    /// Give back the memory of every step of a stepped slab of `1 << shift`-byte pages all of
+    /// whose pages are free (see the module contract).
+    pub(super) fn drop_free_steps(&self, shift: u32) {
+        if cfg!(feature = "memcheck") || shift > STEP_SHIFT || !self.arena.has_steps() {
+            return;
+        }
+        let per_slab = 1u32 << (SLAB_SHIFT - shift);
+        let per_step = 1usize << (STEP_SHIFT - shift);
+        let chain = self.page_list(shift).take_all_then(
+            |p| {
+                // Pages of registered steps only: a step no page was handed out of has no
+                // region and no memory to give back.
+                let whole = self.small_free(p).is_some_and(|n| n.load(R) == per_slab);
+                let start = p.start.load(R);
+                !whole && self.arena.is_stepped(start) && self.arena.step_registered(start)
+            },
+            |p| {
+                if let Some(n) = self.small_free(p) {
+                    n.fetch_sub(1, R);
+                }
+                p.used.store(TAKEN, R);
+            },
+        );
+        let taken = |at: usize| self.desc(at).used.load(R) == TAKEN;
+        // Pages of steps not wholly held go back at once (before any NIC call: threads may
+        // want them meanwhile); the others are kept on a chain of their own.
+        let mut kept: *mut Page = std::ptr::null_mut();
+        let mut p = chain;
+        while !p.is_null() {
+            // SAFETY: descriptors of the chain live in the page table.
+            let page = unsafe { &*p };
+            let next = page.next.load(R);
+            let step = page.start.load(R) & !(STEP - 1);
+            if (0..per_step).all(|k| taken(step + (k << shift))) {
+                page.next.store(kept, R);
+                kept = p;
+            } else {
+                page.used.store(0, R);
+                self.list_page(page);
+            }
+            p = next;
+        }
+        let mut p = kept;
+        while !p.is_null() {
+            // SAFETY: as above.
+            let page = unsafe { &*p };
+            let start = page.start.load(R);
+            if start % STEP == 0 && self.arena.drop_step(start) {
+                (0..per_step).for_each(|k| self.desc(start + (k << shift)).fresh.store(true, R));
+                self.idle.discarded.fetch_add(STEP as u64, R);
+            }
+            p = page.next.load(R);
+        }
+        let mut p = kept;
+        while !p.is_null() {
+            // SAFETY: as above.
+            let page: &Page = unsafe { &*p };
+            let next = page.next.load(R);
+            page.used.store(0, R);
+            self.list_page(page);
+            p = next;
+        }
+    }
+}

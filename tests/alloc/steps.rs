@@ -1,0 +1,181 @@
+//! Pinned steps: a pinned pool registers its slabs of small pages a 256 KiB step at a time, as
+//! their pages are used, and gives a step back — region first — once every page in it is free.
+
+use super::*;
+use rdma_pool::arena::Registration;
+use std::alloc::Layout;
+use std::collections::BTreeSet;
+
+fn pinned_pool(pd: &Pd) -> Pool {
+    Pool::with_config(
+        pd,
+        ArenaConfig {
+            reserve: 1 << 32,
+            chunk: 1 << 26,
+            hugepages: Hugepages::Off,
+            registration: Registration::Pinned,
+            purge_delay: None,
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
+fn step(p: *const u8) -> usize {
+    p as usize / STEP_BYTES
+}
+
+/// 2 KiB blocks: 64 KiB pages of 32 blocks, four pages a step.
+const BLOCK: usize = 2 << 10;
+
+#[test]
+fn a_free_step_goes_back_region_first_and_comes_back_registered_anew() {
+    let nic = Nic::soft();
+    let soft = nic.as_soft().unwrap();
+    let pd = nic.alloc_pd().unwrap();
+    let pool = pinned_pool(&pd);
+    let l = Layout::from_size_align(BLOCK, 8).unwrap();
+    // One thread of its own: the test harness's thread holds nothing of the pool.
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let blocks: Vec<*mut u8> = (0..512).map(|_| pool.alloc(l)).collect();
+            for (i, &p) in blocks.iter().enumerate() {
+                assert!(!p.is_null());
+                // SAFETY: a fresh block of BLOCK bytes.
+                unsafe { p.write_bytes((i as u8).wrapping_add(1), BLOCK) };
+            }
+            let steps: BTreeSet<usize> = blocks.iter().map(|&p| step(p)).collect();
+            assert!(
+                steps.len() >= 4,
+                "1 MiB of blocks spans at least four steps"
+            );
+            let stats = pool.stats().alloc.arena;
+            assert_eq!(stats.step_regions, steps.len() as u64, "{stats:?}");
+            assert_eq!(soft.pinned_bytes(), (steps.len() * STEP_BYTES) as u64);
+            let keys: Vec<_> = blocks.iter().map(|&p| pool.keys_of(p).unwrap()).collect();
+            for (k, &p) in keys.iter().zip(&blocks) {
+                assert_eq!(k.len, STEP_BYTES);
+                assert!(k.contains(p as usize, BLOCK), "no block crosses a step");
+            }
+            // Keep one block; free the rest: every other step is wholly free.
+            let keep = blocks[0];
+            for &p in &blocks[1..] {
+                // SAFETY: a block of `pool`, freed once.
+                unsafe { pool.free_sized(p, l) };
+            }
+            pool.purge();
+            let stats = pool.stats().alloc.arena;
+            assert_eq!(stats.step_regions, 1, "{stats:?}");
+            assert_eq!(
+                soft.pinned_bytes(),
+                STEP_BYTES as u64,
+                "only the kept block's step"
+            );
+            assert!(pool.stats().alloc.discarded_bytes >= ((steps.len() - 1) * STEP_BYTES) as u64);
+            // The kept block, its keys and its bytes are as they were; memory of a step that
+            // went has no keys (its region is gone: an old key reaches nothing).
+            assert_eq!(pool.keys_of(keep), Some(keys[0]));
+            // SAFETY: the live block.
+            assert!(
+                unsafe { std::slice::from_raw_parts(keep, BLOCK) }
+                    .iter()
+                    .all(|&b| b == 1)
+            );
+            let gone = blocks.iter().position(|&p| step(p) != step(keep)).unwrap();
+            assert_eq!(pool.keys_of(blocks[gone]), None);
+            // Used again: zero, registered anew, pinned again.
+            let again: Vec<*mut u8> = (0..511).map(|_| pool.alloc_zeroed(l)).collect();
+            for &p in &again {
+                assert!(!p.is_null());
+                // SAFETY: a fresh zeroed block.
+                let b = unsafe { std::slice::from_raw_parts(p, BLOCK) };
+                assert!(b.iter().all(|&x| x == 0));
+                let k = pool.keys_of(p).unwrap();
+                assert!(k.contains(p as usize, BLOCK));
+                assert_eq!(k.len, STEP_BYTES);
+            }
+            let back: BTreeSet<usize> = again.iter().chain([&keep]).map(|&p| step(p)).collect();
+            assert_eq!(pool.stats().alloc.arena.step_regions, back.len() as u64);
+            for &p in again.iter().chain([&keep]) {
+                // SAFETY: a block of `pool`, freed once.
+                unsafe { pool.free_sized(p, l) };
+            }
+        })
+        .join()
+        .unwrap();
+    });
+    pool.purge();
+    assert_eq!(soft.pinned_bytes(), 0, "everything went back");
+    assert_eq!(pool.stats().alloc.arena.step_regions, 0);
+    assert_eq!(pool.live_blocks(), 0);
+    assert!(pool.validate());
+}
+
+#[test]
+fn threads_using_and_freeing_steps_while_another_thread_purges_lose_nothing() {
+    let nic = Nic::soft();
+    let soft = nic.as_soft().unwrap();
+    let pd = nic.alloc_pd().unwrap();
+    let pool = pinned_pool(&pd);
+    let sizes = [
+        16usize,
+        200,
+        1024,
+        2048,
+        8 << 10,
+        40 << 10,
+        100 << 10,
+        200 << 10,
+    ];
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                pool.purge();
+                std::thread::yield_now();
+            }
+        });
+        let workers: Vec<_> = (0..8)
+            .map(|t| {
+                let pool = &pool;
+                s.spawn(move || {
+                    for round in 0..12 {
+                        let held: Vec<(*mut u8, Layout, u8)> = (0..64)
+                            .map(|i| {
+                                let n = sizes[(i + t + round) % sizes.len()];
+                                let l = Layout::from_size_align(n, 8).unwrap();
+                                let p = pool.alloc(l);
+                                assert!(!p.is_null());
+                                let k = pool.keys_of(p).expect("a pinned block has keys");
+                                assert!(k.contains(p as usize, n), "{n} bytes in one region");
+                                let v = (t * 31 + round * 7 + i) as u8;
+                                // SAFETY: a fresh block of `n` bytes.
+                                unsafe { p.write_bytes(v, n) };
+                                (p, l, v)
+                            })
+                            .collect();
+                        for &(p, l, v) in &held {
+                            // SAFETY: the block written above.
+                            let b = unsafe { std::slice::from_raw_parts(p, l.size()) };
+                            assert!(b.iter().all(|&x| x == v), "a live block changed");
+                            // SAFETY: a block of `pool`, freed once.
+                            unsafe { pool.free_sized(p, l) };
+                        }
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().unwrap();
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    pool.purge();
+    assert_eq!(pool.live_blocks(), 0);
+    // Every step went back; what stays pinned is whole-slab regions (pages of more than a
+    // step) a refused purge kept: an exposed region that covered live memory then.
+    let arena = pool.stats().alloc.arena;
+    assert_eq!(arena.step_regions, 0, "{arena:?}");
+    assert_eq!(soft.pinned_bytes(), arena.registered_bytes, "{arena:?}");
+    assert!(pool.validate());
+}
