@@ -29,7 +29,7 @@ use super::class::GRANULE_SHIFT;
 use super::heap::Heap;
 use super::page::{LARGE_FREE, Page, SMALL};
 use super::pool::PoolInner;
-use crate::arena::{SLAB, SLAB_SHIFT};
+use crate::arena::{SLAB, SLAB_SHIFT, STEPS};
 use crate::sys::atfork::ForkLock;
 use crate::sys::os::MmapArray;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -63,6 +63,9 @@ pub(crate) fn now_ns() -> u64 {
 pub(crate) struct Idle {
     idle: MmapArray<AtomicU64>,
     pub(crate) small_free: MmapArray<AtomicU32>,
+    /// Per step of a stepped slab: pages of it a drop pass holds (`stepped.rs`; 0 between
+    /// passes).
+    pub(crate) step_taken: MmapArray<AtomicU32>,
     /// Earliest time a purge may be due (`u64::MAX`: nothing idle).
     next_due: AtomicU64,
     /// Nanoseconds a slab stays idle before it is purged; `None`: only on request.
@@ -98,9 +101,12 @@ impl Idle {
     ) -> Result<Idle, i32> {
         // SAFETY: zero is "in use" / "no free page" for both arrays.
         let (idle, small_free) = unsafe { (MmapArray::zeroed(slabs)?, MmapArray::zeroed(slabs)?) };
+        // SAFETY: zero is "no page held"; no pointers (not scanned by the leak checker).
+        let step_taken = unsafe { MmapArray::zeroed_unscanned(slabs * STEPS)? };
         Ok(Idle {
             idle,
             small_free,
+            step_taken,
             next_due: AtomicU64::new(u64::MAX),
             delay: delay.map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
             lock: ForkLock::new(()),

@@ -12,11 +12,12 @@
 //!   not hold whole, drops each step all of whose pages it holds, marks those pages `fresh`
 //!   (zero), and lists them again: so no thread can take a page of a step while its region
 //!   goes, and the next taker registers it again;
-//! - while out of the list, a taken page's `used` is [`TAKEN`] (an empty page's is 0
-//!   otherwise), which is how the pass tells that it holds every page of a step.
+//! - the pass counts the pages it holds per step (`Idle::step_taken`, its own: one pass at a
+//!   time, under the purge lock; nothing else reads it), which is how it tells that it holds
+//!   every page of a step; the counts are 0 again when it returns.
 //!
-//! Invariant: a page no thread owns and no list holds is one this pass holds (`used ==
-//! TAKEN`), and it is listed again before the pass returns.
+//! Invariant: between passes `step_taken` is all 0; a page no thread owns and no list holds
+//! is one the pass holds, and it is listed again before the pass returns.
 
 use super::page::Page;
 use super::pool::PoolInner;
@@ -24,9 +25,6 @@ use crate::arena::{SLAB_SHIFT, STEP, STEP_SHIFT};
 use std::sync::atomic::Ordering;
 
 const R: Ordering = Ordering::Relaxed;
-
-/// `Page::used` of an empty page this pass holds.
-const TAKEN: u32 = u32::MAX;
 
 impl PoolInner {
     /// `page`, taken to be handed out, with its step registered (`None`: it could not be;
@@ -63,10 +61,10 @@ impl PoolInner {
                 if let Some(n) = self.small_free(p) {
                     n.fetch_sub(1, R);
                 }
-                p.used.store(TAKEN, R);
+                self.step_taken(p.start.load(R), 1);
             },
         );
-        let taken = |at: usize| self.desc(at).used.load(R) == TAKEN;
+        let whole = per_step as u32;
         // Pages of steps not wholly held go back at once (before any NIC call: threads may
         // want them meanwhile); the others are kept on a chain of their own.
         let mut kept: *mut Page = std::ptr::null_mut();
@@ -75,12 +73,12 @@ impl PoolInner {
             // SAFETY: descriptors of the chain live in the page table.
             let page = unsafe { &*p };
             let next = page.next.load(R);
-            let step = page.start.load(R) & !(STEP - 1);
-            if (0..per_step).all(|k| taken(step + (k << shift))) {
+            let start = page.start.load(R);
+            if self.taken_in(start) == whole {
                 page.next.store(kept, R);
                 kept = p;
             } else {
-                page.used.store(0, R);
+                self.clear_taken(start);
                 self.list_page(page);
             }
             p = next;
@@ -101,9 +99,31 @@ impl PoolInner {
             // SAFETY: as above.
             let page: &Page = unsafe { &*p };
             let next = page.next.load(R);
-            page.used.store(0, R);
+            self.clear_taken(page.start.load(R));
             self.list_page(page);
             p = next;
+        }
+    }
+
+    /// The pass holds `n` more pages of the step holding `addr`.
+    fn step_taken(&self, addr: usize, n: u32) {
+        if let Some(c) = self.idle.step_taken.get((addr - self.base) >> STEP_SHIFT) {
+            c.fetch_add(n, R);
+        }
+    }
+
+    /// Pages of the step holding `addr` the pass holds.
+    fn taken_in(&self, addr: usize) -> u32 {
+        self.idle
+            .step_taken
+            .get((addr - self.base) >> STEP_SHIFT)
+            .map_or(0, |c| c.load(R))
+    }
+
+    /// The pass holds no page of the step holding `addr` any more.
+    fn clear_taken(&self, addr: usize) {
+        if let Some(c) = self.idle.step_taken.get((addr - self.base) >> STEP_SHIFT) {
+            c.store(0, R);
         }
     }
 }

@@ -49,7 +49,7 @@
 
 mod commit;
 pub(crate) use commit::Backing;
-pub(crate) use table::{STEP, STEP_SHIFT};
+pub(crate) use table::{STEP, STEP_SHIFT, STEPS};
 
 /// Bytes of a step: in a pinned arena, a slab cut into pages of at most this size is
 /// registered a step at a time, as its pages are used, so it pins what is in use, not 2 MiB.
