@@ -66,10 +66,13 @@ pub(crate) struct Idle {
     /// Per step of a stepped slab: pages of it a drop pass holds (`stepped.rs`; 0 between
     /// passes).
     pub(crate) step_taken: MmapArray<AtomicU32>,
+    /// Per step of a stepped slab: when a purge pass first found it wholly free (0: not
+    /// since it was last used), `stepped.rs`.
+    pub(crate) step_free_since: MmapArray<AtomicU64>,
     /// Earliest time a purge may be due (`u64::MAX`: nothing idle).
     next_due: AtomicU64,
     /// Nanoseconds a slab stays idle before it is purged; `None`: only on request.
-    delay: Option<u64>,
+    pub(super) delay: Option<u64>,
     pub(super) lock: ForkLock<()>,
     pub(crate) passes: AtomicU64,
     /// Due purges run on the process's purge clock (`purger.rs`).
@@ -101,12 +104,19 @@ impl Idle {
     ) -> Result<Idle, i32> {
         // SAFETY: zero is "in use" / "no free page" for both arrays.
         let (idle, small_free) = unsafe { (MmapArray::zeroed(slabs)?, MmapArray::zeroed(slabs)?) };
-        // SAFETY: zero is "no page held"; no pointers (not scanned by the leak checker).
-        let step_taken = unsafe { MmapArray::zeroed_unscanned(slabs * STEPS)? };
+        // SAFETY: zero is "no page held" / "not seen free"; no pointers (not scanned by the
+        // leak checker).
+        let (step_taken, step_free_since) = unsafe {
+            (
+                MmapArray::zeroed_unscanned(slabs * STEPS)?,
+                MmapArray::zeroed_unscanned(slabs * STEPS)?,
+            )
+        };
         Ok(Idle {
             idle,
             small_free,
             step_taken,
+            step_free_since,
             next_due: AtomicU64::new(u64::MAX),
             delay: delay.map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
             lock: ForkLock::new(()),
@@ -305,7 +315,7 @@ impl PoolInner {
         for shift in GRANULE_SHIFT..SLAB_SHIFT {
             purged += self.purge_small(shift, cutoff);
             self.discard_free_pages(shift);
-            self.drop_free_steps(shift);
+            self.drop_free_steps(shift, all, now);
         }
         for s in 0..slabs {
             let Some(t) = self.idle.idle.get(s).map(|t| t.load(Ordering::SeqCst)) else {

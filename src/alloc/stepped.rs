@@ -11,7 +11,10 @@
 //!   steal finds the slab wholly listed meanwhile), lists again at once those of steps it does
 //!   not hold whole, drops each step all of whose pages it holds, marks those pages `fresh`
 //!   (zero), and lists them again: so no thread can take a page of a step while its region
-//!   goes, and the next taker registers it again;
+//!   goes, and the next taker registers it again. A step goes only on request (`purge()`)
+//!   or once it has stayed free for the purge delay since a pass first found it free
+//!   (`step_free_since`, cleared when a page of it is handed out): a step freed and used
+//!   again between passes is not deregistered and registered again each time;
 //! - the pass counts the pages it holds per step (`Idle::step_taken`, its own: one pass at a
 //!   time, under the purge lock; nothing else reads it), which is how it tells that it holds
 //!   every page of a step; the counts are 0 again when it returns.
@@ -32,7 +35,10 @@ impl PoolInner {
     pub(super) fn ready<'a>(&self, page: &'a Page) -> Option<&'a Page> {
         let bytes = 1usize << page.shift.load(R);
         match self.arena.ready_steps(page.start.load(R), bytes) {
-            Ok(()) => Some(page),
+            Ok(()) => {
+                self.step_used(page.start.load(R));
+                Some(page)
+            }
             Err(e) => {
                 self.count_failure(&e);
                 self.list_page(page);
@@ -41,9 +47,49 @@ impl PoolInner {
         }
     }
 
+    /// Whether the wholly free step at `start` goes back now: on request (`all`), or once
+    /// it has stayed free for the purge delay since a pass first found it so (a step freed
+    /// and used again between passes is not deregistered and registered again each time).
+    /// A step found free for the first time is stamped, and a purge made due after the delay.
+    fn step_due(&self, start: usize, all: bool, now: u64) -> bool {
+        let Some(since) = self
+            .idle
+            .step_free_since
+            .get((start - self.base) >> STEP_SHIFT)
+        else {
+            return all;
+        };
+        let t = since.load(R);
+        if all {
+            return true;
+        }
+        let Some(delay) = self.idle.delay else {
+            return false;
+        };
+        if t == 0 {
+            since.store(now, R);
+            self.idle.due_after(now);
+            return false;
+        }
+        now.saturating_sub(t) >= delay
+    }
+
+    /// The step holding `addr` is in use (again): not free since any pass.
+    fn step_used(&self, addr: usize) {
+        if let Some(since) = self
+            .idle
+            .step_free_since
+            .get((addr - self.base) >> STEP_SHIFT)
+        {
+            if since.load(R) != 0 {
+                since.store(0, R);
+            }
+        }
+    }
+
     /// Give back the memory of every step of a stepped slab of `1 << shift`-byte pages all of
     /// whose pages are free (see the module contract).
-    pub(super) fn drop_free_steps(&self, shift: u32) {
+    pub(super) fn drop_free_steps(&self, shift: u32, all: bool, now: u64) {
         if cfg!(feature = "memcheck") || shift > STEP_SHIFT || !self.arena.has_steps() {
             return;
         }
@@ -88,9 +134,10 @@ impl PoolInner {
             // SAFETY: as above.
             let page = unsafe { &*p };
             let start = page.start.load(R);
-            if start % STEP == 0 && self.arena.drop_step(start) {
+            if start % STEP == 0 && self.step_due(start, all, now) && self.arena.drop_step(start) {
                 (0..per_step).for_each(|k| self.desc(start + (k << shift)).fresh.store(true, R));
                 self.idle.discarded.fetch_add(STEP as u64, R);
+                self.step_used(start);
             }
             p = page.next.load(R);
         }

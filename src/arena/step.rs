@@ -109,9 +109,10 @@ impl Arena {
         }
         let _mark = Provisioning::enter();
         for j in first..=last {
+            let mut spins = 0u32;
             loop {
                 match self.table.claim_unregistered(j) {
-                    None => std::thread::yield_now(),
+                    None => backoff(&mut spins),
                     Some(false) => break,
                     Some(true) => {
                         let r = self.register_step(j);
@@ -219,11 +220,12 @@ impl Arena {
 
     /// Step `j` held busy: `Some(its registration)`, waiting out another thread holding it.
     fn take_step(&self, j: usize) -> Option<Option<u32>> {
+        let mut spins = 0u32;
         loop {
             if let Some(id) = self.table.begin_step(j) {
                 return Some(id);
             }
-            std::thread::yield_now();
+            backoff(&mut spins);
         }
     }
 
@@ -317,5 +319,16 @@ impl Arena {
     /// done) for a run of several slabs, or where the arena has its most stepped slabs.
     pub(crate) fn set_stepped(&self, first: usize, n: usize) -> bool {
         n == 1 && self.table.set_stepped(first)
+    }
+}
+
+/// Wait for a thread holding a step (a NIC call: microseconds to milliseconds): a few yields,
+/// then short sleeps, so hundreds of waiting threads do not take the cores from it.
+fn backoff(spins: &mut u32) {
+    *spins += 1;
+    if *spins < 16 {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(std::time::Duration::from_micros(50));
     }
 }
