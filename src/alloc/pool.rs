@@ -442,6 +442,7 @@ impl PoolInner {
         if let Some(now) = stamped {
             self.idle.due_after(now);
         }
+        self.listed_in_step(page);
     }
 
     /// Cut a fresh arena run into pages of `1 << shift` bytes; keep one, list the others.

@@ -36,7 +36,9 @@ impl PoolInner {
         let bytes = 1usize << page.shift.load(R);
         match self.arena.ready_steps(page.start.load(R), bytes) {
             Ok(()) => {
-                self.step_used(page.start.load(R));
+                if self.arena.is_stepped(page.start.load(R)) {
+                    self.step_used(page.start.load(R));
+                }
                 Some(page)
             }
             Err(e) => {
@@ -59,19 +61,32 @@ impl PoolInner {
         else {
             return all;
         };
-        let t = since.load(R);
         if all {
             return true;
         }
         let Some(delay) = self.idle.delay else {
             return false;
         };
+        let t = since.load(R);
         if t == 0 {
             since.store(now, R);
             self.idle.due_after(now);
             return false;
         }
-        now.saturating_sub(t) >= delay
+        if now.saturating_sub(t) >= delay {
+            return true;
+        }
+        // Each pass recomputes when the next is due: this step's time counts again.
+        self.idle.due_after(t);
+        false
+    }
+
+    /// An empty page of a stepped slab was listed: a pass is made due after the delay, so
+    /// that a step freed while its slab stays in use goes back also in an idle program.
+    pub(super) fn listed_in_step(&self, page: &Page) {
+        if self.arena.has_steps() && self.arena.is_stepped(page.start.load(R)) {
+            self.idle.due_after(super::purge::now_ns());
+        }
     }
 
     /// The step holding `addr` is in use (again): not free since any pass.

@@ -190,3 +190,55 @@ fn threads_using_and_freeing_steps_while_another_thread_purges_lose_nothing() {
     assert_eq!(soft.pinned_bytes(), arena.registered_bytes, "{arena:?}");
     assert!(pool.validate());
 }
+
+#[test]
+fn a_free_step_goes_back_on_the_clock_while_the_program_makes_no_call() {
+    let nic = Nic::soft();
+    let pd = nic.alloc_pd().unwrap();
+    let pool = Pool::with_config(
+        &pd,
+        ArenaConfig {
+            reserve: 1 << 32,
+            chunk: 1 << 26,
+            hugepages: Hugepages::Off,
+            registration: Registration::Pinned,
+            purge_delay: Some(std::time::Duration::from_millis(30)),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let l = Layout::from_size_align(BLOCK, 8).unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let blocks: Vec<*mut u8> = (0..512).map(|_| pool.alloc(l)).collect();
+            assert!(blocks.iter().all(|p| !p.is_null()));
+            let steps: BTreeSet<usize> = blocks.iter().map(|&p| step(p)).collect();
+            assert!(steps.len() >= 4);
+            for &p in &blocks[1..] {
+                // SAFETY: a block of `pool`, freed once.
+                unsafe { pool.free_sized(p, l) };
+            }
+            // No call into the pool from here but `stats()`, which purges nothing: the clock
+            // finds the free steps, and gives them back a delay later. This thread's cache
+            // keeps up to 32 KiB of the class (one page, one more step) until it trims.
+            let t = std::time::Instant::now();
+            let regions = || pool.stats().alloc.arena.step_regions;
+            let checked = !cfg!(feature = "memcheck"); // which keeps freed pages as they are
+            while checked && regions() > 2 && t.elapsed() < std::time::Duration::from_secs(10) {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            if checked {
+                assert!(regions() <= 2, "{:?}", pool.stats().alloc.arena);
+            }
+            assert!(
+                pool.keys_of(blocks[0]).is_some(),
+                "the kept block's step stays"
+            );
+            // SAFETY: a block of `pool`, freed once.
+            unsafe { pool.free_sized(blocks[0], l) };
+        })
+        .join()
+        .unwrap();
+    });
+    assert!(pool.validate());
+}
