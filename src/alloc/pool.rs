@@ -442,7 +442,6 @@ impl PoolInner {
         if let Some(now) = stamped {
             self.idle.due_after(now);
         }
-        self.listed_in_step(page);
     }
 
     /// Cut a fresh arena run into pages of `1 << shift` bytes; keep one, list the others.
@@ -507,6 +506,7 @@ impl PoolInner {
         let _inside = changing_hands();
         self.set_owner(page, null_mut());
         self.list_page(page);
+        self.listed_in_step(page);
     }
 
     /// Walk the head descriptors of every carved page and run (statistics, teardown).

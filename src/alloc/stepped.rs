@@ -81,8 +81,9 @@ impl PoolInner {
         false
     }
 
-    /// An empty page of a stepped slab was listed: a pass is made due after the delay, so
-    /// that a step freed while its slab stays in use goes back also in an idle program.
+    /// A heap gave back an empty page of a stepped slab: a pass is made due after the delay,
+    /// so that a step freed while its slab stays in use goes back also in an idle program
+    /// (not for pages a pass lists again itself: with no delay it would never stop).
     pub(super) fn listed_in_step(&self, page: &Page) {
         if self.arena.has_steps() && self.arena.is_stepped(page.start.load(R)) {
             self.idle.due_after(super::purge::now_ns());
