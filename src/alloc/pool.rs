@@ -10,7 +10,6 @@
 //!
 //! Invariant: a granule's descriptor is `UNUSED` until its page or run is carved; `TAIL`
 //! granules of a page point back to its head; `LARGE`/`LARGE_FREE` heads hold the run length.
-//!
 //! Large runs (taking, caching, freeing) are in `pool/large.rs`.
 
 use super::class::{GRANULE_SHIFT, page_shift_for};
@@ -552,6 +551,9 @@ impl PoolInner {
 
     /// Blocks still handed out: small blocks not freed and large runs in use.
     pub(crate) fn live_blocks(&self) -> u64 {
+        // No purge pass meanwhile: one collecting an exited thread's page between the reads
+        // of its count and of its remote frees would count those as live.
+        let _no_purge = self.idle.lock.lock();
         let cached: u64 = (0..super::tcache::CACHED_CLASSES)
             .map(|c| self.cached_in_heaps(c))
             .sum();

@@ -510,3 +510,21 @@ fn check_and_free(pool: &Pool, (p, n, seed): (usize, usize, u64)) {
     // SAFETY: freed once, with its layout.
     unsafe { pool.free_sized(p as *mut u8, Layout::from_size_align(n, 8).unwrap()) };
 }
+
+#[test]
+fn live_blocks_stays_exact_while_the_clock_collects_exited_threads_pages() {
+    let pd = Nic::soft().alloc_pd().unwrap();
+    let pool = purging_pool(&pd, Some(Duration::ZERO), Registration::Pinned);
+    let l = Layout::from_size_align(200, 8).unwrap();
+    for round in 0..300 {
+        // The thread exits holding its blocks; these frees go into pages no thread owns,
+        // which the clock's passes collect meanwhile (their remote frees, then their counts).
+        let blocks = blocks_from_a_thread(&pool, l, 64);
+        assert_eq!(pool.live_blocks(), 64, "round {round}");
+        free_all(&pool, &blocks, l);
+        for _ in 0..20 {
+            assert_eq!(pool.live_blocks(), 0, "round {round}");
+        }
+    }
+    assert!(pool.validate());
+}
