@@ -13,6 +13,7 @@ mod model;
 mod purge;
 mod reclaim;
 mod small_pages;
+mod step_limits;
 mod steps;
 mod teardown;
 mod threads;

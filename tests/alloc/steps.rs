@@ -6,7 +6,7 @@ use rdma_pool::arena::Registration;
 use std::alloc::Layout;
 use std::collections::BTreeSet;
 
-fn pinned_pool(pd: &Pd) -> Pool {
+pub(super) fn pinned_pool(pd: &Pd) -> Pool {
     Pool::with_config(
         pd,
         ArenaConfig {
@@ -21,12 +21,12 @@ fn pinned_pool(pd: &Pd) -> Pool {
     .unwrap()
 }
 
-fn step(p: *const u8) -> usize {
+pub(super) fn step(p: *const u8) -> usize {
     p as usize / STEP_BYTES
 }
 
 /// 2 KiB blocks: 64 KiB pages of 32 blocks, four pages a step.
-const BLOCK: usize = 2 << 10;
+pub(super) const BLOCK: usize = 2 << 10;
 
 #[test]
 fn a_free_step_goes_back_region_first_and_comes_back_registered_anew() {

@@ -1,0 +1,403 @@
+//! Pinned steps at their bounds: a full step budget, a refused step registration (ODP
+//! fallback, unregistered service, a typed failure), a refused step deregistration (what a
+//! window bound to the step does), and a pool dropped while its clock gives steps back.
+
+use super::steps::{BLOCK, pinned_pool, step};
+use super::*;
+use rdma_pool::arena::{Registration, RegistrationPolicy};
+use rdma_pool::nic::soft::{MemlockLimit, SoftConfig};
+use std::alloc::Layout;
+use std::collections::BTreeSet;
+
+const SLAB: usize = 2 << 20;
+
+fn slab(p: *const u8) -> usize {
+    p as usize / SLAB
+}
+
+/// A pinned pool on `pd` with `policy`, purges on request only.
+fn pinned_with(pd: &Pd, policy: RegistrationPolicy) -> Pool {
+    Pool::with_config(
+        pd,
+        ArenaConfig {
+            reserve: 1 << 32,
+            chunk: 1 << 26,
+            hugepages: Hugepages::Off,
+            registration: Registration::Pinned,
+            policy,
+            purge_delay: None,
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
+/// Run `f` on a thread of its own (the harness's thread then holds nothing of the pool).
+fn on_thread<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    std::thread::scope(|s| s.spawn(f).join().unwrap())
+}
+
+#[test]
+fn past_the_step_budget_slabs_are_registered_whole_and_the_budget_comes_back() {
+    // 4,096 regions: a quarter for steps, 128 stepped slabs of 8 steps.
+    let nic = Nic::soft_with(SoftConfig {
+        max_mr: 4096,
+        memlock: MemlockLimit::Unlimited,
+        ..Default::default()
+    });
+    let soft = nic.as_soft().unwrap();
+    let pd = nic.alloc_pd().unwrap();
+    let pool = pinned_pool(&pd);
+    // 32 KiB blocks: 256 KiB pages (a step each), 64 blocks a slab; 131 slabs' worth.
+    let l = Layout::from_size_align(32 << 10, 8).unwrap();
+    on_thread(|| {
+        let blocks: Vec<*mut u8> = (0..131 * 64).map(|_| pool.alloc(l)).collect();
+        let mut stepped = BTreeSet::new();
+        let mut whole = BTreeSet::new();
+        for &p in &blocks {
+            assert!(!p.is_null());
+            let k = pool.keys_of(p).expect("every block is registered");
+            assert!(k.contains(p as usize, l.size()), "a block in one region");
+            if k.len == STEP_BYTES {
+                stepped.insert(slab(p));
+            } else {
+                assert!(k.len >= SLAB, "a slab registered whole: {k:?}");
+                whole.insert(slab(p));
+            }
+        }
+        let arena = pool.stats().alloc.arena;
+        assert_eq!(stepped.len(), 128, "the budget is used: {arena:?}");
+        assert!(!whole.is_empty(), "then slabs are registered whole");
+        assert!(stepped.is_disjoint(&whole));
+        assert!(arena.step_regions <= 1024, "{arena:?}");
+        let used: BTreeSet<usize> = blocks
+            .iter()
+            .filter(|&&p| stepped.contains(&slab(p)))
+            .map(|&p| step(p))
+            .collect();
+        assert_eq!(
+            arena.step_regions,
+            used.len() as u64,
+            "the steps in use: {arena:?}"
+        );
+        let c = soft.counters();
+        assert!(c.registrations - c.deregistrations <= 4096 / 2, "{c:?}");
+        for &p in &blocks {
+            // SAFETY: a block of `pool`, freed once.
+            unsafe { pool.free_sized(p, l) };
+        }
+    });
+    pool.purge();
+    assert_eq!(pool.live_blocks(), 0);
+    if cfg!(feature = "memcheck") {
+        return; // which keeps freed memory as it is: nothing goes back
+    }
+    // Every step went back, and the stepped slabs with them. What stays pinned is the slabs
+    // registered whole: one region grown over them, whose keys were handed out, which a purge
+    // of one slab at a time does not take apart (the purge is refused and counted).
+    let arena = pool.stats().alloc.arena;
+    assert_eq!(arena.step_regions, 0, "{arena:?}");
+    assert_eq!(soft.pinned_bytes(), arena.registered_bytes, "{arena:?}");
+    assert!(arena.registered_bytes <= 4 * SLAB as u64, "{arena:?}");
+    // The purged slabs hold no place among the stepped ones: once the pages of the slabs
+    // registered whole are used again, a new slab is stepped again.
+    on_thread(|| {
+        let mut again = Vec::new();
+        let stepped = loop {
+            let p = pool.alloc(l);
+            assert!(!p.is_null());
+            again.push(p);
+            let k = pool.keys_of(p).unwrap();
+            if k.len == STEP_BYTES {
+                break p;
+            }
+            assert!(again.len() <= 4 * 64 + 1, "no slab was stepped again");
+        };
+        assert!(pool.stats().alloc.arena.step_regions >= 1);
+        assert!(
+            pool.keys_of(stepped)
+                .unwrap()
+                .contains(stepped as usize, l.size())
+        );
+        for &p in &again {
+            // SAFETY: a block of `pool`, freed once.
+            unsafe { pool.free_sized(p, l) };
+        }
+    });
+    assert!(pool.validate());
+}
+
+/// Warm the calling thread up (a first block of another class, in a slab and step of its own)
+/// so that the next registration is the step of the next `BLOCK`-sized block's page.
+fn warm(pool: &Pool) -> *mut u8 {
+    let w = pool.alloc(Layout::from_size_align(16, 8).unwrap());
+    assert!(!w.is_null() && pool.keys_of(w).is_some());
+    w
+}
+
+#[test]
+fn a_refused_step_registration_falls_back_to_the_chunks_odp_region() {
+    let nic = Nic::soft();
+    let soft = nic.as_soft().unwrap();
+    let pd = nic.alloc_pd().unwrap();
+    let pool = pinned_with(&pd, RegistrationPolicy::Required);
+    let l = Layout::from_size_align(BLOCK, 8).unwrap();
+    on_thread(|| {
+        let w = warm(&pool);
+        let before = pool.stats().alloc.arena;
+        soft.fail_next(Verb::RegMr, 1, libc::ENOMEM);
+        let p = pool.alloc(l);
+        assert!(!p.is_null());
+        let k = pool.keys_of(p).expect("the chunk's ODP region stands in");
+        assert!(k.contains(p as usize, BLOCK) && k.len > STEP_BYTES, "{k:?}");
+        let arena = pool.stats().alloc.arena;
+        assert_eq!(arena.odp_fallbacks, before.odp_fallbacks + 1, "{arena:?}");
+        assert_eq!(arena.degradations, before.degradations + 1);
+        assert_eq!(arena.step_regions, before.step_regions, "no step region");
+        // SAFETY: blocks of `pool`, freed once.
+        unsafe {
+            pool.free_sized(p, l);
+            pool.free_sized(w, Layout::from_size_align(16, 8).unwrap());
+        }
+    });
+    pool.purge();
+    if !cfg!(feature = "memcheck") {
+        assert_eq!(soft.pinned_bytes(), 0);
+        assert_eq!(pool.stats().alloc.arena.step_regions, 0);
+    }
+    assert!(pool.validate());
+}
+
+#[test]
+fn a_refused_step_registration_without_odp_serves_unregistered_then_registers_again() {
+    let nic = Nic::soft_with(SoftConfig {
+        odp: false,
+        implicit_odp: false,
+        ..Default::default()
+    });
+    let pd = nic.alloc_pd().unwrap();
+    let pool = pinned_with(&pd, RegistrationPolicy::Degrade);
+    let soft = nic.as_soft().unwrap();
+    let l = Layout::from_size_align(BLOCK, 8).unwrap();
+    on_thread(|| {
+        let w = warm(&pool);
+        let before = pool.stats().alloc.arena;
+        soft.fail_next(Verb::RegMr, 1, libc::ENOMEM);
+        let p = pool.alloc(l);
+        assert!(!p.is_null(), "Degrade serves the block");
+        assert_eq!(
+            pool.keys_of(p),
+            None,
+            "unregistered: no keys to post it with"
+        );
+        let arena = pool.stats().alloc.arena;
+        assert_eq!(arena.degradations, before.degradations + 1, "{arena:?}");
+        assert_eq!(arena.odp_fallbacks, before.odp_fallbacks);
+        // A page taken later in the same step (64 KiB pages of 32 blocks, four a step; pages
+        // come off the free list in any order) tries again: the step is registered, and the
+        // first block with it. Pages of other steps are registered as usual.
+        let mut more = Vec::new();
+        let again = loop {
+            let q = pool.alloc(l);
+            assert!(!q.is_null());
+            more.push(q);
+            if step(q) == step(p) && q as usize / (64 << 10) != p as usize / (64 << 10) {
+                break q;
+            }
+            if step(q) != step(p) {
+                assert!(pool.keys_of(q).is_some_and(|k| k.len == STEP_BYTES));
+            }
+            assert!(
+                more.len() < 1024,
+                "the slab's other pages of the step were used"
+            );
+        };
+        let k = pool
+            .keys_of(again)
+            .expect("registered at the next page in the step");
+        assert_eq!(k.len, STEP_BYTES);
+        assert_eq!(pool.keys_of(p), Some(k));
+        // SAFETY: blocks of `pool`, freed once.
+        unsafe {
+            for &q in more.iter().chain([&p]) {
+                pool.free_sized(q, l);
+            }
+            pool.free_sized(w, Layout::from_size_align(16, 8).unwrap());
+        }
+    });
+    pool.purge();
+    if !cfg!(feature = "memcheck") {
+        assert_eq!(soft.pinned_bytes(), 0);
+    }
+    assert_eq!(pool.live_blocks(), 0);
+    assert!(pool.validate());
+}
+
+#[test]
+fn past_memlock_a_required_pool_fails_the_allocation_and_loses_nothing() {
+    // Room for two steps: the warm-up block's and one of `BLOCK`-sized blocks (4 pages of 32).
+    let nic = Nic::soft_with(SoftConfig {
+        odp: false,
+        implicit_odp: false,
+        memlock: MemlockLimit::Bytes(2 * STEP_BYTES as u64),
+        ..Default::default()
+    });
+    let soft = nic.as_soft().unwrap();
+    let pd = nic.alloc_pd().unwrap();
+    let pool = pinned_with(&pd, RegistrationPolicy::Required);
+    let l = Layout::from_size_align(BLOCK, 8).unwrap();
+    let per_step = STEP_BYTES / BLOCK;
+    on_thread(|| {
+        let w = warm(&pool);
+        // Blocks until the next page needs a third step (pages come off the free list in any
+        // order: at least the carved page's 32 blocks, at most the step's 128).
+        let mut held = Vec::new();
+        loop {
+            let p = pool.alloc(l);
+            if p.is_null() {
+                break;
+            }
+            assert!(
+                pool.keys_of(p)
+                    .is_some_and(|k| k.contains(p as usize, BLOCK))
+            );
+            // SAFETY: a fresh block of BLOCK bytes.
+            unsafe { p.write_bytes(held.len() as u8, BLOCK) };
+            held.push(p);
+            assert!(held.len() <= per_step, "a third step was pinned");
+        }
+        assert!(held.len() >= 32, "{}", held.len());
+        let steps: BTreeSet<usize> = held.iter().map(|&p| step(p)).collect();
+        assert_eq!(steps.len(), 1);
+        assert_eq!(soft.pinned_bytes(), 2 * STEP_BYTES as u64);
+        let failed = pool.stats().alloc.failed_allocations;
+        // Memlock keeps refusing the third step; Required fails every such call.
+        for _ in 0..3 {
+            assert!(
+                pool.alloc(l).is_null(),
+                "no unregistered memory under Required"
+            );
+        }
+        let stats = pool.stats().alloc;
+        assert_eq!(stats.failed_allocations, failed + 3, "{stats:?}");
+        assert_eq!(stats.arena.step_regions, 2, "{:?}", stats.arena);
+        assert_eq!(pool.live_blocks(), held.len() as u64 + 1);
+        // Nothing held changed; freeing one step's worth lets the next call through.
+        for (i, &p) in held.iter().enumerate() {
+            // SAFETY: the block written above.
+            let b = unsafe { std::slice::from_raw_parts(p, BLOCK) };
+            assert!(b.iter().all(|&x| x == i as u8));
+            // SAFETY: a block of `pool`, freed once.
+            unsafe { pool.free_sized(p, l) };
+        }
+        if !cfg!(feature = "memcheck") {
+            pool.purge();
+            let p = pool.alloc(l);
+            assert!(!p.is_null() && pool.keys_of(p).is_some());
+            // SAFETY: a block of `pool`, freed once.
+            unsafe { pool.free_sized(p, l) };
+        }
+        // SAFETY: a block of `pool`, freed once.
+        unsafe { pool.free_sized(w, Layout::from_size_align(16, 8).unwrap()) };
+    });
+    assert_eq!(pool.live_blocks(), 0);
+    assert!(pool.validate());
+}
+
+#[test]
+fn a_step_whose_deregistration_is_refused_stays_registered_with_its_keys() {
+    if cfg!(feature = "memcheck") {
+        return; // which gives no step back while its slab is in use
+    }
+    // EBUSY: a window bound in the step (what mlx5 says); rxe says EINVAL.
+    for errno in [libc::EBUSY, libc::EINVAL] {
+        let nic = Nic::soft();
+        let soft = nic.as_soft().unwrap();
+        let pd = nic.alloc_pd().unwrap();
+        let pool = pinned_pool(&pd);
+        let l = Layout::from_size_align(BLOCK, 8).unwrap();
+        on_thread(|| {
+            let blocks: Vec<*mut u8> = (0..512).map(|_| pool.alloc(l)).collect();
+            let steps: BTreeSet<usize> = blocks.iter().map(|&p| step(p)).collect();
+            assert!(steps.len() >= 3, "blocks over several steps");
+            let keys: Vec<_> = blocks.iter().map(|&p| pool.keys_of(p).unwrap()).collect();
+            let keep = blocks[0];
+            for &p in &blocks[1..] {
+                // SAFETY: a block of `pool`, freed once.
+                unsafe { pool.free_sized(p, l) };
+            }
+            let refused = pool.stats().alloc.arena.purges_refused;
+            soft.fail_next(Verb::DeregMr, 1, errno);
+            pool.purge();
+            let arena = pool.stats().alloc.arena;
+            assert_eq!(arena.purges_refused, refused + 1, "{arena:?}");
+            assert_eq!(
+                arena.step_regions, 2,
+                "the kept block's and the refused one"
+            );
+            assert_eq!(soft.pinned_bytes(), 2 * STEP_BYTES as u64);
+            // The refused step keeps its region and keys, over memory that stays.
+            let kept: Vec<usize> = (1..blocks.len())
+                .filter(|&i| step(blocks[i]) != step(keep) && pool.keys_of(blocks[i]).is_some())
+                .collect();
+            assert!(!kept.is_empty());
+            let refused_step = step(blocks[kept[0]]);
+            for (i, &p) in blocks.iter().enumerate().skip(1) {
+                if step(p) == refused_step {
+                    assert_eq!(pool.keys_of(p), Some(keys[i]), "block {i}");
+                } else if step(p) != step(keep) {
+                    assert_eq!(pool.keys_of(p), None, "block {i}: its step went back");
+                }
+            }
+            // The next pass gives it back.
+            pool.purge();
+            assert_eq!(pool.stats().alloc.arena.step_regions, 1);
+            assert_eq!(pool.keys_of(blocks[kept[0]]), None);
+            assert_eq!(pool.keys_of(keep), Some(keys[0]));
+            // SAFETY: a block of `pool`, freed once.
+            unsafe { pool.free_sized(keep, l) };
+        });
+        pool.purge();
+        assert_eq!(soft.pinned_bytes(), 0, "errno {errno}");
+        assert!(pool.validate());
+    }
+}
+
+#[test]
+fn a_pool_dropped_while_its_clock_gives_steps_back_leaves_nothing_registered() {
+    for round in 0..20u64 {
+        let nic = Nic::soft();
+        let soft = nic.as_soft().unwrap();
+        let pd = nic.alloc_pd().unwrap();
+        let pool = Pool::with_config(
+            &pd,
+            ArenaConfig {
+                reserve: 1 << 32,
+                chunk: 1 << 26,
+                hugepages: Hugepages::Off,
+                registration: Registration::Pinned,
+                purge_delay: Some(std::time::Duration::from_millis(round % 3)),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let l = Layout::from_size_align(BLOCK, 8).unwrap();
+        on_thread(|| {
+            let blocks: Vec<*mut u8> = (0..256).map(|_| pool.alloc(l)).collect();
+            assert!(blocks.iter().all(|p| !p.is_null()));
+            for &p in &blocks[1..] {
+                // SAFETY: a block of `pool`, freed once.
+                unsafe { pool.free_sized(p, l) };
+            }
+            // Let the clock start on the free steps (or not: the drop races it either way).
+            std::thread::sleep(std::time::Duration::from_micros(200 * (round % 5)));
+            // SAFETY: a block of `pool`, freed once.
+            unsafe { pool.free_sized(blocks[0], l) };
+        });
+        drop(pool);
+        assert_eq!(soft.pinned_bytes(), 0, "round {round}");
+        soft.validate().unwrap();
+        let c = soft.counters();
+        assert_eq!(c.registrations, c.deregistrations, "round {round}: {c:?}");
+    }
+}
