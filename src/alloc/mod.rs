@@ -41,6 +41,7 @@ mod resize;
 mod spare;
 mod stats;
 mod stepped;
+mod sweep;
 mod tcache;
 mod tls;
 

@@ -8,7 +8,8 @@
 //! - a slab idle for at least the pool's purge delay is purged by the next slow-path call of
 //!   [`PoolInner::maybe_purge`] (one load and a compare when nothing is due), or at once by
 //!   `Core::purge`: it is taken out of its free list (so no thread can reuse it meanwhile),
-//!   handed to [`Arena::purge`](crate::arena::Arena::purge) — which removes pinned
+//!   handed to [`Arena::purge`](crate::arena::Arena::purge) together with the adjacent due
+//!   slabs (`sweep.rs`: a pinned region over all of them goes whole) — which removes pinned
 //!   registrations before dropping pages and refuses what it must — and put back; reuse
 //!   revives it (`Arena::revive`) before any block of it is handed out;
 //! - a purge first collects the heaps no thread owns (their threads exited), so that pages
@@ -27,7 +28,6 @@
 
 use super::class::GRANULE_SHIFT;
 use super::heap::Heap;
-use super::page::{LARGE_FREE, Page, SMALL};
 use super::pool::PoolInner;
 use crate::arena::{SLAB, SLAB_SHIFT, STEPS};
 use crate::sys::atfork::ForkLock;
@@ -43,7 +43,10 @@ const PURGER: u64 = u64::MAX;
 pub(crate) const HANDLED: u64 = u64::MAX;
 
 /// `idle[slab]` of a slab of small pages purged whole, for the moment before it is made spare.
-const PURGED_WHOLE: u64 = u64::MAX - 1;
+pub(super) const PURGED_WHOLE: u64 = u64::MAX - 1;
+
+/// `idle[slab]` of a slab in a unit a purge pass holds (`sweep.rs`).
+pub(super) const TAKEN: u64 = u64::MAX - 2;
 
 /// Now, in nanoseconds of `CLOCK_MONOTONIC_COARSE` (a vDSO read), never 0.
 pub(crate) fn now_ns() -> u64 {
@@ -61,7 +64,7 @@ pub(crate) fn now_ns() -> u64 {
 
 /// The purge state of a pool (see the module contract).
 pub(crate) struct Idle {
-    idle: MmapArray<AtomicU64>,
+    pub(super) idle: MmapArray<AtomicU64>,
     pub(crate) small_free: MmapArray<AtomicU32>,
     /// Per step of a stepped slab: pages of it a drop pass holds (`stepped.rs`; 0 between
     /// passes).
@@ -309,33 +312,14 @@ impl PoolInner {
             // idle program stops the looks after one round.
             next_due = next_due.min(now.saturating_add(delay.max(COLLECT_FLOOR)));
         }
-        let slabs = self.arena.span() >> SLAB_SHIFT;
-        let base = self.table.span().0;
-        // Small-page slabs first: one walk per free list takes out every due slab's pages.
+        // Due units first, adjacent ones purged together (`sweep.rs`); then, per page size,
+        // the free pages and steps of slabs still in use.
+        let (swept, due) = self.sweep(cutoff, delay);
+        purged += swept;
+        next_due = next_due.min(due);
         for shift in GRANULE_SHIFT..SLAB_SHIFT {
-            purged += self.purge_small(shift, cutoff);
             self.discard_free_pages(shift);
             self.drop_free_steps(shift, all, now);
-        }
-        for s in 0..slabs {
-            let Some(t) = self.idle.idle.get(s).map(|t| t.load(Ordering::SeqCst)) else {
-                break;
-            };
-            if t == 0 || t == HANDLED {
-                continue;
-            }
-            if t > cutoff {
-                next_due = next_due.min(t.saturating_add(delay));
-                continue;
-            }
-            let head = self.desc(base + (s << SLAB_SHIFT));
-            purged += match head.kind.load(Ordering::Acquire) {
-                LARGE_FREE => self.purge_listed(head, head.large_len.load(R), true),
-                SMALL if u32::from(head.shift.load(R)) >= SLAB_SHIFT => {
-                    self.purge_listed(head, 1 << head.shift.load(R), false)
-                }
-                _ => 0,
-            };
         }
         if next_due != u64::MAX {
             self.idle.due_by(next_due);
@@ -414,100 +398,6 @@ impl PoolInner {
         self.idle.trims.fetch_add(1, R);
     }
 
-    /// Purge one listed unit (a cached large run or an empty big page) if it is still listed.
-    fn purge_listed(&self, head: &Page, len: usize, large: bool) -> usize {
-        let list = if large {
-            self.large_list(len)
-        } else {
-            self.page_list(u32::from(head.shift.load(R)))
-        };
-        if list.pop_if(|p| std::ptr::eq(p, head)).is_none() {
-            return 0;
-        }
-        let start = head.start.load(R);
-        let n = self.purge_range(start, len);
-        if n == len {
-            // Purged whole: any later run may take its slabs (`spare.rs`).
-            if large {
-                self.large_cached.fetch_sub(len, R);
-            }
-            self.make_spare(start, len);
-        } else {
-            list.push(head);
-        }
-        n
-    }
-
-    /// Hand `[start, start + len)` to the arena and note the slab handled.
-    fn purge_range(&self, start: usize, len: usize) -> usize {
-        if let Some(slot) = self.idle.idle.get(self.slab_of(start)) {
-            slot.store(HANDLED, R);
-        }
-        // SAFETY: the unit is out of every free list and nothing in it is handed out.
-        unsafe { self.arena.purge(start as *mut u8, len) }.unwrap_or(0)
-    }
-
-    /// Purge the due slabs of the free list of pages of `1 << shift` bytes.
-    fn purge_small(&self, shift: u32, cutoff: u64) -> usize {
-        let per_slab = 1u32 << (SLAB_SHIFT - shift);
-        let list = self.page_list(shift);
-        // Take out, under the list's lock, every page of a due slab whose pages are all there.
-        let chain = list.take_all_if(|p| {
-            let s = self.slab_of(p.start.load(R));
-            let full = self
-                .idle
-                .small_free
-                .get(s)
-                .is_some_and(|n| n.load(R) == per_slab);
-            let t = self.idle.idle.get(s).map_or(0, |t| t.load(R));
-            full && t != 0 && t != HANDLED && t <= cutoff
-        });
-        let mut purged = 0;
-        let (mut lo, mut hi) = (usize::MAX, 0);
-        let mut p = chain;
-        while !p.is_null() {
-            // SAFETY: descriptors of the chain live in the page table.
-            let page = unsafe { &*p };
-            let slab = page.start.load(R) & !(SLAB - 1);
-            (lo, hi) = (lo.min(slab), hi.max(slab));
-            let t = self
-                .idle
-                .idle
-                .get(self.slab_of(slab))
-                .map_or(0, |t| t.load(R));
-            if t != HANDLED && t != PURGED_WHOLE {
-                let n = self.purge_range(slab, SLAB);
-                purged += n;
-                if n == SLAB {
-                    self.mark_slab(slab, PURGED_WHOLE);
-                }
-            }
-            p = page.next.load(R);
-        }
-        let mut p = chain;
-        while !p.is_null() {
-            // SAFETY: as above.
-            let page = unsafe { &*p };
-            let next = page.next.load(R);
-            if self.slab_mark(page.start.load(R) & !(SLAB - 1)) != PURGED_WHOLE {
-                list.push(page);
-            }
-            p = next;
-        }
-        // Slabs purged whole leave their page size: any later run may take them. Found by
-        // their marks, not through the chain: making a slab spare resets (zeroes) all its
-        // descriptors, the chain's links among them.
-        if lo <= hi {
-            for slab in (lo..=hi).step_by(SLAB) {
-                if self.slab_mark(slab) == PURGED_WHOLE {
-                    self.make_spare(slab, SLAB);
-                    self.mark_slab(slab, HANDLED);
-                }
-            }
-        }
-        purged
-    }
-
     /// Give back the memory of the listed pages of `1 << shift` bytes in slabs that are
     /// still in use (a slab with every page free goes whole, after the delay): in an ODP
     /// arena a few live blocks then keep their own 4 KiB pages, not a slab of pages freed
@@ -551,15 +441,13 @@ impl PoolInner {
         }
     }
 
-    fn slab_mark(&self, slab: usize) -> u64 {
-        self.idle
-            .idle
-            .get(self.slab_of(slab))
-            .map_or(0, |t| t.load(R))
+    /// Slab `s`'s idle stamp or mark.
+    pub(super) fn slab_mark(&self, s: usize) -> u64 {
+        self.idle.idle.get(s).map_or(0, |t| t.load(R))
     }
 
-    fn mark_slab(&self, slab: usize, mark: u64) {
-        if let Some(t) = self.idle.idle.get(self.slab_of(slab)) {
+    pub(super) fn mark_slab(&self, s: usize, mark: u64) {
+        if let Some(t) = self.idle.idle.get(s) {
             t.store(mark, R);
         }
     }

@@ -528,3 +528,55 @@ fn live_blocks_stays_exact_while_the_clock_collects_exited_threads_pages() {
     }
     assert!(pool.validate());
 }
+
+#[test]
+fn a_region_over_several_freed_units_goes_back_whole_though_its_keys_were_handed_out() {
+    let nic = Nic::soft();
+    let soft = nic.as_soft().unwrap();
+    let pd = nic.alloc_pd().unwrap();
+    let pool = purging_pool(&pd, None, Registration::Pinned);
+    // Large runs of two slabs, and 512 KiB pages (slabs registered whole), one after the
+    // other: the tail region grows over them while its keys are not handed out.
+    let big = Layout::from_size_align(3 << 20, 4096).unwrap();
+    let page = Layout::from_size_align(300 << 10, 8).unwrap();
+    let runs: Vec<usize> = (0..3).map(|_| pool.alloc(big) as usize).collect();
+    assert!(runs.iter().all(|&p| p != 0));
+    let pages = blocks_from_a_thread(&pool, page, 8);
+    // Then every block's keys are handed out.
+    let regions: std::collections::BTreeSet<(usize, usize)> = runs
+        .iter()
+        .chain(&pages)
+        .map(|&p| pool.keys_of(p as *const u8).unwrap())
+        .map(|k| (k.addr, k.len))
+        .collect();
+    assert!(
+        regions.iter().any(|&(_, len)| len > 2 * SLAB),
+        "a region over several units: {regions:?}"
+    );
+    free_all(&pool, &runs, big);
+    free_all(&pool, &pages, page);
+    pool.purge();
+    let arena = pool.stats().alloc.arena;
+    if cfg!(feature = "memcheck") {
+        return; // which keeps freed memory as it is
+    }
+    // Every unit it covers was due in the same pass: the region went whole, its keys with it.
+    assert_eq!(soft.pinned_bytes(), 0, "{arena:?}");
+    assert_eq!(arena.registered_bytes, 0, "{arena:?}");
+    assert_eq!(arena.purges_refused, 0, "{arena:?}");
+    for &p in runs.iter().chain(&pages) {
+        assert_eq!(pool.keys_of(p as *const u8), None);
+    }
+    // Used again: committed, registered anew, zero.
+    let p = pool.alloc_zeroed(big);
+    assert!(!p.is_null() && pool.keys_of(p).is_some());
+    // SAFETY: a fresh zeroed block of `big`.
+    assert!(
+        unsafe { std::slice::from_raw_parts(p, big.size()) }
+            .iter()
+            .all(|&b| b == 0)
+    );
+    // SAFETY: a block of `pool`, freed once.
+    unsafe { pool.free_sized(p, big) };
+    assert!(pool.validate());
+}
