@@ -260,11 +260,14 @@ impl Arena {
                 })
             }
             Err(e) => {
+                // Decommitted before its slabs are given back, under the lock: once `used` is
+                // rolled back another run may take them, and a later MADV_DONTNEED would drop
+                // that run's live pages under its pinned region.
+                self.uncommitted(addr, kind, slabs);
                 if ch.used == s + slabs {
                     ch.used = old_used;
                 }
                 drop(st);
-                self.uncommitted(addr, kind, slabs);
                 Err(e)
             }
         }

@@ -12,6 +12,7 @@ mod medium;
 mod model;
 mod purge;
 mod reclaim;
+mod refused;
 mod small_pages;
 mod step_limits;
 mod steps;
