@@ -2,9 +2,9 @@
 //! fallback, unregistered service, a typed failure), a refused step deregistration (what a
 //! window bound to the step does), and a pool dropped while its clock gives steps back.
 
-use super::steps::{BLOCK, pinned_pool, step};
+use super::steps::{BLOCK, pinned_pool, step, stepped_pool};
 use super::*;
-use rdma_pool::arena::{Registration, RegistrationPolicy};
+use rdma_pool::arena::RegistrationPolicy;
 use rdma_pool::nic::soft::{MemlockLimit, SoftConfig};
 use std::alloc::Layout;
 use std::collections::BTreeSet;
@@ -13,23 +13,6 @@ const SLAB: usize = 2 << 20;
 
 fn slab(p: *const u8) -> usize {
     p as usize / SLAB
-}
-
-/// A pinned pool on `pd` with `policy`, purges on request only.
-fn pinned_with(pd: &Pd, policy: RegistrationPolicy) -> Pool {
-    Pool::with_config(
-        pd,
-        ArenaConfig {
-            reserve: 1 << 32,
-            chunk: 1 << 26,
-            hugepages: Hugepages::Off,
-            registration: Registration::Pinned,
-            policy,
-            purge_delay: None,
-            ..Default::default()
-        },
-    )
-    .unwrap()
 }
 
 /// Run `f` on a thread of its own (the harness's thread then holds nothing of the pool).
@@ -122,7 +105,7 @@ fn a_refused_step_registration_falls_back_to_the_chunks_odp_region() {
     let nic = Nic::soft();
     let soft = nic.as_soft().unwrap();
     let pd = nic.alloc_pd().unwrap();
-    let pool = pinned_with(&pd, RegistrationPolicy::Required);
+    let pool = stepped_pool(&pd, None, RegistrationPolicy::Required);
     let l = Layout::from_size_align(BLOCK, 8).unwrap();
     on_thread(|| {
         let w = warm(&pool);
@@ -158,7 +141,7 @@ fn a_refused_step_registration_without_odp_serves_unregistered_then_registers_ag
         ..Default::default()
     });
     let pd = nic.alloc_pd().unwrap();
-    let pool = pinned_with(&pd, RegistrationPolicy::Degrade);
+    let pool = stepped_pool(&pd, None, RegistrationPolicy::Degrade);
     let soft = nic.as_soft().unwrap();
     let l = Layout::from_size_align(BLOCK, 8).unwrap();
     on_thread(|| {
@@ -226,7 +209,7 @@ fn past_memlock_a_required_pool_fails_the_allocation_and_loses_nothing() {
     });
     let soft = nic.as_soft().unwrap();
     let pd = nic.alloc_pd().unwrap();
-    let pool = pinned_with(&pd, RegistrationPolicy::Required);
+    let pool = stepped_pool(&pd, None, RegistrationPolicy::Required);
     let l = Layout::from_size_align(BLOCK, 8).unwrap();
     let per_step = STEP_BYTES / BLOCK;
     on_thread(|| {
@@ -351,18 +334,8 @@ fn a_pool_dropped_while_its_clock_gives_steps_back_leaves_nothing_registered() {
         let nic = Nic::soft();
         let soft = nic.as_soft().unwrap();
         let pd = nic.alloc_pd().unwrap();
-        let pool = Pool::with_config(
-            &pd,
-            ArenaConfig {
-                reserve: 1 << 32,
-                chunk: 1 << 26,
-                hugepages: Hugepages::Off,
-                registration: Registration::Pinned,
-                purge_delay: Some(std::time::Duration::from_millis(round % 3)),
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let delay = Some(std::time::Duration::from_millis(round % 3));
+        let pool = stepped_pool(&pd, delay, RegistrationPolicy::Degrade);
         let l = Layout::from_size_align(BLOCK, 8).unwrap();
         on_thread(|| {
             let blocks: Vec<*mut u8> = (0..256).map(|_| pool.alloc(l)).collect();

@@ -2,11 +2,14 @@
 //! their pages are used, and gives a step back — region first — once every page in it is free.
 
 use super::*;
-use rdma_pool::arena::Registration;
+use rdma_pool::arena::{Registration, RegistrationPolicy};
 use std::alloc::Layout;
 use std::collections::BTreeSet;
+use std::time::Duration;
 
-pub(super) fn pinned_pool(pd: &Pd) -> Pool {
+/// A pinned pool on `pd` on 4 KiB pages (its slabs of small pages registered in steps) with
+/// `policy`, purging after `delay` (`None`: on request only).
+pub(super) fn stepped_pool(pd: &Pd, delay: Option<Duration>, policy: RegistrationPolicy) -> Pool {
     Pool::with_config(
         pd,
         ArenaConfig {
@@ -14,11 +17,17 @@ pub(super) fn pinned_pool(pd: &Pd) -> Pool {
             chunk: 1 << 26,
             hugepages: Hugepages::Off,
             registration: Registration::Pinned,
-            purge_delay: None,
+            policy,
+            purge_delay: delay,
             ..Default::default()
         },
     )
     .unwrap()
+}
+
+/// [`stepped_pool`] purging on request, degrading what it cannot register.
+pub(super) fn pinned_pool(pd: &Pd) -> Pool {
+    stepped_pool(pd, None, RegistrationPolicy::Degrade)
 }
 
 pub(super) fn step(p: *const u8) -> usize {
@@ -195,18 +204,11 @@ fn threads_using_and_freeing_steps_while_another_thread_purges_lose_nothing() {
 fn a_free_step_goes_back_on_the_clock_while_the_program_makes_no_call() {
     let nic = Nic::soft();
     let pd = nic.alloc_pd().unwrap();
-    let pool = Pool::with_config(
+    let pool = stepped_pool(
         &pd,
-        ArenaConfig {
-            reserve: 1 << 32,
-            chunk: 1 << 26,
-            hugepages: Hugepages::Off,
-            registration: Registration::Pinned,
-            purge_delay: Some(std::time::Duration::from_millis(30)),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+        Some(Duration::from_millis(30)),
+        RegistrationPolicy::Degrade,
+    );
     let l = Layout::from_size_align(BLOCK, 8).unwrap();
     std::thread::scope(|s| {
         s.spawn(|| {
@@ -224,8 +226,8 @@ fn a_free_step_goes_back_on_the_clock_while_the_program_makes_no_call() {
             let t = std::time::Instant::now();
             let regions = || pool.stats().alloc.arena.step_regions;
             let checked = !cfg!(feature = "memcheck"); // which keeps freed pages as they are
-            while checked && regions() > 2 && t.elapsed() < std::time::Duration::from_secs(10) {
-                std::thread::sleep(std::time::Duration::from_millis(20));
+            while checked && regions() > 2 && t.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_millis(20));
             }
             if checked {
                 assert!(regions() <= 2, "{:?}", pool.stats().alloc.arena);
