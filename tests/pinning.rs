@@ -138,8 +138,8 @@ fn a_dropped_page_the_cpu_wrote_again_is_not_what_the_nic_reads() {
         assert!(dst.as_slice().iter().all(|&x| x == 0x41), "the old bytes");
     } else if status == WcStatus::Success {
         // The documented limit of the soft NIC (soft/pin.rs): the new page looks like the old
-        // one without page frame numbers, and even with them when the kernel handed the same
-        // frame back. Then the current bytes move, and nothing is counted.
+        // one (frame numbers are not compared: the kernel migrates unpinned pages). Then the
+        // current bytes move, and nothing is counted.
         assert!(dst.as_slice().iter().all(|&x| x == 0x42));
         assert_eq!(stale_count(&bed.b), 0);
     } else {
@@ -334,4 +334,75 @@ fn releasing_a_pinned_region_over_dropped_pages_is_counted() {
     assert_eq!(releases(&bed.b), 2);
     drop(mr);
     assert_eq!(stale_count(&bed.b), 0, "no access met the pages");
+}
+
+/// The kernel migrates pages the CPU still maps (compaction, NUMA balancing): hardware pinning
+/// forbids that, and the soft NIC must not mistake a migrated page for a dropped one. Where the
+/// process may (root), a thread asks the kernel to compact all memory over and over while
+/// WRITEs and READs go through a pinned region of small pages; every access must succeed,
+/// move the right bytes, and nothing may be counted stale. Unprivileged, the kernel migrates
+/// only on its own, and the accesses are checked the same way.
+#[test]
+fn pages_the_kernel_migrates_are_not_taken_for_dropped_ones() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let _g = serial();
+    let bed = soft_bed(Default::default());
+    let pages = 4096;
+    let mem = Raw::new(pages, 0);
+    // SAFETY: our own mapping; small pages are what compaction moves most readily.
+    unsafe { libc::madvise(mem.page(0), mem.len, libc::MADV_NOHUGEPAGE) };
+    let mr = mem.reg(&bed.b, RW);
+    let (mut src, src_mr) = bed.a.reg_buf(16 * page(), 0, Access::LOCAL_WRITE);
+    let (dst, dst_mr) = bed.a.reg_buf(16 * page(), 0, Access::LOCAL_WRITE);
+    let stop = AtomicBool::new(false);
+    let migrated = |f: &str| {
+        std::fs::read_to_string("/proc/vmstat")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix(f)?.trim().parse::<u64>().ok())
+            })
+            .unwrap_or(0)
+    };
+    let before = migrated("pgmigrate_success ");
+    let rounds = std::env::var("RDMA_POOL_MIGRATE_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(400usize);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                if std::fs::write("/proc/sys/vm/compact_memory", "1").is_err() {
+                    break; // unprivileged: the kernel migrates on its own only
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        });
+        for round in 0..rounds {
+            let at = (round * 67) % (pages - 16);
+            let seed = round as u8;
+            for (i, b) in src.as_mut_slice().iter_mut().enumerate() {
+                *b = (i as u8).wrapping_mul(7) ^ seed;
+            }
+            let raddr = mr.addr() as u64 + (at * page()) as u64;
+            let w = write(&bed, &src_mr, 16 * page(), raddr, mr.rkey());
+            let r = read(&bed, &dst_mr, 16 * page(), raddr, mr.rkey());
+            if (w, r) != (WcStatus::Success, WcStatus::Success) {
+                stop.store(true, Ordering::Relaxed);
+                panic!(
+                    "round {round}: WRITE {w:?}, READ {r:?}; {:?}",
+                    bed.b.nic.as_soft().unwrap().counters()
+                );
+            }
+            assert_eq!(dst.as_slice(), src.as_slice(), "round {round}");
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    eprintln!(
+        "pages migrated meanwhile (whole machine): {}",
+        migrated("pgmigrate_success ") - before
+    );
+    mr.dereg().unwrap();
+    let c = bed.b.nic.as_soft().unwrap().counters();
+    assert_eq!((c.stale_pinned_accesses, c.stale_pinned_releases), (0, 0));
 }

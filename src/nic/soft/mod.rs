@@ -229,21 +229,6 @@ impl SoftNic {
     pub fn pinned_peak_bytes(&self) -> u64 {
         self.dev.memlock.peak()
     }
-
-    /// True when this process can read page frame numbers (`CAP_SYS_ADMIN`), so that the
-    /// soft NIC sees *every* replacement of a pinned region's pages; without them a page that
-    /// was dropped and already faulted in again by the CPU goes unnoticed (see
-    /// [`Counters::stale_pinned_accesses`]).
-    ///
-    /// # Examples
-    /// ```
-    /// let nic = rdma_pool::nic::Nic::soft();
-    /// let full = nic.as_soft().unwrap().sees_page_frames();
-    /// println!("pinned-page replacement detection: {}", if full { "complete" } else { "partial" });
-    /// ```
-    pub fn sees_page_frames(&self) -> bool {
-        pin::frames_visible()
-    }
 }
 
 /// Drop `[addr, addr + len)` from the ODP translations of `dev`. Allocates nothing and never
