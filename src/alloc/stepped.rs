@@ -113,11 +113,11 @@ impl PoolInner {
         let per_step = 1usize << (STEP_SHIFT - shift);
         let chain = self.page_list(shift).take_all_then(
             |p| {
-                // Pages of registered steps only: a step no page was handed out of has no
-                // region and no memory to give back.
+                // Pages of used steps only (registered, or served unregistered): a step no
+                // page was handed out of has no region and no memory to give back.
                 let whole = self.small_free(p).is_some_and(|n| n.load(R) == per_slab);
                 let start = p.start.load(R);
-                !whole && self.arena.is_stepped(start) && self.arena.step_registered(start)
+                !whole && self.arena.is_stepped(start) && self.arena.step_used(start)
             },
             |p| {
                 if let Some(n) = self.small_free(p) {

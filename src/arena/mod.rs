@@ -348,7 +348,9 @@ impl Arena {
         } else {
             0
         };
-        let table = Table::new(base, window, step_slabs).map_err(unreserve)?;
+        // Shared with every arena on the device (`table/budget.rs`).
+        let budget = table::Budget::join(&caps.name, step_slabs);
+        let table = Table::new(base, window, step_slabs, budget).map_err(unreserve)?;
         // SAFETY: an all-zero ChunkState is a valid "not opened" chunk, an all-zero SlabInfo a
         // live slab of unknown kind.
         let (chunks, slabs) = unsafe {

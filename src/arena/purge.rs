@@ -513,7 +513,7 @@ impl Arena {
         let mut kind = self.kind_at(s);
         let stepped = stepped
             && kind != PageKind::Hugetlb
-            && self.slab_is_sparse(s)
+            && (self.slab_is_sparse(s) || self.backings_alike())
             && self.steps_wanted()
             && self.set_stepped(s, e - s);
         let populated = if kind == PageKind::Hugetlb {

@@ -342,9 +342,9 @@ impl Arena {
         Ok(None)
     }
 
-    /// A run committed after the device died: served unregistered (or refused when
-    /// registration is required), with no NIC call.
-    pub(super) fn dead_device_run(&self, len: usize) -> Result<Option<u32>, Error> {
+    /// Memory to register after the device died: the degradation recorded, and an error
+    /// where registration is required (the caller counts what it serves unregistered).
+    pub(super) fn dead_device(&self) -> Result<(), Error> {
         self.record(Degradation {
             cause: DegradeCause::DeviceDead,
             odp_fallback: false,
@@ -355,6 +355,13 @@ impl Arena {
                 libc::EIO,
             )));
         }
+        Ok(())
+    }
+
+    /// A run committed after the device died: served unregistered (or refused when
+    /// registration is required), with no NIC call.
+    pub(super) fn dead_device_run(&self, len: usize) -> Result<Option<u32>, Error> {
+        self.dead_device()?;
         add(&self.counters.unregistered_bytes, len as u64);
         add(&self.counters.unregistered_runs, 1);
         Ok(None)

@@ -98,6 +98,10 @@ pub struct ArenaStats {
     /// Steps registered as regions of their own, of slabs a pinned arena registers in steps
     /// (each [`STEP_BYTES`](super::STEP_BYTES) long and counted in `registered_bytes`).
     pub step_regions: u64,
+    /// Slabs registered in steps on this arena's device by every arena of the process, and
+    /// the most there may be (a quarter of its `max_mr` over the steps in a slab; 0 where
+    /// this arena registers no steps): the device's regions are shared by its pools.
+    pub device_step_slabs: (u64, u64),
     /// Where chunks are placed: what [`ArenaConfig::numa`](super::ArenaConfig::numa)
     /// resolved to.
     pub numa: NumaPlacement,
@@ -161,6 +165,7 @@ pub(crate) struct Fixed {
     pub(crate) numa: NumaPlacement,
     pub(crate) numa_bind_failures: u64,
     pub(crate) device_dead: bool,
+    pub(crate) device_step_slabs: (u64, u64),
 }
 
 /// `counter += n`.
@@ -213,6 +218,7 @@ impl Counters {
             purges_refused: r(&self.purges_refused),
             revived_bytes: r(&self.revived_bytes),
             step_regions: r(&self.step_regions),
+            device_step_slabs: f.device_step_slabs,
             numa: f.numa,
             node_chunk_bytes: std::array::from_fn(|n| r(&self.node_chunk_bytes[n])),
             numa_bind_failures: f.numa_bind_failures,
@@ -277,6 +283,10 @@ impl Arena {
             device_dead: self.device_dead(),
             numa: self.numa,
             numa_bind_failures: self.pages.bind_failures.load(Ordering::Relaxed),
+            device_step_slabs: {
+                let (n, max) = self.table.device_steps();
+                (n as u64, max as u64)
+            },
         })
     }
 

@@ -4,11 +4,12 @@
 //! Contract:
 //! - only in a pinned arena, on 4 KiB pages (sparse chunks: pinning part of a transparent huge
 //!   page would pin all of it), without rails, on a device of at least 4,096 regions, one
-//!   slab at a time, and while fewer than `step_slabs` slabs are stepped: a quarter of the
-//!   device's `max_mr` over [`STEPS`] (the soft NIC's 16,384 regions give 512 slabs, 1 GiB;
-//!   rxe's 524,287 give 16,383 slabs, 32 GiB; past it, slabs are registered whole as before).
-//!   So step regions never outnumber a quarter of `max_mr` (grants keep another quarter),
-//!   by construction. Such a slab is *stepped*: no region covers it whole; each
+//!   slab at a time, and while fewer than `step_slabs` slabs are stepped *on the device*, by
+//!   every arena of the process together (`table/budget.rs`): a quarter of the device's
+//!   `max_mr` over [`STEPS`] (the soft NIC's 16,384 regions give 512 slabs, 1 GiB; rxe's
+//!   524,287 give 16,383 slabs, 32 GiB; past it, slabs are registered whole as before). So
+//!   step regions never outnumber a quarter of `max_mr` (grants keep another quarter),
+//!   whatever the number of pools, by construction. Such a slab is *stepped*: no region covers it whole; each
 //!   [`STEP`]-byte step of it is registered as a region of its own when the pool first hands
 //!   out a page in it ([`Arena::ready_steps`]), and taken out before its memory is dropped
 //!   ([`Arena::drop_step`]: every page in it is free), or when the slab is purged whole or
@@ -30,7 +31,7 @@
 
 use super::purge::LIVE;
 use super::stats::{add, sub};
-use super::table::{STEP, STEP_SHIFT, STEPS};
+use super::table::{STEP, STEP_SHIFT, STEPS, StepState};
 use super::{Arena, Backing, Error, Hugepages, RegMode, SLAB, SLAB_SHIFT};
 use crate::sys::os;
 use crate::sys::provision::{self, Provisioning};
@@ -68,10 +69,11 @@ impl Arena {
         self.table.steps_allowed()
     }
 
-    /// Whether the step holding `addr` of a stepped slab is registered.
-    pub(crate) fn step_registered(&self, addr: usize) -> bool {
+    /// Whether the pool handed out pages of the step holding `addr` of a stepped slab since
+    /// it was last given back: the step is registered, or was served unregistered.
+    pub(crate) fn step_used(&self, addr: usize) -> bool {
         addr.checked_sub(self.base())
-            .is_some_and(|o| self.table.step_reg(o >> STEP_SHIFT).is_some())
+            .is_some_and(|o| self.table.step_used(o >> STEP_SHIFT))
     }
 
     /// Whether the slab holding `addr` is registered in steps.
@@ -113,10 +115,13 @@ impl Arena {
             loop {
                 match self.table.claim_unregistered(j) {
                     None => backoff(&mut spins),
-                    Some(false) => break,
-                    Some(true) => {
+                    Some(None) => break,
+                    Some(Some(was_unregistered)) => {
                         let r = self.register_step(j);
-                        self.table.end_step(j, r.as_ref().ok().copied().flatten());
+                        let unregistered = matches!(r, Ok(None));
+                        self.count_unregistered(was_unregistered, unregistered);
+                        let id = r.as_ref().ok().copied().flatten();
+                        self.table.end_step(j, StepState::after(id, unregistered));
                         r?;
                         break;
                     }
@@ -126,11 +131,23 @@ impl Arena {
         Ok(())
     }
 
+    /// A step goes from served unregistered (or not) to served unregistered (or not): its
+    /// bytes are counted unregistered while it is, and each step that becomes so is counted
+    /// in `unregistered_runs` (once, not at every page that retries its registration).
+    fn count_unregistered(&self, was: bool, now: bool) {
+        if was && !now {
+            sub(&self.counters.unregistered_bytes, STEP as u64);
+        } else if now && !was {
+            add(&self.counters.unregistered_bytes, STEP as u64);
+            add(&self.counters.unregistered_runs, 1);
+        }
+    }
+
     /// Register step `j` (held busy) pinned: `Ok(None)` where it was refused and is served
-    /// unregistered.
+    /// unregistered (the caller counts it).
     fn register_step(&self, j: usize) -> Result<Option<u32>, Error> {
         if self.device_dead() {
-            return self.dead_device_run(STEP);
+            return self.dead_device().map(|()| None);
         }
         let addr = self.base() + (j << STEP_SHIFT);
         let registered = self
@@ -171,11 +188,17 @@ impl Arena {
         }
     }
 
-    /// Take step `j` out of its region (held busy by the caller); false (registered still)
-    /// where the NIC refused. Counts a step that was served unregistered as such no more.
-    fn deregister_step(&self, id: Option<u32>) -> bool {
-        let Some(id) = id else {
-            return true;
+    /// Take step `j` out of its region (held busy by the caller, in state `st`); false
+    /// (registered still) where the NIC refused. Counts a step that was served unregistered
+    /// as such no more.
+    fn deregister_step(&self, st: StepState) -> bool {
+        let id = match st {
+            StepState::Free => return true,
+            StepState::Unregistered => {
+                self.count_unregistered(true, false);
+                return true;
+            }
+            StepState::Registered(id) => id,
         };
         if self.table.reg(id).is_odp() {
             // The chunk's ODP region stands in for the step: it stays, for the chunk.
@@ -203,23 +226,23 @@ impl Arena {
         let j = (addr - self.base()) >> STEP_SHIFT;
         let at = self.base() + (j << STEP_SHIFT);
         self.rails.without_rails(|| {
-            let Some(id) = self.take_step(j) else {
+            let Some(st) = self.take_step(j) else {
                 return false;
             };
-            if !self.deregister_step(id) {
-                self.table.end_step(j, id);
+            if !self.deregister_step(st) {
+                self.table.end_step(j, st);
                 add(&self.counters.purges_refused, 1);
                 return false;
             }
-            self.table.end_step(j, None);
+            self.table.end_step(j, StepState::Free);
             // SAFETY: the caller's free pages of a live slab; no region covers them now, and
             // no rail pins them (`without_rails`).
             unsafe { os::madvise(at as *mut u8, STEP, libc::MADV_DONTNEED).is_ok() }
         })
     }
 
-    /// Step `j` held busy: `Some(its registration)`, waiting out another thread holding it.
-    fn take_step(&self, j: usize) -> Option<Option<u32>> {
+    /// Step `j` held busy: `Some(its state)`, waiting out another thread holding it.
+    fn take_step(&self, j: usize) -> Option<StepState> {
         let mut spins = 0u32;
         loop {
             if let Some(id) = self.table.begin_step(j) {
@@ -241,13 +264,13 @@ impl Arena {
     pub(crate) fn unstep(&self, i: usize) -> bool {
         let mut all = true;
         for j in i * STEPS..(i + 1) * STEPS {
-            let Some(id) = self.take_step(j) else {
+            let Some(st) = self.take_step(j) else {
                 continue;
             };
-            if self.deregister_step(id) {
-                self.table.end_step(j, None);
+            if self.deregister_step(st) {
+                self.table.end_step(j, StepState::Free);
             } else {
-                self.table.end_step(j, id);
+                self.table.end_step(j, st);
                 all = false;
             }
         }

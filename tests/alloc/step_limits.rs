@@ -92,6 +92,86 @@ fn past_the_step_budget_slabs_are_registered_whole_and_the_budget_comes_back() {
     assert!(pool.validate());
 }
 
+#[test]
+fn pools_on_one_device_share_its_step_budget_and_a_dropped_pool_gives_its_share_back() {
+    // 4,096 regions: 128 stepped slabs for the device, whatever the number of pools on it.
+    let nic = Nic::soft_with(SoftConfig {
+        max_mr: 4096,
+        memlock: MemlockLimit::Unlimited,
+        ..Default::default()
+    });
+    let soft = nic.as_soft().unwrap();
+    let pd = nic.alloc_pd().unwrap();
+    let l = Layout::from_size_align(32 << 10, 8).unwrap();
+    // 32 KiB blocks: 64 a slab. `n` slabs' worth in `pool`: (stepped slabs, slabs whole).
+    let fill = |pool: &Pool, n: usize| {
+        let blocks: Vec<*mut u8> = (0..n * 64).map(|_| pool.alloc(l)).collect();
+        let (mut stepped, mut whole) = (BTreeSet::new(), BTreeSet::new());
+        for &p in &blocks {
+            let k = pool.keys_of(p).expect("every block is registered");
+            assert!(k.contains(p as usize, l.size()));
+            if k.len == STEP_BYTES {
+                stepped.insert(slab(p));
+            } else {
+                whole.insert(slab(p));
+            }
+        }
+        (blocks, stepped.len(), whole.len())
+    };
+    let a = pinned_pool(&pd);
+    let b = pinned_pool(&pd);
+    let stepped_b = on_thread(|| {
+        let (held_a, stepped_a, _) = fill(&a, 100);
+        assert!((100..=104).contains(&stepped_a), "{stepped_a}");
+        assert_eq!(
+            a.stats().alloc.arena.device_step_slabs,
+            (stepped_a as u64, 128)
+        );
+        // The second pool gets what is left of the device's share, then registers whole.
+        let (held_b, stepped_b, whole_b) = fill(&b, 60);
+        assert_eq!(stepped_b, 128 - stepped_a, "{:?}", b.stats().alloc.arena);
+        assert!(whole_b >= 60 - stepped_b);
+        assert_eq!(b.stats().alloc.arena.device_step_slabs, (128, 128));
+        let regions = a.stats().alloc.arena.step_regions + b.stats().alloc.arena.step_regions;
+        assert!(regions <= 1024, "step regions on the device: {regions}");
+        // The application keeps regions of its own.
+        let c = soft.counters();
+        assert!(c.registrations - c.deregistrations <= 4096 / 2, "{c:?}");
+        let mut own = vec![0u8; 4096];
+        // SAFETY: `own` outlives the region (dropped below).
+        let mr = unsafe { pd.reg_mr(own.as_mut_ptr(), own.len(), Access::LOCAL_WRITE) };
+        assert!(mr.is_ok(), "{:?}", mr.err());
+        drop(mr);
+        for &p in &held_a {
+            // SAFETY: a block of `a`, freed once.
+            unsafe { a.free_sized(p, l) };
+        }
+        for &p in &held_b {
+            // SAFETY: a block of `b`, freed once.
+            unsafe { b.free_sized(p, l) };
+        }
+        stepped_b
+    });
+    drop(a);
+    // Pool `a`'s slabs (never purged: its drop took them) are stepped no more on the device.
+    let device = b.stats().alloc.arena.device_step_slabs;
+    assert_eq!(device, (stepped_b as u64, 128));
+    if cfg!(feature = "memcheck") {
+        return; // which keeps freed memory as it is: nothing goes back
+    }
+    b.purge();
+    assert_eq!(b.stats().alloc.arena.device_step_slabs, (0, 128));
+    on_thread(|| {
+        let (held, stepped, _) = fill(&b, 129);
+        assert_eq!(stepped, 128, "the whole share: {:?}", b.stats().alloc.arena);
+        for &p in &held {
+            // SAFETY: a block of `b`, freed once.
+            unsafe { b.free_sized(p, l) };
+        }
+    });
+    assert!(b.validate());
+}
+
 /// Warm the calling thread up (a first block of another class, in a slab and step of its own)
 /// so that the next registration is the step of the next `BLOCK`-sized block's page.
 fn warm(pool: &Pool) -> *mut u8 {
@@ -158,6 +238,10 @@ fn a_refused_step_registration_without_odp_serves_unregistered_then_registers_ag
         let arena = pool.stats().alloc.arena;
         assert_eq!(arena.degradations, before.degradations + 1, "{arena:?}");
         assert_eq!(arena.odp_fallbacks, before.odp_fallbacks);
+        // The step is counted unregistered, once.
+        let unregistered = before.unregistered_bytes + STEP_BYTES as u64;
+        assert_eq!(arena.unregistered_bytes, unregistered, "{arena:?}");
+        assert_eq!(arena.unregistered_runs, before.unregistered_runs + 1);
         // A page taken later in the same step (64 KiB pages of 32 blocks, four a step; pages
         // come off the free list in any order) tries again: the step is registered, and the
         // first block with it. Pages of other steps are registered as usual.
@@ -182,6 +266,13 @@ fn a_refused_step_registration_without_odp_serves_unregistered_then_registers_ag
             .expect("registered at the next page in the step");
         assert_eq!(k.len, STEP_BYTES);
         assert_eq!(pool.keys_of(p), Some(k));
+        // Registered now: counted unregistered no more.
+        let arena = pool.stats().alloc.arena;
+        assert_eq!(
+            arena.unregistered_bytes, before.unregistered_bytes,
+            "{arena:?}"
+        );
+        assert_eq!(arena.unregistered_runs, before.unregistered_runs + 1);
         // SAFETY: blocks of `pool`, freed once.
         unsafe {
             for &q in more.iter().chain([&p]) {
@@ -194,6 +285,62 @@ fn a_refused_step_registration_without_odp_serves_unregistered_then_registers_ag
     if !cfg!(feature = "memcheck") {
         assert_eq!(soft.pinned_bytes(), 0);
     }
+    assert_eq!(pool.live_blocks(), 0);
+    assert!(pool.validate());
+}
+
+#[test]
+fn a_step_served_unregistered_is_counted_until_it_goes_back() {
+    let nic = Nic::soft_with(SoftConfig {
+        odp: false,
+        implicit_odp: false,
+        ..Default::default()
+    });
+    let soft = nic.as_soft().unwrap();
+    let pd = nic.alloc_pd().unwrap();
+    let pool = pinned_pool(&pd);
+    let l = Layout::from_size_align(BLOCK, 8).unwrap();
+    let w = on_thread(|| {
+        let w = warm(&pool);
+        let before = pool.stats().alloc.arena;
+        soft.fail_next(Verb::RegMr, 1, libc::ENOMEM);
+        let p = pool.alloc(l);
+        assert!(!p.is_null() && pool.keys_of(p).is_none());
+        // SAFETY: `p` is a live block of `BLOCK` bytes.
+        unsafe { p.write_bytes(0xa5, BLOCK) };
+        let arena = pool.stats().alloc.arena;
+        assert_eq!(
+            arena.unregistered_bytes,
+            before.unregistered_bytes + STEP_BYTES as u64,
+            "{arena:?}"
+        );
+        // SAFETY: a block of `pool`, freed once.
+        unsafe { pool.free_sized(p, l) };
+        (w as usize, before)
+    });
+    let (w, before) = w;
+    pool.purge();
+    if cfg!(feature = "memcheck") {
+        return; // which keeps freed memory as it is: nothing goes back
+    }
+    // The step went back with its memory, and with it what was counted unregistered.
+    let arena = pool.stats().alloc.arena;
+    assert_eq!(
+        arena.unregistered_bytes, before.unregistered_bytes,
+        "{arena:?}"
+    );
+    on_thread(|| {
+        // Served again, the step is registered anew.
+        let blocks: Vec<*mut u8> = (0..32).map(|_| pool.alloc(l)).collect();
+        for &p in &blocks {
+            assert!(pool.keys_of(p).is_some_and(|k| k.len == STEP_BYTES));
+            // SAFETY: a block of `pool`, freed once.
+            unsafe { pool.free_sized(p, l) };
+        }
+    });
+    // SAFETY: the warm-up block of `pool`, freed once.
+    unsafe { pool.free_sized(w as *mut u8, Layout::from_size_align(16, 8).unwrap()) };
+    pool.purge();
     assert_eq!(pool.live_blocks(), 0);
     assert!(pool.validate());
 }

@@ -13,7 +13,7 @@
 
 use super::{Conf, MAX_RAILS, R, Tables};
 use crate::arena::register;
-use crate::arena::table::Table;
+use crate::arena::table::{Budget, Table};
 use crate::arena::{Arena, Error, SLAB_SHIFT};
 use crate::nic::{Access, Pd};
 use crate::sys::os::MmapArray;
@@ -80,7 +80,7 @@ impl Arena {
                 what: "mmap of a rail's tables",
                 errno,
             };
-            let table = Table::new(self.base, self.window, 0).map_err(os)?;
+            let table = Table::new(self.base, self.window, 0, Budget::none()).map_err(os)?;
             // SAFETY: an all-zero AtomicU32 is a valid "no ODP region".
             let chunk_odp = unsafe { MmapArray::zeroed(self.window_chunks()) }.map_err(os)?;
             let _ = slot.tables.set(Tables { table, chunk_odp });

@@ -32,7 +32,11 @@ use std::cell::UnsafeCell;
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
+mod budget;
 mod steps;
+
+pub(crate) use budget::Budget;
+pub(crate) use steps::StepState;
 
 pub(crate) const PRIVATE: u8 = 0;
 pub(crate) const EXPOSED: u8 = 1;
@@ -44,6 +48,9 @@ const EXPOSED_BIT: u64 = 1 << 63;
 const STEPPED_BIT: u64 = 1 << 62;
 /// In a step's `Slot::meta`: a thread is registering or deregistering the step.
 const BUSY_BIT: u64 = 1 << 61;
+/// In a step's `Slot::meta`: no region covers the step, whose pages were served unregistered
+/// (a refused registration under `Degrade`: its bytes are counted unregistered).
+const UNREG_BIT: u64 = 1 << 60;
 
 /// log2 of a step: the smallest part of a slab registered as a region of its own.
 pub(crate) const STEP_SHIFT: u32 = 18;
@@ -254,14 +261,21 @@ pub(crate) struct Table {
     /// outnumber `step_slabs · STEPS`, and `regs` has room for them by construction.
     stepped: AtomicUsize,
     step_slabs: usize,
+    /// The device's share for steps, across its arenas (`budget.rs`).
+    budget: Budget,
     /// `id + 1` of the top of the released-id stack, 0 when empty.
     released: crate::sys::atfork::ForkLock<u32>,
 }
 
 impl Table {
     /// A table for the `len` bytes at `base`, of which at most `step_slabs` slabs are
-    /// registered in steps at once.
-    pub(crate) fn new(base: usize, len: usize, step_slabs: usize) -> Result<Table, i32> {
+    /// registered in steps at once, while `budget` (the device's) has room.
+    pub(crate) fn new(
+        base: usize,
+        len: usize,
+        step_slabs: usize,
+        budget: Budget,
+    ) -> Result<Table, i32> {
         let slabs = len >> SLAB_SHIFT;
         let step_slabs = step_slabs.min(slabs);
         // SAFETY: zero is a valid (unregistered) Slot and a valid (not live, PRIVATE) Reg;
@@ -283,6 +297,7 @@ impl Table {
             next_reg: AtomicU32::new(0),
             stepped: AtomicUsize::new(0),
             step_slabs,
+            budget,
             released: crate::sys::atfork::ForkLock::new(0),
         })
     }
@@ -432,6 +447,7 @@ impl Table {
             if let Some(slot) = self.slots.get(i) {
                 if slot.meta.swap(v, Ordering::AcqRel) & STEPPED_BIT != 0 {
                     self.stepped.fetch_sub(1, Ordering::Relaxed);
+                    self.budget.give(1);
                 }
             }
         }
@@ -446,7 +462,7 @@ impl Table {
     pub(crate) unsafe fn clear(&self, mut f: impl FnMut(Mr)) {
         for i in 0..self.len >> SLAB_SHIFT {
             if self.is_stepped(i) {
-                (i * STEPS..(i + 1) * STEPS).for_each(|j| self.end_step(j, None));
+                (i * STEPS..(i + 1) * STEPS).for_each(|j| self.end_step(j, StepState::Free));
             }
         }
         self.publish(0, self.len >> SLAB_SHIFT, None);
@@ -479,8 +495,10 @@ impl Table {
     pub(crate) fn validate(&self) -> bool {
         let slabs = self.len >> SLAB_SHIFT;
         let stepped = (0..slabs).filter(|&i| self.is_stepped(i)).count();
+        let own = self.stepped.load(Ordering::Relaxed);
         stepped <= self.step_slabs
-            && self.stepped.load(Ordering::Relaxed) <= self.step_slabs
+            && own <= self.step_slabs
+            && (!self.budget.any() || self.budget.used().0 >= own)
             && (0..slabs).all(|i| {
                 let Some(slot) = self.slots.get(i) else {
                     return false;
@@ -506,12 +524,19 @@ impl Table {
         let meta = slot.meta.load(Ordering::Acquire);
         let id = meta as u32;
         if id == 0 {
-            return meta & !BUSY_BIT == 0;
+            return meta & !(BUSY_BIT | UNREG_BIT) == 0;
         }
         let reg = self.reg(id - 1);
         let (start, rlen) = reg.range();
         let cached_ok = meta & EXPOSED_BIT == 0 || slot.cached() == reg.keys();
         reg.live.load(Ordering::Acquire) && start <= addr && addr + len <= start + rlen && cached_ok
+    }
+}
+
+impl Drop for Table {
+    fn drop(&mut self) {
+        // The device's places this table's stepped slabs held (its regions are gone).
+        self.budget.give(*self.stepped.get_mut());
     }
 }
 
@@ -525,7 +550,7 @@ mod tests {
         let pd = Nic::soft().alloc_pd().unwrap();
         let mut mem = crate::nic::Buffer::new(4 << 20).unwrap();
         let base = (mem.as_mut_ptr() as usize).next_multiple_of(super::super::SLAB);
-        let table = Table::new(base, super::super::SLAB, 0).unwrap();
+        let table = Table::new(base, super::super::SLAB, 0, Budget::none()).unwrap();
         // SAFETY: `mem` outlives the region (dropped by `drop_all` below).
         let mr =
             unsafe { pd.reg_mr(base as *mut u8, super::super::SLAB, Access::LOCAL_WRITE) }.unwrap();

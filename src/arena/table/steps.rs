@@ -1,7 +1,7 @@
 //! The key table's second level: the steps of slabs registered a step at a time
 //! (`arena/step.rs`), and the count that bounds them (see `table/mod.rs`'s contract).
 
-use super::{BUSY_BIT, STEPPED_BIT, STEPS, Table};
+use super::{BUSY_BIT, STEPPED_BIT, STEPS, Table, UNREG_BIT};
 use std::sync::atomic::Ordering;
 
 impl Table {
@@ -13,7 +13,7 @@ impl Table {
     }
 
     /// Mark slab `i`, which no region covers, stepped (its steps' slots are empty); false
-    /// where `step_slabs` slabs already are.
+    /// where `step_slabs` slabs already are, or the device's budget is used up.
     pub(crate) fn set_stepped(&self, i: usize) -> bool {
         debug_assert!((0..STEPS).all(|k| self.step_reg(i * STEPS + k).is_none()));
         let Some(slot) = self.slots.get(i) else {
@@ -28,6 +28,13 @@ impl Table {
                 (n < self.step_slabs).then_some(n + 1)
             })
             .is_ok();
+        let room = room && {
+            let device = self.budget.take();
+            if !device {
+                self.stepped.fetch_sub(1, Ordering::AcqRel);
+            }
+            device
+        };
         if room {
             slot.meta.store(STEPPED_BIT, Ordering::Release);
         }
@@ -36,12 +43,17 @@ impl Table {
 
     /// Whether another slab may be registered in steps.
     pub(crate) fn step_room(&self) -> bool {
-        self.stepped.load(Ordering::Relaxed) < self.step_slabs
+        self.stepped.load(Ordering::Relaxed) < self.step_slabs && self.budget.room()
+    }
+
+    /// `(slabs stepped on the device by every arena, the device's limit)`.
+    pub(crate) fn device_steps(&self) -> (usize, usize) {
+        self.budget.used()
     }
 
     /// Whether any slab may ever be registered in steps.
     pub(crate) fn steps_allowed(&self) -> bool {
-        self.step_slabs > 0
+        self.step_slabs > 0 && self.budget.any()
     }
 
     /// The registration step `j` points at, if any (none while it is busy).
@@ -50,27 +62,36 @@ impl Table {
         (meta as u32).checked_sub(1)
     }
 
-    /// Take step `j` for its registration if it has none: `Some(true)` once this thread
-    /// holds it, `Some(false)` when it is registered (left as it is: its keys stay readable),
-    /// `None` while another thread holds it.
-    pub(crate) fn claim_unregistered(&self, j: usize) -> Option<bool> {
+    /// Whether pages of step `j` were handed out: it is registered, or was served
+    /// unregistered.
+    pub(crate) fn step_used(&self, j: usize) -> bool {
+        self.steps
+            .get(j)
+            .is_some_and(|s| s.meta.load(Ordering::Acquire) & (UNREG_BIT | u32::MAX as u64) != 0)
+    }
+
+    /// Take step `j` for its registration if it has none: `Some(Some(unregistered))` once
+    /// this thread holds it (`unregistered`: its pages were served unregistered),
+    /// `Some(None)` when it is registered (left as it is: its keys stay readable), `None`
+    /// while another thread holds it.
+    pub(crate) fn claim_unregistered(&self, j: usize) -> Option<Option<bool>> {
         let slot = self.steps.get(j)?;
         let meta = slot.meta.load(Ordering::Acquire);
         if meta & BUSY_BIT != 0 {
             return None;
         }
         if meta as u32 != 0 {
-            return Some(false);
+            return Some(None);
         }
         slot.meta
             .compare_exchange(meta, BUSY_BIT, Ordering::AcqRel, Ordering::Acquire)
             .ok()
-            .map(|_| true)
+            .map(|_| Some(meta & UNREG_BIT != 0))
     }
 
-    /// Take step `j` for a registration or deregistration: `Some(current registration)`
-    /// once this thread holds it, `None` while another thread does.
-    pub(crate) fn begin_step(&self, j: usize) -> Option<Option<u32>> {
+    /// Take step `j` for a registration or deregistration: `Some(current state)` once this
+    /// thread holds it, `None` while another thread does.
+    pub(crate) fn begin_step(&self, j: usize) -> Option<StepState> {
         let slot = self.steps.get(j)?;
         let meta = slot.meta.load(Ordering::Acquire);
         if meta & BUSY_BIT != 0 {
@@ -79,15 +100,48 @@ impl Table {
         slot.meta
             .compare_exchange(meta, BUSY_BIT, Ordering::AcqRel, Ordering::Acquire)
             .ok()
-            .map(|_| (meta as u32).checked_sub(1))
+            .map(|_| StepState::of(meta))
     }
 
-    /// Release step `j` taken by [`Table::begin_step`], pointing it at `id` (`None`:
-    /// unregistered).
-    pub(crate) fn end_step(&self, j: usize, id: Option<u32>) {
+    /// Release step `j` taken by [`Table::begin_step`], in state `to`.
+    pub(crate) fn end_step(&self, j: usize, to: StepState) {
         if let Some(slot) = self.steps.get(j) {
-            slot.meta
-                .store(id.map_or(0, |id| id as u64 + 1), Ordering::Release);
+            let meta = match to {
+                StepState::Free => 0,
+                StepState::Unregistered => UNREG_BIT,
+                StepState::Registered(id) => id as u64 + 1,
+            };
+            slot.meta.store(meta, Ordering::Release);
+        }
+    }
+}
+
+/// What covers a step of a stepped slab.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum StepState {
+    /// Nothing, and no page of it was served unregistered.
+    Free,
+    /// Nothing: a registration was refused and its pages were served unregistered (counted).
+    Unregistered,
+    /// The region with this id.
+    Registered(u32),
+}
+
+impl StepState {
+    fn of(meta: u64) -> StepState {
+        match (meta as u32).checked_sub(1) {
+            Some(id) => StepState::Registered(id),
+            None if meta & UNREG_BIT != 0 => StepState::Unregistered,
+            None => StepState::Free,
+        }
+    }
+
+    /// `Registered(id)`, else `Unregistered` or `Free` as the pages were served.
+    pub(crate) fn after(id: Option<u32>, unregistered: bool) -> StepState {
+        match id {
+            Some(id) => StepState::Registered(id),
+            None if unregistered => StepState::Unregistered,
+            None => StepState::Free,
         }
     }
 }
