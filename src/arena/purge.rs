@@ -10,8 +10,10 @@
 //! - Pinned slabs are first taken out of their registration, and only then dropped, so no
 //!   live pinned region ever covers a replaced page. A region wholly inside the purged range is
 //!   deregistered (its keys stop working: they never come to mean other memory). A region that
-//!   also covers live memory is split — deregistered and its live parts registered anew — only
-//!   while its keys were never handed out (so no key anyone holds changes); a region whose keys
+//!   also covers live memory is split — its live parts registered anew, then it is
+//!   deregistered; a refusal of either leaves it whole, so live memory never loses its
+//!   registration — only while its keys were never handed out (so no key anyone holds
+//!   changes); a region whose keys
 //!   were handed out, or that a window is bound to (`EBUSY`, rxe `EINVAL`), keeps its slabs:
 //!   they stay committed and the purge of them is refused and counted.
 //! - hugetlb slabs are dropped with `MADV_DONTNEED` (Linux ≥ 5.18), else by mapping fresh
@@ -320,57 +322,39 @@ impl Arena {
         self.split(id, (rs, re), (s, e))
     }
 
-    /// Deregister private region `id` over slabs `[rs, re)` and register its parts outside
-    /// `[s, e)` anew. The caller holds `REREG` on it.
+    /// Register the parts of private region `id` over slabs `[rs, re)` outside `[s, e)` anew,
+    /// then deregister it. The caller holds `REREG` on it. The parts come first, while the
+    /// region still covers them: a refused registration (or deregistration) leaves the region
+    /// as it was, so live memory never loses its registration (under `Required` a block that
+    /// was served registered stays so; before, a refused part and a refused re-registration of
+    /// the whole left the live parts with no keys).
     fn split(&self, id: u32, (rs, re): (usize, usize), (s, e): (usize, usize)) -> Unregistered {
         let reg = self.table.reg(id);
         let huge = reg.is_huge();
         let at = |i: usize| self.base + (i << SLAB_SHIFT);
+        let mut made: [Option<(crate::nic::Mr, usize, usize)>; 2] = [None, None];
+        for (k, (a, b)) in [(rs, s), (e, re)].into_iter().enumerate() {
+            if a < b {
+                match self.reg_mr(at(a), (b - a) << SLAB_SHIFT, huge) {
+                    Ok(mr) => made[k] = Some((mr, a, b)),
+                    Err(_) => {
+                        drop(made);
+                        reg.end_rereg();
+                        return Unregistered::Refused;
+                    }
+                }
+            }
+        }
         // SAFETY: this thread holds REREG on a live registration.
         let mr = unsafe { reg.take() };
         if let Err(refused) = mr.dereg() {
             // SAFETY: taken out above; this thread still holds REREG.
             unsafe { reg.install(refused.mr, huge) };
             reg.end_rereg();
+            drop(made);
             return Unregistered::Refused;
         }
         sub(&self.counters.mrs, 1);
-        let parts = [(rs, s), (e, re)];
-        let mut made: [Option<(crate::nic::Mr, usize, usize)>; 2] = [None, None];
-        let mut failed = false;
-        for (k, &(a, b)) in parts.iter().enumerate() {
-            if a < b {
-                match self.reg_mr(at(a), (b - a) << SLAB_SHIFT, huge) {
-                    Ok(mr) => made[k] = Some((mr, a, b)),
-                    Err(_) => failed = true,
-                }
-            }
-        }
-        if failed {
-            drop(made);
-            // Put the whole region back as it was; its keys were never handed out.
-            return match self.reg_mr(at(rs), (re - rs) << SLAB_SHIFT, huge) {
-                Ok(mr) => {
-                    // SAFETY: not live since `take`; this thread holds REREG.
-                    unsafe { reg.install(mr, huge) };
-                    add(&self.counters.mrs, 1);
-                    reg.end_rereg();
-                    Unregistered::Refused
-                }
-                Err(err) => {
-                    // The live parts lose their registration: counted like any refusal.
-                    self.table.publish(rs, re - rs, None);
-                    let live = ((re - rs) - (e - s)) << SLAB_SHIFT;
-                    sub(&self.counters.registered_bytes, live as u64);
-                    add(&self.counters.unregistered_bytes, live as u64);
-                    self.note_refusal(&err);
-                    self.forget_tail(at(rs), id);
-                    reg.end_rereg();
-                    self.table.release(id);
-                    Unregistered::Removed
-                }
-            };
-        }
         for (mr, a, b) in made.into_iter().flatten() {
             match self.install_region(mr, huge) {
                 Ok(new) => self.table.publish(a, b - a, Some(new)),

@@ -126,6 +126,72 @@ fn a_private_shared_region_is_split_and_an_exposed_one_keeps_its_slabs() {
 }
 
 #[test]
+fn a_split_whose_registrations_are_refused_keeps_the_region_and_every_live_key() {
+    let _g = serial();
+    let bed = rereg_bed(ReregMode::KeepKeys);
+    let soft = bed.a.nic.as_soft().unwrap();
+    let arena = arena_as(&bed, Registration::Pinned, Access::REMOTE_WRITE);
+    let r: Vec<Run> = (0..3).map(|_| arena.alloc_run(SLAB, 64).unwrap()).collect();
+    for (i, run) in r.iter().enumerate() {
+        fill(*run, SLAB, i as u8 + 1);
+    }
+    assert_eq!(arena.stats().mrs, 1, "one private tail region");
+    let live = || {
+        let c = soft.counters();
+        c.registrations - c.deregistrations
+    };
+    let live0 = live();
+    // The parts' registrations are refused (the first, both, both and the whole again): the
+    // purge is refused and the region stays whole, its live runs registered.
+    for refused in [1, 2, 3] {
+        soft.fail_next(Verb::RegMr, refused, libc::ENOMEM);
+        // SAFETY: the test no longer uses the middle run... but the purge is refused, so it
+        // stays as it was.
+        assert_eq!(unsafe { arena.purge(r[1].as_ptr(), SLAB) }.unwrap(), 0);
+        soft.fail_next(Verb::RegMr, 0, 0);
+        let s = arena.stats();
+        assert_eq!((s.mrs, s.purges_refused), (1, refused as u64), "{s:?}");
+        assert_eq!(s.unregistered_bytes, 0);
+        assert!(!arena.is_purged(r[1].as_ptr()));
+    }
+    // A refused deregistration of the region (what a bound window does) after both parts
+    // were registered: they go, the region stays.
+    soft.fail_next(Verb::DeregMr, 1, libc::EBUSY);
+    // SAFETY: as above.
+    assert_eq!(unsafe { arena.purge(r[1].as_ptr(), SLAB) }.unwrap(), 0);
+    soft.fail_next(Verb::DeregMr, 0, 0);
+    assert_eq!(arena.stats().mrs, 1);
+    assert_eq!(live(), live0, "no part left behind");
+    let s = arena.stats();
+    assert_eq!(
+        (s.registered_bytes, s.unregistered_bytes),
+        (3 * SLAB as u64, 0)
+    );
+    for (i, run) in r.iter().enumerate() {
+        assert!(bytes(*run, SLAB).iter().all(|&x| x == i as u8 + 1));
+    }
+    // Nothing refused now (and no key handed out yet): split as usual.
+    // SAFETY: the test no longer uses the middle run.
+    assert_eq!(unsafe { arena.purge(r[1].as_ptr(), SLAB) }.unwrap(), SLAB);
+    assert_eq!(arena.stats().mrs, 2);
+    assert_eq!(live(), live0 + 1, "two parts for the region");
+    let (_mem, src) = bed.b.reg_buf(4096, 0x44, RW);
+    for i in [0, 2] {
+        let k = arena
+            .keys_of(r[i].as_ptr())
+            .expect("live memory keeps its keys");
+        assert_eq!((k.addr, k.len), (r[i].as_ptr() as usize, SLAB));
+        assert!(bytes(r[i], SLAB).iter().all(|&x| x == i as u8 + 1));
+        assert_eq!(
+            peer_write(&bed, k, r[i].as_ptr() as usize, 4096, &src),
+            WcStatus::Success
+        );
+    }
+    assert_eq!(stale(&bed), 0);
+    assert!(arena.validate());
+}
+
+#[test]
 fn a_refused_deregistration_keeps_the_memory_and_its_keys() {
     let _g = serial();
     let bed = default_bed();
