@@ -331,10 +331,17 @@ impl Arena {
         let spans = self.chunk_of((addr + len - 1) as *const u8) != Some(c);
         self.pages.populate_ordinary(addr as *mut u8, n * SLAB)?;
         // Published over the slabs (no longer stepped) only once registered; served
-        // unregistered (`Degrade`), they stay stepped with no step registered: no keys.
-        self.register_run(c, addr, n * SLAB, spans, || {
+        // unregistered (`Degrade`: counted whole), they stay stepped with every step marked
+        // served unregistered, so the count goes as each step is registered or given back.
+        let id = self.register_run(c, addr, n * SLAB, spans, || {
             self.register_new(addr, n * SLAB, false)
         })?;
+        if id.is_none() {
+            // The caller holds the slabs (nothing lives there, no page is taken of them).
+            for j in first * STEPS..(first + n) * STEPS {
+                self.table.end_step(j, StepState::Unregistered);
+            }
+        }
         Ok(())
     }
 

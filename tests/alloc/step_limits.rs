@@ -503,3 +503,54 @@ fn a_pool_dropped_while_its_clock_gives_steps_back_leaves_nothing_registered() {
         assert_eq!(c.registrations, c.deregistrations, "round {round}: {c:?}");
     }
 }
+
+#[test]
+fn a_stepped_slab_reused_whole_and_served_unregistered_is_counted_until_it_goes_back() {
+    let nic = Nic::soft_with(SoftConfig {
+        odp: false,
+        implicit_odp: false,
+        ..Default::default()
+    });
+    let soft = nic.as_soft().unwrap();
+    let pd = nic.alloc_pd().unwrap();
+    let pool = pinned_pool(&pd);
+    let l = Layout::from_size_align(32 << 10, 8).unwrap();
+    let big = Layout::from_size_align(1536 << 10, 8).unwrap();
+    on_thread(|| {
+        // A slab of 256 KiB pages (stepped), all freed: the large block reuses it whole.
+        let blocks: Vec<*mut u8> = (0..64).map(|_| pool.alloc(l)).collect();
+        for &p in &blocks {
+            // SAFETY: a block of `pool`, freed once.
+            unsafe { pool.free_sized(p, l) };
+        }
+        let before = pool.stats().alloc.arena;
+        soft.fail_next(Verb::RegMr, 10, libc::ENOMEM);
+        let b = pool.alloc(big);
+        soft.fail_next(Verb::RegMr, 0, 0);
+        assert!(
+            !b.is_null() && pool.keys_of(b).is_none(),
+            "served unregistered"
+        );
+        if !blocks.iter().any(|&p| slab(p) == slab(b)) {
+            return; // another slab was taken: nothing of the stepped one to check
+        }
+        let arena = pool.stats().alloc.arena;
+        assert_eq!(
+            arena.unregistered_bytes,
+            before.unregistered_bytes + SLAB as u64,
+            "{arena:?}"
+        );
+        // SAFETY: `b` is a live block of `big.size()` bytes.
+        unsafe { b.write_bytes(7, big.size()) };
+        // SAFETY: a block of `pool`, freed once.
+        unsafe { pool.free_sized(b, big) };
+    });
+    pool.purge();
+    if cfg!(feature = "memcheck") {
+        return; // which keeps freed memory as it is: nothing goes back
+    }
+    let arena = pool.stats().alloc.arena;
+    assert_eq!(arena.unregistered_bytes, 0, "gone with the slab: {arena:?}");
+    assert_eq!(arena.committed_bytes, 0, "{arena:?}");
+    assert!(pool.validate());
+}
