@@ -3,7 +3,8 @@
 //! pages are all free gives its memory back — region first — while its slab stays in use.
 //!
 //! Contract:
-//! - every page handed out of a stepped slab lies in a registered step: `take_page` readies
+//! - every page handed out of a stepped slab lies in a registered step, or in one served
+//!   unregistered (a refused registration under `Degrade`, counted): `take_page` readies
 //!   the page's step ([`Arena::ready_steps`](crate::arena::Arena)) before it hands the page
 //!   to a heap, and puts the page back when that fails;
 //! - [`PoolInner::drop_free_steps`] (each purge pass) takes the listed pages of stepped slabs

@@ -498,6 +498,7 @@ impl Arena {
         let stepped = stepped
             && kind != PageKind::Hugetlb
             && (self.slab_is_sparse(s) || self.backings_alike())
+            && self.table.reg_at(s).is_none()
             && self.steps_wanted()
             && self.set_stepped(s, e - s);
         let populated = if kind == PageKind::Hugetlb {

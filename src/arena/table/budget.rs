@@ -3,7 +3,7 @@
 //!
 //! Contract: a table that may step slabs joins its device's [`Budget`] when made: an entry of
 //! [`BUDGETS`] keyed by the device's name (hashed; two devices whose names collide share one
-//! entry, which only halves what each may step), counted by the tables on it. A slab is
+//! entry: they step at most one device's share together), counted by the tables on it. A slab is
 //! stepped only once its table *and* its device's entry have room ([`Budget::take`]); a slab
 //! that stops being stepped gives its place back ([`Budget::give`]), and a dropped table gives
 //! back every place it held, then leaves. Entries are fixed (no allocation, fork-safe: a
@@ -11,9 +11,11 @@
 //! finds all [`ENTRIES`] taken by other devices steps nothing (its slabs are registered whole,
 //! as on a device with few regions).
 //!
-//! Invariant: for every entry `e` in use, `e.stepped == Σ over tables on e of their stepped
-//! slabs <= e.limit`, where `limit` is the fewest step slabs any table on the device asked
-//! for (a quarter of `max_mr` over `STEPS`).
+//! Invariant: for every entry `e` in use, `e.stepped >= Σ over tables on e of their stepped
+//! slabs` (equal at rest: a place is taken before the table's count rises, and given back
+//! after it falls), and `e.stepped <= e.limit`, where `limit` is the fewest step slabs any
+//! table on the device asked for (a quarter of `max_mr` over `STEPS`) — once a table with a
+//! smaller limit joins, only after enough places are given back (no place is taken past it).
 
 use crate::sys::atfork::ForkLock;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -74,9 +76,17 @@ impl Budget {
                 e.limit.store(limit, Ordering::Relaxed);
                 Some(e)
             });
-        if let Some(e) = found {
-            e.users.fetch_add(1, Ordering::Relaxed);
-            e.limit.fetch_min(limit, Ordering::Relaxed);
+        match found {
+            Some(e) => {
+                e.users.fetch_add(1, Ordering::Relaxed);
+                e.limit.fetch_min(limit, Ordering::Relaxed);
+            }
+            None => tracing::warn!(
+                target: "rdma_pool::arena",
+                device = name,
+                "{ENTRIES} devices already register steps in this process: this arena \
+                 registers its slabs whole"
+            ),
         }
         Budget { entry: found }
     }

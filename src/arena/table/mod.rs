@@ -4,7 +4,9 @@
 //! `id + 1` where `regs[id]` is the live registration covering slab `i`, or `STEPPED_BIT`: the
 //! slab is registered in steps of [`STEP`] bytes (`step.rs`), and `steps[j]` (slab `i`'s
 //! `j - i·STEPS`-th step) says by what, with the same encoding and protocol as a slab's slot
-//! (a step's slot also carries `BUSY_BIT` while one thread registers or deregisters it). A
+//! (a step's slot also carries `BUSY_BIT` while one thread registers or deregisters it, and
+//! `UNREG_BIT`, with no id, where its pages were served unregistered: counted in the
+//! arena's `unregistered_bytes` until it is registered or given back). A
 //! slot's id is published (`Release`) only after the registration's fields are written. Once the registration's keys
 //! are handed out, the slot caches them (keys, start, len) and sets `EXPOSED_BIT` in `meta`, so
 //! `keys_of` is one slot read: a load of `meta` and three loads from the same cache line. A
@@ -510,21 +512,23 @@ impl Table {
                             let j = i * STEPS + k;
                             self.steps.get(j).is_some_and(|step| {
                                 let addr = self.base + (j << STEP_SHIFT);
-                                self.covered(step, addr, STEP)
+                                self.covered(step, addr, STEP, true)
                             })
                         });
                 }
-                self.covered(slot, self.base + (i << SLAB_SHIFT), SLAB)
+                self.covered(slot, self.base + (i << SLAB_SHIFT), SLAB, false)
             })
     }
 
     /// Whether `slot` (of the `len` bytes at `addr`) is empty or points at a live
     /// registration covering them whose keys it caches once exposed.
-    fn covered(&self, slot: &Slot, addr: usize, len: usize) -> bool {
+    fn covered(&self, slot: &Slot, addr: usize, len: usize, step: bool) -> bool {
         let meta = slot.meta.load(Ordering::Acquire);
         let id = meta as u32;
         if id == 0 {
-            return meta & !(BUSY_BIT | UNREG_BIT) == 0;
+            // A step's slot may say it was served unregistered, a slab's never.
+            let flags = if step { BUSY_BIT | UNREG_BIT } else { BUSY_BIT };
+            return meta & !flags == 0;
         }
         let reg = self.reg(id - 1);
         let (start, rlen) = reg.range();

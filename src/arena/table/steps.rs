@@ -22,19 +22,20 @@ impl Table {
         if slot.meta.load(Ordering::Acquire) & STEPPED_BIT != 0 {
             return true;
         }
+        // The device's place first, then the table's: the device's count is never below the
+        // sum of its tables' (what `validate` checks), even between the two.
+        if !self.budget.take() {
+            return false;
+        }
         let room = self
             .stepped
             .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
                 (n < self.step_slabs).then_some(n + 1)
             })
             .is_ok();
-        let room = room && {
-            let device = self.budget.take();
-            if !device {
-                self.stepped.fetch_sub(1, Ordering::AcqRel);
-            }
-            device
-        };
+        if !room {
+            self.budget.give(1);
+        }
         if room {
             slot.meta.store(STEPPED_BIT, Ordering::Release);
         }
