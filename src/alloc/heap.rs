@@ -121,10 +121,13 @@ impl Heap {
             && owner != super::tls::token()
     }
 
-    /// Point every class at the empty page (a zeroed heap is set up once, when first claimed).
+    /// Point every class at the empty page (a zeroed heap is set up once, when first claimed);
+    /// a heap claimed again first hands back the pages its last owner kept that emptied since
+    /// (their blocks freed by other threads), so that they serve any heap.
     pub(crate) fn init(&self, pool: *const PoolInner) {
         self.generation.store(crate::sys::atfork::generation(), R);
         if self.initialised.load(Ordering::Acquire) {
+            self.sweep();
             return;
         }
         for c in 0..CLASSES {
@@ -568,6 +571,12 @@ impl Heap {
         for c in 0..CACHED_CLASSES {
             self.flush(c, SLOTS);
         }
+        self.sweep();
+    }
+
+    /// Collect every page's remote frees and hand the pages then empty back to the pool; the
+    /// others stay (called by the heap's owner: a thread leaving it, or one claiming it).
+    fn sweep(&self) {
         self.drain_notify();
         for c in 0..CLASSES {
             let mut p = self.queue[c].load(R);

@@ -1,7 +1,8 @@
 //! What a thread keeps: its caches of freed blocks are bounded per class — at most 32 blocks
 //! and no more than 32 KiB of a class (at least one block) — whatever it frees, by sized and
 //! unsized frees alike; its first page of a class holds one block (threads starting at once
-//! share the slab one of them cuts). In an ODP pool its size-class pages are on 4 KiB pages
+//! share the slab one of them cuts); a heap claimed again hands back the pages its last owner
+//! kept, once other threads freed their blocks. In an ODP pool its size-class pages are on 4 KiB pages
 //! (a block touched faults in 4 KiB), large runs on huge pages; a pinned pool pins whole slabs
 //! and keeps them all on huge pages.
 
@@ -140,6 +141,59 @@ fn a_thread_holding_one_medium_block_holds_a_page_of_about_its_size() {
 }
 
 /// The mapping of `/proc/self/smaps` holding `addr`: its `Rss` in KiB and its `VmFlags`.
+#[test]
+fn a_heap_claimed_again_hands_back_the_pages_its_last_owner_kept_once_their_blocks_are_freed() {
+    // No purge clock: nothing but the claim collects the heap.
+    let pd = Nic::soft().alloc_pd().unwrap();
+    let pool = Pool::with_config(
+        &pd,
+        ArenaConfig {
+            reserve: 1 << 32,
+            chunk: 1 << 26,
+            hugepages: Hugepages::Off,
+            purge_delay: None,
+            purge_thread: false,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let l = Layout::from_size_align(100 << 10, 8).unwrap();
+    let c = pool
+        .stats()
+        .alloc
+        .classes
+        .iter()
+        .position(|k| k.block_size >= l.size() as u64)
+        .unwrap();
+    // A thread leaves with a block handed to another: its heap keeps that block's page.
+    let p = std::thread::scope(|s| s.spawn(|| pool.alloc(l) as usize).join().unwrap());
+    assert_ne!(p, 0);
+    // SAFETY: a block of `pool`, freed once (by another thread than its page's).
+    unsafe { pool.free_sized(p as *mut u8, l) };
+    assert_eq!(
+        pool.stats().alloc.classes[c].pages,
+        1,
+        "kept by the heap nobody owns"
+    );
+    // The next thread claims that heap: the page, empty now, goes back to the pool at once,
+    // not at this thread's next block of the class (which may never come).
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let small = Layout::from_size_align(16, 8).unwrap();
+            let q = pool.alloc(small);
+            assert!(!q.is_null());
+            let st = pool.stats().alloc;
+            assert_eq!(st.heap_claims, 2, "the heap was claimed again");
+            assert_eq!(st.classes[c].pages, 0, "{:?}", st.classes[c]);
+            assert_eq!(st.classes[c].allocated, 0);
+            // SAFETY: a block of `pool`, freed once.
+            unsafe { pool.free_sized(q, small) };
+        });
+    });
+    assert_eq!(pool.live_blocks(), 0);
+    assert!(pool.validate());
+}
+
 fn mapping_of(addr: usize) -> (u64, String) {
     let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
     let mut inside = false;
