@@ -8,11 +8,13 @@
 //! large class never pins more than a slab. That is the *dense* page; a heap's first
 //! [`FIRST_SMALL_PAGES`] pages of a class are sized to its demand (`page_shift_for`): one 4 KiB
 //! granule for blocks up to 1 KiB (a thread holding twenty 256-byte blocks holds 8 KiB, not
-//! 68 KiB), else the smallest power of two of at least 64 KiB that holds one block — a thread
-//! holding two 200 KiB blocks holds two 256 KiB pages, not 256 KiB + 2 MiB. Its next pages of
-//! the class are dense (one step, not a doubling ramp: every page size a heap passes through
-//! cuts a slab of its own, shared with other heaps, and in pinned mode pinned whole and
-//! registered as one more region).
+//! 68 KiB), else the smallest power of two of at least 4 KiB that holds one block — a thread
+//! holding one 2 KiB block holds 4 KiB, not 64 KiB, and one holding two 200 KiB blocks two
+//! 256 KiB pages, not 256 KiB + 2 MiB. Its next pages of the class are dense (one step, not a
+//! doubling ramp: every page size a heap passes through cuts a slab of its own, shared with
+//! other heaps). Pages of at most a step (256 KiB) lie on 4 KiB pages, committed where
+//! touched, and in pinned mode registered a step at a time (`arena/step.rs`): a slab of a
+//! page size few blocks use costs the steps in use, not the slab.
 
 /// Largest size served from size-class pages; larger blocks are slab runs.
 pub const MAX_SMALL: usize = 1 << 20;
@@ -158,28 +160,21 @@ pub(crate) const fn page_shift(c: usize) -> u32 {
 /// log2 of the page a heap takes for class `c` while it holds `held` pages of the class.
 /// While the heap holds fewer than [`FIRST_SMALL_PAGES`] pages of the class, small pages:
 /// 4 KiB for blocks up to 1 KiB (at least four blocks each), the smallest page of at least
-/// 64 KiB that holds one block for larger ones; then the dense page ([`page_shift`]). A heap
-/// holding 20 blocks of 256 bytes holds 8 KiB of pages, not 4 KiB + 64 KiB, and one holding
-/// two 200 KiB blocks 512 KiB, not 256 KiB + 2 MiB. Few page sizes:
-/// each one a heap passes through cuts a slab of its own (shared with other heaps) — pinned
-/// whole, and one more region, in pinned mode.
+/// 4 KiB that holds one block for larger ones; then the dense page ([`page_shift`]). A heap
+/// holding 20 blocks of 256 bytes holds 8 KiB of pages, not 4 KiB + 64 KiB; one holding a
+/// 2 KiB block 4 KiB, not 64 KiB; one holding two 200 KiB blocks 512 KiB, not
+/// 256 KiB + 2 MiB.
 pub(crate) const fn page_shift_for(c: usize, held: u32) -> u32 {
     let dense = page_shift(c);
     if held >= FIRST_SMALL_PAGES {
         return dense;
     }
-    if class_size(c) <= FIRST_SMALL_MAX {
-        return GRANULE_SHIFT;
-    }
-    let mut shift = DENSE_SHIFT;
+    let mut shift = GRANULE_SHIFT;
     while (1usize << shift) < class_size(c) {
         shift += 1;
     }
     if shift < dense { shift } else { dense }
 }
-
-/// Classes whose first pages in a heap are 4 KiB granules.
-const FIRST_SMALL_MAX: usize = 1 << 10;
 
 /// Small pages a heap holds of a class before it takes dense ones.
 pub(crate) const FIRST_SMALL_PAGES: u32 = 4;
@@ -259,8 +254,8 @@ mod tests {
             let first = 1usize << page_shift_for(c, 0);
             assert!(first >= 4 * class_size(c).min(1024), "class {c}");
             assert!(
-                first == 4 << 10 || first == 64 << 10 || first < 2 * class_size(c),
-                "class {c}"
+                first == 4 << 10 || first < 2 * class_size(c),
+                "class {c}: one block, under twice its size"
             );
             assert!(page_shift_for(c, 0) <= page_shift(c), "class {c}");
             for held in 1..FIRST_SMALL_PAGES {
@@ -275,9 +270,11 @@ mod tests {
         assert_eq!((page_shift_for(c, 3), page_shift_for(c, 4)), (18, 21));
         // 32-byte blocks: four 4 KiB pages, then 64 KiB ones.
         assert_eq!((page_shift_for(3, 3), page_shift_for(3, 4)), (12, 16));
-        // 4 KiB blocks: 64 KiB pages from the first.
+        // 4 KiB blocks: four 4 KiB pages, then 64 KiB ones; 5 KiB blocks: 8 KiB pages.
         let c = class_of_computed(4 << 10);
-        assert_eq!((page_shift_for(c, 0), page_shift_for(c, 4)), (16, 16));
+        assert_eq!((page_shift_for(c, 0), page_shift_for(c, 4)), (12, 16));
+        let c = class_of_computed(5 << 10);
+        assert_eq!((page_shift_for(c, 3), page_shift_for(c, 4)), (13, 16));
     }
 
     #[test]

@@ -80,15 +80,22 @@ fn idle_slabs_of_every_kind_are_purged_on_request() {
     let bed = bed();
     let pool = purging_pool(&bed.a.pd, None, Registration::Auto);
     // Three slabs in all, so that the pinned memory fits the rxe guest's 8 MiB memlock limit.
-    let small = Layout::from_size_align(8 << 10, 8).unwrap(); // 64 KiB pages, 32 per slab
+    // 8 KiB blocks: a thread's first four in 8 KiB pages (a slab of their own), then 64 KiB
+    // pages, 32 per slab.
+    let small = Layout::from_size_align(8 << 10, 8).unwrap();
     // A thread's first page of a class holds one block: a 1 MiB page, in a slab of two.
     let medium = Layout::from_size_align(600 << 10, 8).unwrap();
     let large = Layout::from_size_align(3 << 19, 4096).unwrap(); // a one-slab run
-    let s_blocks = blocks_from_a_thread(&pool, small, 256); // exactly one slab of pages
+    let s_blocks = blocks_from_a_thread(&pool, small, 4 + 256); // one slab of 64 KiB pages
     let m_blocks = blocks_from_a_thread(&pool, medium, 1);
     let l_blocks = blocks_from_a_thread(&pool, large, 1);
-    let keep = s_blocks[0] as *mut u8; // stays live: its slab is not idle
-    let s_blocks = &s_blocks[1..];
+    let keep = s_blocks[4] as *mut u8; // stays live: its slab is not idle
+    let s_blocks: Vec<usize> = s_blocks
+        .iter()
+        .copied()
+        .filter(|&p| p != keep as usize)
+        .collect();
+    let s_blocks = &s_blocks[..];
     let before = pool.stats().alloc.arena;
     free_all(&pool, s_blocks, small);
     free_all(&pool, &m_blocks, medium);
@@ -99,8 +106,8 @@ fn idle_slabs_of_every_kind_are_purged_on_request() {
     let after = pool.stats().alloc.arena;
     assert_eq!(
         purged,
-        2 * SLAB,
-        "the large run and the slab of 1 MiB pages"
+        3 * SLAB,
+        "the large run, the slab of 1 MiB pages and the slab of the first 8 KiB pages"
     );
     // The last small block goes: now its slab is idle too.
     // SAFETY: a block of the pool, freed once.

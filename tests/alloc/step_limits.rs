@@ -2,7 +2,7 @@
 //! fallback, unregistered service, a typed failure), a refused step deregistration (what a
 //! window bound to the step does), and a pool dropped while its clock gives steps back.
 
-use super::steps::{BLOCK, pinned_pool, step, stepped_pool};
+use super::steps::{BLOCK, cool, pinned_pool, step, stepped_pool, warm};
 use super::*;
 use rdma_pool::arena::RegistrationPolicy;
 use rdma_pool::nic::soft::{MemlockLimit, SoftConfig};
@@ -172,14 +172,6 @@ fn pools_on_one_device_share_its_step_budget_and_a_dropped_pool_gives_its_share_
     assert!(b.validate());
 }
 
-/// Warm the calling thread up (a first block of another class, in a slab and step of its own)
-/// so that the next registration is the step of the next `BLOCK`-sized block's page.
-fn warm(pool: &Pool) -> *mut u8 {
-    let w = pool.alloc(Layout::from_size_align(16, 8).unwrap());
-    assert!(!w.is_null() && pool.keys_of(w).is_some());
-    w
-}
-
 #[test]
 fn a_refused_step_registration_falls_back_to_the_chunks_odp_region() {
     let nic = Nic::soft();
@@ -199,11 +191,9 @@ fn a_refused_step_registration_falls_back_to_the_chunks_odp_region() {
         assert_eq!(arena.odp_fallbacks, before.odp_fallbacks + 1, "{arena:?}");
         assert_eq!(arena.degradations, before.degradations + 1);
         assert_eq!(arena.step_regions, before.step_regions, "no step region");
-        // SAFETY: blocks of `pool`, freed once.
-        unsafe {
-            pool.free_sized(p, l);
-            pool.free_sized(w, Layout::from_size_align(16, 8).unwrap());
-        }
+        // SAFETY: a block of `pool`, freed once.
+        unsafe { pool.free_sized(p, l) };
+        cool(&pool, w);
     });
     pool.purge();
     if !cfg!(feature = "memcheck") {
@@ -278,8 +268,8 @@ fn a_refused_step_registration_without_odp_serves_unregistered_then_registers_ag
             for &q in more.iter().chain([&p]) {
                 pool.free_sized(q, l);
             }
-            pool.free_sized(w, Layout::from_size_align(16, 8).unwrap());
         }
+        cool(&pool, w);
     });
     pool.purge();
     if !cfg!(feature = "memcheck") {
@@ -316,7 +306,7 @@ fn a_step_served_unregistered_is_counted_until_it_goes_back() {
         );
         // SAFETY: a block of `pool`, freed once.
         unsafe { pool.free_sized(p, l) };
-        (w as usize, before)
+        (w, before)
     });
     let (w, before) = w;
     pool.purge();
@@ -338,8 +328,7 @@ fn a_step_served_unregistered_is_counted_until_it_goes_back() {
             unsafe { pool.free_sized(p, l) };
         }
     });
-    // SAFETY: the warm-up block of `pool`, freed once.
-    unsafe { pool.free_sized(w as *mut u8, Layout::from_size_align(16, 8).unwrap()) };
+    cool(&pool, w);
     pool.purge();
     assert_eq!(pool.live_blocks(), 0);
     assert!(pool.validate());
@@ -347,11 +336,12 @@ fn a_step_served_unregistered_is_counted_until_it_goes_back() {
 
 #[test]
 fn past_memlock_a_required_pool_fails_the_allocation_and_loses_nothing() {
-    // Room for two steps: the warm-up block's and one of `BLOCK`-sized blocks (4 pages of 32).
+    // Room for three steps: the warm-up blocks' (one or two) and one or two of `BLOCK`-sized
+    // blocks (4 pages of 32 each).
     let nic = Nic::soft_with(SoftConfig {
         odp: false,
         implicit_odp: false,
-        memlock: MemlockLimit::Bytes(2 * STEP_BYTES as u64),
+        memlock: MemlockLimit::Bytes(3 * STEP_BYTES as u64),
         ..Default::default()
     });
     let soft = nic.as_soft().unwrap();
@@ -361,8 +351,8 @@ fn past_memlock_a_required_pool_fails_the_allocation_and_loses_nothing() {
     let per_step = STEP_BYTES / BLOCK;
     on_thread(|| {
         let w = warm(&pool);
-        // Blocks until the next page needs a third step (pages come off the free list in any
-        // order: at least the carved page's 32 blocks, at most the step's 128).
+        // Blocks until the next page needs a fourth step (pages come off the free list in any
+        // order: at least the carved page's 32 blocks, at most two steps' 256).
         let mut held = Vec::new();
         loop {
             let p = pool.alloc(l);
@@ -376,12 +366,13 @@ fn past_memlock_a_required_pool_fails_the_allocation_and_loses_nothing() {
             // SAFETY: a fresh block of BLOCK bytes.
             unsafe { p.write_bytes(held.len() as u8, BLOCK) };
             held.push(p);
-            assert!(held.len() <= per_step, "a third step was pinned");
+            assert!(held.len() <= 2 * per_step, "a fourth step was pinned");
         }
         assert!(held.len() >= 32, "{}", held.len());
         let steps: BTreeSet<usize> = held.iter().map(|&p| step(p)).collect();
-        assert_eq!(steps.len(), 1);
-        assert_eq!(soft.pinned_bytes(), 2 * STEP_BYTES as u64);
+        assert!(steps.is_disjoint(&w.steps()));
+        assert_eq!(steps.len() + w.steps().len(), 3, "the budget is used");
+        assert_eq!(soft.pinned_bytes(), 3 * STEP_BYTES as u64);
         let failed = pool.stats().alloc.failed_allocations;
         // Memlock keeps refusing the third step; Required fails every such call.
         for _ in 0..3 {
@@ -392,8 +383,12 @@ fn past_memlock_a_required_pool_fails_the_allocation_and_loses_nothing() {
         }
         let stats = pool.stats().alloc;
         assert_eq!(stats.failed_allocations, failed + 3, "{stats:?}");
-        assert_eq!(stats.arena.step_regions, 2, "{:?}", stats.arena);
-        assert_eq!(pool.live_blocks(), held.len() as u64 + 1);
+        assert_eq!(stats.arena.step_regions, 3, "{:?}", stats.arena);
+        assert_eq!(
+            pool.live_blocks(),
+            held.len() as u64 + 9,
+            "and the 9 warm-up blocks"
+        );
         // Nothing held changed; freeing one step's worth lets the next call through.
         for (i, &p) in held.iter().enumerate() {
             // SAFETY: the block written above.
@@ -409,8 +404,7 @@ fn past_memlock_a_required_pool_fails_the_allocation_and_loses_nothing() {
             // SAFETY: a block of `pool`, freed once.
             unsafe { pool.free_sized(p, l) };
         }
-        // SAFETY: a block of `pool`, freed once.
-        unsafe { pool.free_sized(w, Layout::from_size_align(16, 8).unwrap()) };
+        cool(&pool, w);
     });
     assert_eq!(pool.live_blocks(), 0);
     assert!(pool.validate());
@@ -429,6 +423,7 @@ fn a_step_whose_deregistration_is_refused_stays_registered_with_its_keys() {
         let pool = pinned_pool(&pd);
         let l = Layout::from_size_align(BLOCK, 8).unwrap();
         on_thread(|| {
+            let w = warm(&pool);
             let blocks: Vec<*mut u8> = (0..512).map(|_| pool.alloc(l)).collect();
             let steps: BTreeSet<usize> = blocks.iter().map(|&p| step(p)).collect();
             assert!(steps.len() >= 3, "blocks over several steps");
@@ -443,11 +438,13 @@ fn a_step_whose_deregistration_is_refused_stays_registered_with_its_keys() {
             pool.purge();
             let arena = pool.stats().alloc.arena;
             assert_eq!(arena.purges_refused, refused + 1, "{arena:?}");
+            let warm = w.steps().len();
             assert_eq!(
-                arena.step_regions, 2,
-                "the kept block's and the refused one"
+                arena.step_regions,
+                2 + warm as u64,
+                "the kept block's, the refused one and the warm-up's"
             );
-            assert_eq!(soft.pinned_bytes(), 2 * STEP_BYTES as u64);
+            assert_eq!(soft.pinned_bytes(), ((2 + warm) * STEP_BYTES) as u64);
             // The refused step keeps its region and keys, over memory that stays.
             let kept: Vec<usize> = (1..blocks.len())
                 .filter(|&i| step(blocks[i]) != step(keep) && pool.keys_of(blocks[i]).is_some())
@@ -463,11 +460,12 @@ fn a_step_whose_deregistration_is_refused_stays_registered_with_its_keys() {
             }
             // The next pass gives it back.
             pool.purge();
-            assert_eq!(pool.stats().alloc.arena.step_regions, 1);
+            assert_eq!(pool.stats().alloc.arena.step_regions, 1 + warm as u64);
             assert_eq!(pool.keys_of(blocks[kept[0]]), None);
             assert_eq!(pool.keys_of(keep), Some(keys[0]));
             // SAFETY: a block of `pool`, freed once.
             unsafe { pool.free_sized(keep, l) };
+            cool(&pool, w);
         });
         pool.purge();
         assert_eq!(soft.pinned_bytes(), 0, "errno {errno}");

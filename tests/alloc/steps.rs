@@ -34,8 +34,44 @@ pub(super) fn step(p: *const u8) -> usize {
     p as usize / STEP_BYTES
 }
 
-/// 2 KiB blocks: 64 KiB pages of 32 blocks, four pages a step.
+/// 2 KiB blocks: 64 KiB pages of 32 blocks, four pages a step (once a thread holds its first
+/// pages of the class: [`warm`]).
 pub(super) const BLOCK: usize = 2 << 10;
+
+/// What [`warm`] holds: `(block, its layout)`.
+pub(super) struct Warm(Vec<(usize, Layout)>);
+
+/// Warm the calling thread up so that its next `BLOCK`-sized block takes a dense page (64 KiB:
+/// 32 blocks, four pages a step) whose step is the next registration: a first block of
+/// another class, and the `BLOCK` class's first pages (4 KiB pages of two blocks), on 4 KiB
+/// pages of a slab of their own ([`Warm::steps`]). Keep it until [`cool`].
+pub(super) fn warm(pool: &Pool) -> Warm {
+    let small = Layout::from_size_align(16, 8).unwrap();
+    let l = Layout::from_size_align(BLOCK, 8).unwrap();
+    let mut held = vec![(pool.alloc(small) as usize, small)];
+    held.extend((0..8).map(|_| (pool.alloc(l) as usize, l)));
+    for &(p, l) in &held {
+        assert_ne!(p, 0);
+        let k = pool.keys_of(p as *const u8).expect("registered");
+        assert!(k.contains(p, l.size()));
+    }
+    Warm(held)
+}
+
+impl Warm {
+    /// The steps the warm-up blocks lie in.
+    pub(super) fn steps(&self) -> BTreeSet<usize> {
+        self.0.iter().map(|&(p, _)| step(p as *const u8)).collect()
+    }
+}
+
+/// Free what [`warm`] holds.
+pub(super) fn cool(pool: &Pool, w: Warm) {
+    for (p, l) in w.0 {
+        // SAFETY: a block of `pool` with `l`, freed once.
+        unsafe { pool.free_sized(p as *mut u8, l) };
+    }
+}
 
 #[test]
 fn a_free_step_goes_back_region_first_and_comes_back_registered_anew() {
@@ -47,6 +83,8 @@ fn a_free_step_goes_back_region_first_and_comes_back_registered_anew() {
     // One thread of its own: the test harness's thread holds nothing of the pool.
     std::thread::scope(|s| {
         s.spawn(|| {
+            let w = warm(&pool);
+            let warm = w.steps().len();
             let blocks: Vec<*mut u8> = (0..512).map(|_| pool.alloc(l)).collect();
             for (i, &p) in blocks.iter().enumerate() {
                 assert!(!p.is_null());
@@ -58,9 +96,13 @@ fn a_free_step_goes_back_region_first_and_comes_back_registered_anew() {
                 steps.len() >= 4,
                 "1 MiB of blocks spans at least four steps"
             );
+            assert!(steps.is_disjoint(&w.steps()));
             let stats = pool.stats().alloc.arena;
-            assert_eq!(stats.step_regions, steps.len() as u64, "{stats:?}");
-            assert_eq!(soft.pinned_bytes(), (steps.len() * STEP_BYTES) as u64);
+            assert_eq!(stats.step_regions, (steps.len() + warm) as u64, "{stats:?}");
+            assert_eq!(
+                soft.pinned_bytes(),
+                ((steps.len() + warm) * STEP_BYTES) as u64
+            );
             let keys: Vec<_> = blocks.iter().map(|&p| pool.keys_of(p).unwrap()).collect();
             for (k, &p) in keys.iter().zip(&blocks) {
                 assert_eq!(k.len, STEP_BYTES);
@@ -77,19 +119,20 @@ fn a_free_step_goes_back_region_first_and_comes_back_registered_anew() {
             if cfg!(feature = "memcheck") {
                 // The memory checker keeps freed pages as they are (their fill is what it
                 // checks): no step goes back while its slab is in use.
-                assert_eq!(stats.step_regions, steps.len() as u64, "{stats:?}");
+                assert_eq!(stats.step_regions, (steps.len() + warm) as u64, "{stats:?}");
                 for &p in &blocks[1..] {
                     assert!(pool.keys_of(p).is_some_and(|k| k.len == STEP_BYTES));
                 }
                 // SAFETY: a block of `pool`, freed once.
                 unsafe { pool.free_sized(keep, l) };
+                cool(&pool, w);
                 return;
             }
-            assert_eq!(stats.step_regions, 1, "{stats:?}");
+            assert_eq!(stats.step_regions, 1 + warm as u64, "{stats:?}");
             assert_eq!(
                 soft.pinned_bytes(),
-                STEP_BYTES as u64,
-                "only the kept block's step"
+                ((1 + warm) * STEP_BYTES) as u64,
+                "only the kept block's step, and the warm-up's"
             );
             assert!(pool.stats().alloc.discarded_bytes >= ((steps.len() - 1) * STEP_BYTES) as u64);
             // The kept block, its keys and its bytes are as they were; memory of a step that
@@ -115,11 +158,15 @@ fn a_free_step_goes_back_region_first_and_comes_back_registered_anew() {
                 assert_eq!(k.len, STEP_BYTES);
             }
             let back: BTreeSet<usize> = again.iter().chain([&keep]).map(|&p| step(p)).collect();
-            assert_eq!(pool.stats().alloc.arena.step_regions, back.len() as u64);
+            assert_eq!(
+                pool.stats().alloc.arena.step_regions,
+                (back.len() + warm) as u64
+            );
             for &p in again.iter().chain([&keep]) {
                 // SAFETY: a block of `pool`, freed once.
                 unsafe { pool.free_sized(p, l) };
             }
+            cool(&pool, w);
         })
         .join()
         .unwrap();
