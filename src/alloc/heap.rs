@@ -122,8 +122,7 @@ impl Heap {
     }
 
     /// Point every class at the empty page (a zeroed heap is set up once, when first claimed);
-    /// a heap claimed again first hands back the pages its last owner kept that emptied since
-    /// (their blocks freed by other threads), so that they serve any heap.
+    /// a heap claimed again first hands back the pages its last owner kept that emptied since.
     pub(crate) fn init(&self, pool: *const PoolInner) {
         self.generation.store(crate::sys::atfork::generation(), R);
         if self.initialised.load(Ordering::Acquire) {

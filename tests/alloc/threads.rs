@@ -165,6 +165,17 @@ fn steady_state_makes_no_nic_calls() {
     let arena_regs = pool.stats().alloc.arena.regs;
     churn(20_000);
     let after = soft.counters();
+    if cfg!(feature = "memcheck") {
+        // Without the thread cache (the memory checker sees every block go back to its
+        // page), a class's pages retire as they empty and the heap goes back to its first
+        // (smaller) pages: a slab may change page size once or twice, re-registered whole
+        // or in steps. Still no NIC call per round: at most a few in 20,000.
+        let calls = after.registrations - before.registrations
+            + (after.deregistrations - before.deregistrations);
+        assert!(calls <= 6, "{before:?} -> {after:?}");
+        assert_eq!(after.reregs, before.reregs);
+        return;
+    }
     assert_eq!(
         after.registrations, before.registrations,
         "registrations in steady state"
