@@ -12,8 +12,9 @@
 //!   deregistered (its keys stop working: they never come to mean other memory). A region that
 //!   also covers live memory is split — its live parts registered anew, then it is
 //!   deregistered; a refusal of either leaves it whole, so live memory never loses its
-//!   registration — only while its keys were never handed out (so no key anyone holds
-//!   changes); a region whose keys
+//!   registration (the parts are pinned twice meanwhile: under a memlock limit below that,
+//!   the split is refused and the region goes once wholly idle) — only while its keys were
+//!   never handed out (so no key anyone holds changes); a region whose keys
 //!   were handed out, or that a window is bound to (`EBUSY`, rxe `EINVAL`), keeps its slabs:
 //!   they stay committed and the purge of them is refused and counted.
 //! - hugetlb slabs are dropped with `MADV_DONTNEED` (Linux ≥ 5.18), else by mapping fresh

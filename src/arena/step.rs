@@ -330,17 +330,16 @@ impl Arena {
         let c = self.chunk_of(addr as *const u8).unwrap_or(0);
         let spans = self.chunk_of((addr + len - 1) as *const u8) != Some(c);
         self.pages.populate_ordinary(addr as *mut u8, n * SLAB)?;
-        // Published over the slabs (no longer stepped) only once registered; served
-        // unregistered (`Degrade`: counted whole), they stay stepped with every step marked
-        // served unregistered, so the count goes as each step is registered or given back.
+        // Published over the slabs (no longer stepped) once registered. Served unregistered
+        // (`Degrade`: counted whole), they are stepped no more either (no step registered):
+        // an unregistered run like any other, whose bytes its purge takes off the count;
+        // left stepped, its pages larger than a step would register steps under blocks that
+        // cross them, and a sibling page's `make_whole` take them out under live memory.
         let id = self.register_run(c, addr, n * SLAB, spans, || {
             self.register_new(addr, n * SLAB, false)
         })?;
         if id.is_none() {
-            // The caller holds the slabs (nothing lives there, no page is taken of them).
-            for j in first * STEPS..(first + n) * STEPS {
-                self.table.end_step(j, StepState::Unregistered);
-            }
+            self.table.publish(first, n, None);
         }
         Ok(())
     }

@@ -79,7 +79,8 @@ fn idle_slabs_of_every_kind_are_purged_on_request() {
     let _g = serial();
     let bed = bed();
     let pool = purging_pool(&bed.a.pd, None, Registration::Auto);
-    // Three slabs in all, so that the pinned memory fits the rxe guest's 8 MiB memlock limit.
+    // Four slabs in all, so that the pinned memory fits the rxe guest's 8 MiB memlock limit
+    // (the two of small pages pinned in steps: 2.25 MiB; 6.25 MiB in all).
     // 8 KiB blocks: a thread's first four in 8 KiB pages (a slab of their own), then 64 KiB
     // pages, 32 per slab.
     let small = Layout::from_size_align(8 << 10, 8).unwrap();
