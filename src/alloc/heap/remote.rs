@@ -127,9 +127,17 @@ impl Heap {
         }
         let mut p = self.notify.swap(null_mut(), Ordering::Acquire);
         while !p.is_null() {
-            // SAFETY: pages on the stack are pages of this heap.
+            // SAFETY: pages on the stack are pages of the pool's page table (they live as long
+            // as the pool), pushed while they were this heap's.
             let page = unsafe { &*p };
             p = page.notify_next.load(R);
+            if page.heap.load(Ordering::Acquire) != self.me() {
+                // A pusher stalled between its notified flag and its push while the page left
+                // this heap (abandoned, reclaimed, retired, taken by another heap): it is that
+                // heap's now, and its flags are its owner's. Requeued here, two heaps would
+                // count its blocks, and one could retire it with blocks live.
+                continue;
+            }
             page.notified.store(false, Ordering::Release);
             if page.in_full.load(R) {
                 let c = page.class.load(R) as usize;
