@@ -95,7 +95,15 @@ fn threads_free_each_others_blocks_and_rdma_sees_exact_bytes() {
         let sge = sge(s.0 as u64, s.1 as u32, k.lkey);
         // SAFETY: the written-from memory stays allocated and unwritten until its completion is polled.
         unsafe { bed.qa.post_write(9, &[sge], dst.addr() as u64, dst.rkey()) }.unwrap();
-        assert_eq!(bed.a.wait().status, WcStatus::Success);
+        // On failure, what the soft NICs saw (a stale pinned page, a refused key).
+        let seen = |n: &Nic| n.as_soft().map(|s| s.counters());
+        assert_eq!(
+            bed.a.wait().status,
+            WcStatus::Success,
+            "{:?} {:?}",
+            seen(&bed.a.nic),
+            seen(&bed.b.nic)
+        );
         assert!(
             (0..s.1).all(|i| dst_mem.as_slice()[i] == pattern(s.2, i)),
             "the peer got other bytes than the block holds"

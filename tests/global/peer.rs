@@ -76,7 +76,17 @@ impl Peer {
             )
         }
         .unwrap();
-        assert_eq!(self.cq.wait_one(WAIT).unwrap().status, WcStatus::Success);
+        let status = self.cq.wait_one(WAIT).unwrap().status;
+        // On failure, what each soft NIC saw (a stale pinned page: the kernel migrated or
+        // dropped a page under a region, which hardware's long-term pin would forbid).
+        let seen = |n: &Nic| n.as_soft().map(|s| s.counters());
+        assert_eq!(
+            status,
+            WcStatus::Success,
+            "pool NIC {:?}, peer NIC {:?}",
+            A.nic().ok().and_then(seen),
+            seen(&self._peer_nic)
+        );
         assert!(
             self.landing.as_slice()[..buf.len()] == *buf,
             "WRITE of {} bytes",
