@@ -20,14 +20,18 @@ fn on_thread<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     std::thread::scope(|s| s.spawn(f).join().unwrap())
 }
 
-#[test]
-fn past_the_step_budget_slabs_are_registered_whole_and_the_budget_comes_back() {
-    // 4,096 regions: a quarter for steps, 128 stepped slabs of 8 steps.
-    let nic = Nic::soft_with(SoftConfig {
+/// A soft NIC of 4,096 regions: a quarter for steps, 128 stepped slabs of 8 steps.
+fn small_nic() -> Nic {
+    Nic::soft_with(SoftConfig {
         max_mr: 4096,
         memlock: MemlockLimit::Unlimited,
         ..Default::default()
-    });
+    })
+}
+
+#[test]
+fn past_the_step_budget_slabs_are_registered_whole_and_the_budget_comes_back() {
+    let nic = small_nic();
     let soft = nic.as_soft().unwrap();
     let pd = nic.alloc_pd().unwrap();
     let pool = pinned_pool(&pd);
@@ -94,12 +98,8 @@ fn past_the_step_budget_slabs_are_registered_whole_and_the_budget_comes_back() {
 
 #[test]
 fn pools_on_one_device_share_its_step_budget_and_a_dropped_pool_gives_its_share_back() {
-    // 4,096 regions: 128 stepped slabs for the device, whatever the number of pools on it.
-    let nic = Nic::soft_with(SoftConfig {
-        max_mr: 4096,
-        memlock: MemlockLimit::Unlimited,
-        ..Default::default()
-    });
+    // 128 stepped slabs for the device, whatever the number of pools on it.
+    let nic = small_nic();
     let soft = nic.as_soft().unwrap();
     let pd = nic.alloc_pd().unwrap();
     let l = Layout::from_size_align(32 << 10, 8).unwrap();
