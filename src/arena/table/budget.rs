@@ -174,4 +174,28 @@ mod tests {
         assert!(!Budget::none().take() && !Budget::none().room());
         assert!(Budget::join("budget-test-zero", 0).entry.is_none());
     }
+
+    #[test]
+    fn a_table_finding_every_entry_taken_steps_nothing_and_one_freed_serves_again() {
+        // Other tests may hold entries meanwhile: join distinct devices until none is left.
+        let mut held = Vec::new();
+        let refused = loop {
+            let b = Budget::join(&format!("budget-full-{}", held.len()), 4);
+            if !b.any() {
+                break b;
+            }
+            held.push(b);
+            assert!(held.len() <= ENTRIES, "no more than {ENTRIES} entries");
+        };
+        assert!(!refused.take() && !refused.room(), "fails closed: no steps");
+        assert_eq!(refused.used(), (0, 0));
+        drop(refused);
+        held.pop();
+        let again = Budget::join("budget-full-again", 4);
+        assert!(
+            again.any() && again.take(),
+            "a freed entry serves another device"
+        );
+        again.give(1);
+    }
 }
