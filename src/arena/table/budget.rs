@@ -14,8 +14,9 @@
 //! Invariant: for every entry `e` in use, `e.stepped >= Σ over tables on e of their stepped
 //! slabs` (equal at rest: a place is taken before the table's count rises, and given back
 //! after it falls), and `e.stepped <= e.limit`, where `limit` is the fewest step slabs any
-//! table on the device asked for (a quarter of `max_mr` over `STEPS`) — once a table with a
-//! smaller limit joins, only after enough places are given back (no place is taken past it).
+//! table on the device asked for since the entry was last free (a quarter of `max_mr` over
+//! `STEPS`; it never rises while any table is on the entry) — once a table with a smaller limit
+//! joins, only after enough places are given back (no place is taken past it).
 
 use crate::sys::atfork::ForkLock;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -59,16 +60,21 @@ impl Budget {
 
     /// Join device `name`'s entry, whose tables may step at most `limit` slabs together.
     pub(crate) fn join(name: &str, limit: usize) -> Budget {
+        Budget::join_in(&BUDGETS, name, limit)
+    }
+
+    /// [`Budget::join`] in table `entries` (the process's, or a test's own).
+    fn join_in(entries: &'static [Entry], name: &str, limit: usize) -> Budget {
         if limit == 0 {
             return Budget::none();
         }
         let key = hash(name);
-        let _g = JOIN.lock();
-        let found = BUDGETS
+        let g = JOIN.lock();
+        let found = entries
             .iter()
             .find(|e| e.key.load(Ordering::Relaxed) == key && e.users.load(Ordering::Relaxed) > 0)
             .or_else(|| {
-                let e = BUDGETS
+                let e = entries
                     .iter()
                     .find(|e| e.users.load(Ordering::Relaxed) == 0)?;
                 e.key.store(key, Ordering::Relaxed);
@@ -76,17 +82,18 @@ impl Budget {
                 e.limit.store(limit, Ordering::Relaxed);
                 Some(e)
             });
-        match found {
-            Some(e) => {
-                e.users.fetch_add(1, Ordering::Relaxed);
-                e.limit.fetch_min(limit, Ordering::Relaxed);
-            }
-            None => tracing::warn!(
+        if let Some(e) = found {
+            e.users.fetch_add(1, Ordering::Relaxed);
+            e.limit.fetch_min(limit, Ordering::Relaxed);
+        }
+        drop(g); // logged outside the lock: a slow subscriber holds up no other pool, nor fork
+        if found.is_none() {
+            tracing::warn!(
                 target: "rdma_pool::arena",
                 device = name,
                 "{ENTRIES} devices already register steps in this process: this arena \
                  registers its slabs whole"
-            ),
+            );
         }
         Budget { entry: found }
     }
@@ -105,7 +112,8 @@ impl Budget {
     /// Give back `n` places (slabs stepped no more).
     pub(crate) fn give(&self, n: usize) {
         if let Some(e) = self.entry {
-            e.stepped.fetch_sub(n, Ordering::AcqRel);
+            let before = e.stepped.fetch_sub(n, Ordering::AcqRel);
+            debug_assert!(before >= n, "{n} places given back, {before} taken");
         }
     }
 
@@ -154,11 +162,17 @@ fn hash(name: &str) -> u64 {
 mod tests {
     use super::*;
 
+    // Each test has a table of its own: the process's is shared with every arena of the other
+    // tests running meanwhile.
+    static SHARED: [Entry; 4] = [FREE; 4];
+    static FULL: [Entry; 4] = [FREE; 4];
+
     #[test]
     fn tables_on_one_device_share_its_places_and_a_dropped_one_gives_them_back() {
-        let a = Budget::join("budget-test-dev", 3);
-        let b = Budget::join("budget-test-dev", 5);
-        let other = Budget::join("budget-test-other", 1);
+        let join = |name: &str, limit| Budget::join_in(&SHARED, name, limit);
+        let a = join("budget-test-dev", 3);
+        let b = join("budget-test-dev", 5);
+        let other = join("budget-test-other", 1);
         assert_eq!(a.used(), (0, 3), "the fewest asked for");
         assert!(a.take() && b.take() && a.take());
         assert!(!b.take() && !a.take() && !b.room());
@@ -169,29 +183,25 @@ mod tests {
         assert!(b.take() && b.take() && !b.take());
         b.give(3);
         drop(b);
-        let c = Budget::join("budget-test-dev", 7);
+        let c = join("budget-test-dev", 7);
         assert_eq!(c.used(), (0, 7), "a device no table uses starts anew");
         assert!(!Budget::none().take() && !Budget::none().room());
-        assert!(Budget::join("budget-test-zero", 0).entry.is_none());
+        assert!(join("budget-test-zero", 0).entry.is_none());
     }
 
     #[test]
     fn a_table_finding_every_entry_taken_steps_nothing_and_one_freed_serves_again() {
-        // Other tests may hold entries meanwhile: join distinct devices until none is left.
-        let mut held = Vec::new();
-        let refused = loop {
-            let b = Budget::join(&format!("budget-full-{}", held.len()), 4);
-            if !b.any() {
-                break b;
-            }
-            held.push(b);
-            assert!(held.len() <= ENTRIES, "no more than {ENTRIES} entries");
-        };
+        let join = |name: &str| Budget::join_in(&FULL, name, 4);
+        let mut held: Vec<Budget> = (0..FULL.len())
+            .map(|i| join(&format!("budget-full-{i}")))
+            .collect();
+        assert!(held.iter().all(Budget::any), "an entry each");
+        let refused = join("budget-full-one-more");
         assert!(!refused.take() && !refused.room(), "fails closed: no steps");
         assert_eq!(refused.used(), (0, 0));
         drop(refused);
         held.pop();
-        let again = Budget::join("budget-full-again", 4);
+        let again = join("budget-full-again");
         assert!(
             again.any() && again.take(),
             "a freed entry serves another device"
