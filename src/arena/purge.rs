@@ -333,13 +333,24 @@ impl Arena {
         let reg = self.table.reg(id);
         let huge = reg.is_huge();
         let at = |i: usize| self.base + (i << SLAB_SHIFT);
-        let mut made: [Option<(crate::nic::Mr, usize, usize)>; 2] = [None, None];
+        // Each part registered and installed (an id of its own, published below) or, on any
+        // refusal, what was made is released and the region stays whole.
+        let mut made: [Option<(u32, usize, usize)>; 2] = [None, None];
+        let undo = |made: [Option<(u32, usize, usize)>; 2]| {
+            for (new, _, _) in made.into_iter().flatten() {
+                self.release_region(new, false);
+            }
+        };
         for (k, (a, b)) in [(rs, s), (e, re)].into_iter().enumerate() {
             if a < b {
-                match self.reg_mr(at(a), (b - a) << SLAB_SHIFT, huge) {
-                    Ok(mr) => made[k] = Some((mr, a, b)),
-                    Err(_) => {
-                        drop(made);
+                let part = self
+                    .reg_mr(at(a), (b - a) << SLAB_SHIFT, huge)
+                    .ok()
+                    .and_then(|mr| self.install_region(mr, huge).ok());
+                match part {
+                    Some(new) => made[k] = Some((new, a, b)),
+                    None => {
+                        undo(made);
                         reg.end_rereg();
                         return Unregistered::Refused;
                     }
@@ -352,15 +363,12 @@ impl Arena {
             // SAFETY: taken out above; this thread still holds REREG.
             unsafe { reg.install(refused.mr, huge) };
             reg.end_rereg();
-            drop(made);
+            undo(made);
             return Unregistered::Refused;
         }
         sub(&self.counters.mrs, 1);
-        for (mr, a, b) in made.into_iter().flatten() {
-            match self.install_region(mr, huge) {
-                Ok(new) => self.table.publish(a, b - a, Some(new)),
-                Err(_) => self.table.publish(a, b - a, None),
-            }
+        for (new, a, b) in made.into_iter().flatten() {
+            self.table.publish(a, b - a, Some(new));
         }
         self.table.publish(s, e - s, None);
         self.forget_tail(at(rs), id);
