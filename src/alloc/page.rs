@@ -5,12 +5,16 @@
 //! `(addr - base) >> GRANULE_SHIFT`; a page's first granule holds its state, the others are
 //! `TAIL` and point back to it. The owning heap alone touches `free`, `used`, `capacity` and
 //! the queue links (as relaxed loads and stores: plain moves, no atomics in effect); other
-//! threads only push onto `thread_free` and raise `notified`.
+//! threads only push onto `thread_free` and raise `notified` (the one free that raised it lowers
+//! it again when the page had no owning heap to push it to by then).
 //!
 //! Invariant (at quiescence, for a page in use):
 //! `used + |free| == capacity <= reserved`, and every block is in exactly one of: handed out,
 //! `free`, `thread_free` (counted in `used` until the owner collects it), or the uncarved
 //! tail `[capacity, reserved)`; live blocks are `used - |thread_free|`.
+//! `notified` ⇔ the page is on one heap's `notify` stack, or about to be pushed by the free that
+//! raised it; the pop that takes it off lowers it (whoever owns the page by then), so a page is
+//! never on two stacks and never keeps the flag once off them.
 //! `fresh` ⇒ no block was ever freed into the page, so every byte of a block in `free` is zero
 //! except its first word (the link).
 

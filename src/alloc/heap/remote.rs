@@ -12,14 +12,19 @@ impl Heap {
     /// the owner's `notify` stack, an abandoned one claimed.
     pub(crate) fn free_remote(pool: &PoolInner, page: &Page, p: *mut u8, me: *mut Heap) {
         if page.push_thread_free(p.cast()) {
-            let heap = page.heap.load(Ordering::Acquire);
-            // SAFETY: a page's heap lives as long as the pool; the notified flag makes this
-            // thread the only one pushing the page. Only kept (`in_full`) pages are notified,
-            // and their owner is a heap.
+            let heap = page.heap.load(Ordering::SeqCst);
             if is_heap(heap) {
+                // SAFETY: a page's heap lives as long as the pool; the notified flag makes this
+                // thread the only one pushing the page (onto its owner's stack now).
                 unsafe { (*heap).push_notify(page) };
+                return;
             }
-        } else if page.heap.load(Ordering::SeqCst) == ABANDONED {
+            // The owner let the page go between this free's look at `in_full` and its flag:
+            // nobody will drain a notification, so the flag is this thread's to lower (left
+            // set, the page's next owner could never retire it nor be notified of it).
+            page.notified.store(false, Ordering::Release);
+        }
+        if page.heap.load(Ordering::SeqCst) == ABANDONED {
             Heap::reclaim(pool, page, me);
         }
     }
@@ -131,14 +136,15 @@ impl Heap {
             // as the pool), pushed while they were this heap's.
             let page = unsafe { &*p };
             p = page.notify_next.load(R);
+            // This pop ends the notification: no other free could raise the flag while the
+            // page was on this stack, so lowering it cannot make a second push.
+            page.notified.store(false, Ordering::Release);
             if page.heap.load(Ordering::Acquire) != self.me() {
-                // A pusher stalled between its notified flag and its push while the page left
-                // this heap (abandoned, reclaimed, retired, taken by another heap): it is that
-                // heap's now, and its flags are its owner's. Requeued here, two heaps would
-                // count its blocks, and one could retire it with blocks live.
+                // The page left this heap after its push (abandoned, reclaimed, taken by
+                // another heap): its queues are its owner's now. Requeued here, two heaps
+                // would count its blocks, and one could retire it with blocks live.
                 continue;
             }
-            page.notified.store(false, Ordering::Release);
             if page.in_full.load(R) {
                 let c = page.class.load(R) as usize;
                 page.in_full.store(false, R);
