@@ -23,8 +23,9 @@ target=$(rustc -vV | sed -n 's/^host: //p')
 # into an exit status); allocator_may_return_null=1: an absurd layout that reaches the system
 # allocator (GlobalPool's degraded path) gets null, as GlobalAlloc's contract says, not an
 # abort. Leak detection stays on, with one suppression (scripts/lsan.supp says why). The grant
-# model and flood run at smoke size here (full size in the plain `cargo test`); the trybuild
-# compile-fail test is ignored here (`cfg(rdma_pool_asan)`: compile errors do not depend on it).
+# model and flood run at smoke size here (full size in the plain `cargo test`); the programs that
+# must not compile are checked by the plain `cargo test` only (crate `compile-fail/`: compile
+# errors do not depend on the sanitizer).
 RUSTC_BOOTSTRAP=1 \
 RUSTFLAGS="-Zsanitizer=address --cfg rdma_pool_asan" \
 CARGO_TARGET_DIR=target/asan \

@@ -104,5 +104,5 @@ done
 # (2026-11-27), so the boot's limit is raised from run.sh's 2400 s; SPAWN_ROUNDS=10 (40 on the
 # host) keeps the spawn test's threads-and-exec rounds to ~50 s a pass there.
 RXE_TIMEOUT="${RXE_TIMEOUT:-3000}" \
-RXE_GUEST_ENV="${RXE_GUEST_ENV:-} PROPTEST_CASES=4 RDMA_POOL_MODEL_STEPS=100 RDMA_POOL_GRANT_FLOOD=2048 RDMA_POOL_REGION_GRANTS=300 SPAWN_ROUNDS=10 RDMA_POOL_RAILS=rxe0,rxe1 RDMA_POOL_TEST_NUMA_NODES=2 STRESS_SECS=4" bash tests/rxe/run.sh $bins
+RXE_GUEST_ENV="${RXE_GUEST_ENV:-} RDMA_POOL_TEST_SCALE=25 PROPTEST_CASES=4 RDMA_POOL_MODEL_STEPS=100 RDMA_POOL_GRANT_FLOOD=2048 RDMA_POOL_REGION_GRANTS=300 SPAWN_ROUNDS=10 RDMA_POOL_RAILS=rxe0,rxe1 RDMA_POOL_TEST_NUMA_NODES=2 STRESS_SECS=4" bash tests/rxe/run.sh $bins
 echo "== all checks passed in $(( $(date +%s) - start )) s"

@@ -306,7 +306,7 @@ fn purging_under_churn_loses_no_live_byte() {
     let sizes = [24usize, 700, 5000, 70 << 10, 300 << 10, 1200 << 10, 2 << 20];
     let mut live: Vec<(usize, Layout, u8)> = Vec::new();
     let mut seed = 0x2545_F491_4F6C_DD1Du64;
-    for round in 0..3000u32 {
+    for round in 0..common::scaled(3000) as u32 {
         seed ^= seed << 13;
         seed ^= seed >> 7;
         seed ^= seed << 17;
@@ -440,7 +440,8 @@ fn threads_exiting_while_another_thread_purges_lose_nothing() {
             }
             purges
         });
-        for generation in 0..8u64 {
+        // Eight generations (two in the emulated guest: `common::scaled`).
+        for generation in 0..common::scaled(8) as u64 {
             let (tx, rx) = std::sync::mpsc::channel::<Vec<(usize, usize, u64)>>();
             for t in 0..24u64 {
                 let (tx, pool) = (tx.clone(), &pool);

@@ -47,7 +47,8 @@ fn build_and_drop(pool: &Pool, size: usize, total: usize) {
 fn memory_freed_on_one_thread_comes_back_shape_after_shape() {
     let pd = Nic::soft().alloc_pd().unwrap();
     let pool = reclaim_pool(&pd, None);
-    const TOTAL: usize = 96 << 20;
+    // 96 MiB of each shape; at least 48 MiB in the emulated guest (`common::scaled`).
+    let total = common::scaled(96 << 20).max(48 << 20);
     let mut after = Vec::new();
     // The shapes of the report: equal-size blocks, each shape after the other on one thread
     // (the page current when the last block of a page was freed used to stay in the heap).
@@ -61,7 +62,7 @@ fn memory_freed_on_one_thread_comes_back_shape_after_shape() {
         300 << 10,
         24,
     ] {
-        build_and_drop(&pool, size, TOTAL);
+        build_and_drop(&pool, size, total);
         pool.purge();
         let committed = pool.stats().alloc.arena.committed_bytes;
         after.push((size, committed >> 20));
@@ -423,7 +424,12 @@ fn a_new_shape_reuses_the_empty_pages_of_the_last_one_before_any_purge() {
     build_and_drop(&pool, 3 << 20, 48 << 20);
     let shapes = [1024usize, 200 << 10, 64, 700 << 10, 10 << 10, 40 << 10];
     let mut peak = 0;
-    for (round, &size) in shapes.iter().cycle().take(12).enumerate() {
+    for (round, &size) in shapes
+        .iter()
+        .cycle()
+        .take(common::scaled(12).max(6))
+        .enumerate()
+    {
         build_and_drop(&pool, size, 48 << 20);
         let committed = pool.stats().alloc.arena.committed_bytes;
         peak = peak.max(committed);

@@ -344,3 +344,15 @@ pub fn keep_pool(pool: rdma_pool::Pool) -> &'static rdma_pool::Pool {
         .push(pool);
     pool
 }
+
+/// `full` scaled by `RDMA_POOL_TEST_SCALE` (per cent, default 100; never below 1): the loop
+/// counts of the heaviest stress tests. `scripts/test.sh` runs them at full size on the host and
+/// smaller in the emulated rxe guest, where every verbs call and every page fault goes through a
+/// TCG-emulated kernel (the same code, ~10-50x slower: the guest's share of the CI).
+pub fn scaled(full: usize) -> usize {
+    let pct = std::env::var("RDMA_POOL_TEST_SCALE")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(100);
+    (full.saturating_mul(pct) / 100).max(1)
+}

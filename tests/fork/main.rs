@@ -178,8 +178,11 @@ fn children_follow_the_fork_policy_and_parents_keep_their_memory() {
     assert!(pool.validate());
 }
 
-/// Forks made while the churning threads run (more in the guest would only slow it down).
-const FORKS: usize = 60;
+/// Forks made while the churning threads run: 60, fewer in the emulated guest
+/// (`common::scaled`, at least 15), where each fork copies the page tables under TCG.
+fn forks() -> usize {
+    scaled(60).max(15)
+}
 
 /// Allocate, free across threads, and purge until `stop`: the slow paths a fork may meet.
 fn churn(pool: &Pool, shared: &std::sync::Mutex<Vec<usize>>, k: usize, stop: &AtomicBool) {
@@ -236,7 +239,7 @@ fn children_forked_while_threads_are_inside_the_pool_can_allocate() {
                 })
                 .collect();
             let mut failed = None;
-            for f in 0..FORKS {
+            for f in 0..forks() {
                 let child = in_child(|| {
                     // SAFETY: a hung child dies of SIGALRM, which the parent reports.
                     unsafe { libc::alarm(20) };
@@ -289,14 +292,15 @@ fn children_forked_while_threads_are_inside_the_pool_can_allocate() {
             }
         });
         let after = rdma_pool::arena::fork_stats();
-        assert!(after.forks >= before.forks + FORKS as u64);
+        assert!(after.forks >= before.forks + forks() as u64);
         assert_eq!(after.drain_timeouts, before.drain_timeouts);
         assert_eq!(
             after.generation, before.generation,
             "the parent's generation"
         );
         eprintln!(
-            "{registration:?}: {FORKS} forks beside 3 churning threads; {} waited for a thread inside the pool (longest wait in this process so far: {} µs)",
+            "{registration:?}: {} forks beside 3 churning threads; {} waited for a thread inside the pool (longest wait in this process so far: {} µs)",
+            forks(),
             after.waited - before.waited,
             after.longest_wait_ns / 1000
         );
