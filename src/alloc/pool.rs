@@ -500,12 +500,13 @@ impl PoolInner {
         page.heap.store(heap, Ordering::SeqCst);
     }
 
-    /// An empty page goes back to the list of its size.
+    /// An empty page goes back to the list of its size (its step stamped first: a pass that
+    /// finds the page listed sees the time its step may have become free, `stepped.rs`).
     pub(crate) fn retire_page(&self, page: &Page) {
         let _inside = changing_hands();
         self.set_owner(page, null_mut());
-        self.list_page(page);
         self.listed_in_step(page);
+        self.list_page(page);
     }
 
     /// Walk the head descriptors of every carved page and run (statistics, teardown).

@@ -13,9 +13,14 @@
 //!   not hold whole, drops each step all of whose pages it holds, marks those pages `fresh`
 //!   (zero), and lists them again: so no thread can take a page of a step while its region
 //!   goes, and the next taker registers it again. A step goes only on request (`purge()`)
-//!   or once it has stayed free for the purge delay since a pass first found it free
-//!   (`step_free_since`, cleared when a page of it is handed out): a step freed and used
-//!   again between passes is not deregistered and registered again each time;
+//!   or once it has stayed free for the purge delay: `step_free_since` is stamped by every
+//!   heap that gives a page of the step back (before the page is listed), cleared when a page
+//!   of it is handed out, and stamped by a pass that finds the step free with no stamp (its
+//!   last page came back another way). A step wholly free at a pass has been free since its
+//!   stamp — the give-back of its last page, or later — so it goes one delay after its last
+//!   page came back, not one delay after a pass first noticed it (two delays and more: the
+//!   memory a program freed came back late, in pinned mode above all); a step freed and used
+//!   again within the delay is not deregistered and registered again each time;
 //! - the pass counts the pages it holds per step (`Idle::step_taken`, its own: one pass at a
 //!   time, under the purge lock; nothing else reads it), which is how it tells that it holds
 //!   every page of a step; the counts are 0 again when it returns.
@@ -51,9 +56,9 @@ impl PoolInner {
     }
 
     /// Whether the wholly free step at `start` goes back now: on request (`all`), or once
-    /// it has stayed free for the purge delay since a pass first found it so (a step freed
-    /// and used again between passes is not deregistered and registered again each time).
-    /// A step found free for the first time is stamped, and a purge made due after the delay.
+    /// it has stayed free for the purge delay since its stamp (the give-back of its last page:
+    /// module contract). A free step without a stamp is stamped now, and a purge made due
+    /// after the delay.
     fn step_due(&self, start: usize, all: bool, now: u64) -> bool {
         let Some(since) = self
             .idle
@@ -82,12 +87,23 @@ impl PoolInner {
         false
     }
 
-    /// A heap gave back an empty page of a stepped slab: a pass is made due after the delay,
-    /// so that a step freed while its slab stays in use goes back also in an idle program
-    /// (not for pages a pass lists again itself: with no delay it would never stop).
+    /// A heap gives back an empty page of a stepped slab (called before the page is listed):
+    /// its step is stamped now — if the page makes the step wholly free, it is free from now
+    /// (module contract) — and a pass is made due after the delay, so that a step freed while
+    /// its slab stays in use goes back also in an idle program (not for pages a pass lists
+    /// again itself: with no delay it would never stop).
     pub(super) fn listed_in_step(&self, page: &Page) {
-        if self.arena.has_steps() && self.arena.is_stepped(page.start.load(R)) {
-            self.idle.due_after(super::purge::now_ns());
+        let start = page.start.load(R);
+        if self.arena.has_steps() && self.arena.is_stepped(start) {
+            let now = super::purge::now_ns();
+            if let Some(since) = self
+                .idle
+                .step_free_since
+                .get((start - self.base) >> STEP_SHIFT)
+            {
+                since.store(now.max(1), R);
+            }
+            self.idle.due_after(now);
         }
     }
 

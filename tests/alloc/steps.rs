@@ -291,3 +291,70 @@ fn a_free_step_goes_back_on_the_clock_while_the_program_makes_no_call() {
     });
     assert!(pool.validate());
 }
+
+/// A step goes back one purge delay after its last page came back, not one delay after a pass
+/// first found it free: the heap that gives the page back stamps its step. Here a thread fills
+/// steps of a slab and frees all but one block before it exits; the slab stays in use, and the
+/// first due pass after the delay, made by a slow path (no clock), gives back every step but
+/// the kept block's. Stamped only by that pass, they stayed registered for another delay.
+#[test]
+fn a_step_goes_back_one_delay_after_its_last_page_came_back() {
+    let pd = Nic::soft().alloc_pd().unwrap();
+    let delay = Duration::from_millis(500);
+    let pool = Pool::with_config(
+        &pd,
+        ArenaConfig {
+            reserve: 1 << 32,
+            chunk: 1 << 26,
+            hugepages: Hugepages::Off,
+            registration: Registration::Pinned,
+            policy: RegistrationPolicy::Degrade,
+            purge_delay: Some(delay),
+            purge_thread: false,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let l = Layout::from_size_align(BLOCK, 8).unwrap();
+    // The last block lies in a dense page (the class's first pages are 4 KiB pages of a slab
+    // of their own, which goes back whole): its slab stays in use.
+    let kept = std::thread::scope(|s| {
+        s.spawn(|| {
+            let blocks: Vec<*mut u8> = (0..512).map(|_| pool.alloc(l)).collect();
+            assert!(blocks.iter().all(|p| !p.is_null()));
+            let steps: BTreeSet<usize> = blocks.iter().map(|&p| step(p)).collect();
+            assert!(steps.len() >= 4, "{steps:?}");
+            for &p in &blocks[..511] {
+                // SAFETY: a block of `pool`, freed once.
+                unsafe { pool.free_sized(p, l) };
+            }
+            blocks[511] as usize
+        })
+        .join()
+        .unwrap()
+    });
+    let before = pool.stats().alloc;
+    assert!(before.arena.step_regions >= 4, "{:?}", before.arena);
+    std::thread::sleep(delay + Duration::from_millis(50));
+    // One slow path (a large block's free), which runs the due pass.
+    let big = Layout::from_size_align(8 << 20, 8).unwrap();
+    let p = pool.alloc(big);
+    assert!(!p.is_null());
+    // SAFETY: a block of `pool` with `big`, freed once.
+    unsafe { pool.free_sized(p, big) };
+    let after = pool.stats().alloc;
+    assert!(after.purge_passes > before.purge_passes, "{after:?}");
+    // The thread's work took less than the delay (no pass ran before it exited, none while
+    // this thread slept): the pass that ran found the steps free since their pages came back,
+    // a delay ago. (memcheck keeps freed pages as they are: no step goes.)
+    if before.purge_passes == 0 && !cfg!(feature = "memcheck") {
+        assert_eq!(after.arena.step_regions, 1, "{:?}", after.arena);
+    }
+    assert!(
+        pool.keys_of(kept as *const u8).is_some(),
+        "the kept block's step stays"
+    );
+    // SAFETY: a block of `pool` with `l`, freed once.
+    unsafe { pool.free_sized(kept as *mut u8, l) };
+    assert!(pool.validate());
+}
