@@ -500,13 +500,17 @@ impl PoolInner {
         page.heap.store(heap, Ordering::SeqCst);
     }
 
-    /// An empty page goes back to the list of its size (its step stamped first: a pass that
-    /// finds the page listed sees the time its step may have become free, `stepped.rs`).
+    /// An empty page goes back to the list of its size: a page of a stepped slab stamps its
+    /// step first (a pass that finds the page listed sees when its step may have become free)
+    /// and asks for a pass after the push (`stepped.rs`).
     pub(crate) fn retire_page(&self, page: &Page) {
         let _inside = changing_hands();
         self.set_owner(page, null_mut());
-        self.listed_in_step(page);
+        let stamp = self.stamp_step(page);
         self.list_page(page);
+        if let Some(t) = stamp {
+            self.listed_in_step(t);
+        }
     }
 
     /// Walk the head descriptors of every carved page and run (statistics, teardown).

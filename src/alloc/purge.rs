@@ -69,8 +69,9 @@ pub(crate) struct Idle {
     /// Per step of a stepped slab: pages of it a drop pass holds (`stepped.rs`; 0 between
     /// passes).
     pub(crate) step_taken: MmapArray<AtomicU32>,
-    /// Per step of a stepped slab: when a purge pass first found it wholly free (0: not
-    /// since it was last used), `stepped.rs`.
+    /// Per step of a stepped slab: when a heap last gave a page of it back, or when a pass
+    /// found it wholly free with no such time; 0 once a page of it is handed out or it was
+    /// dropped (`stepped.rs`).
     pub(crate) step_free_since: MmapArray<AtomicU64>,
     /// Earliest time a purge may be due (`u64::MAX`: nothing idle).
     next_due: AtomicU64,

@@ -14,13 +14,17 @@
 //!   (zero), and lists them again: so no thread can take a page of a step while its region
 //!   goes, and the next taker registers it again. A step goes only on request (`purge()`)
 //!   or once it has stayed free for the purge delay: `step_free_since` is stamped by every
-//!   heap that gives a page of the step back (before the page is listed), cleared when a page
-//!   of it is handed out, and stamped by a pass that finds the step free with no stamp (its
-//!   last page came back another way). A step wholly free at a pass has been free since its
-//!   stamp — the give-back of its last page, or later — so it goes one delay after its last
-//!   page came back, not one delay after a pass first noticed it (two delays and more: the
-//!   memory a program freed came back late, in pinned mode above all); a step freed and used
-//!   again within the delay is not deregistered and registered again each time;
+//!   heap that gives a page of the step back (just before the page is listed; the pass is
+//!   asked for just after, so a pass that took the list before the push cannot have reset
+//!   the request), cleared when a page of it is handed out, and stamped by a pass that finds
+//!   the step free with no stamp (a defensive case: a handed-out page comes back only
+//!   through a give-back, which stamps). A step wholly free at a pass has been free since
+//!   about its stamp — the give-back of its last page; earlier only by a give-back's stall
+//!   between its stamp and its push, or a failed take's putting a page back — so it goes one
+//!   delay after its last page came back, not one delay after a pass first noticed it (two
+//!   delays and more: the memory a program freed came back late, in pinned mode above all).
+//!   A drop a little early is safe (the pass holds every page of the step); a step freed and
+//!   used again within the delay is not deregistered and registered again each time;
 //! - the pass counts the pages it holds per step (`Idle::step_taken`, its own: one pass at a
 //!   time, under the purge lock; nothing else reads it), which is how it tells that it holds
 //!   every page of a step; the counts are 0 again when it returns.
@@ -87,27 +91,37 @@ impl PoolInner {
         false
     }
 
-    /// A heap gives back an empty page of a stepped slab (called before the page is listed):
-    /// its step is stamped now — if the page makes the step wholly free, it is free from now
-    /// (module contract) — and a pass is made due after the delay, so that a step freed while
-    /// its slab stays in use goes back also in an idle program (not for pages a pass lists
-    /// again itself: with no delay it would never stop).
-    pub(super) fn listed_in_step(&self, page: &Page) {
+    /// A heap gives back an empty page of a stepped slab (called just before the page is
+    /// listed): its step is stamped now — if the page makes the step wholly free, it is free
+    /// from about now (module contract). The time returned is for [`Self::listed_in_step`]
+    /// once the page is listed; `None` for a page of no stepped slab.
+    pub(super) fn stamp_step(&self, page: &Page) -> Option<u64> {
         let start = page.start.load(R);
-        if self.arena.has_steps() && self.arena.is_stepped(start) {
-            let now = super::purge::now_ns();
-            if let Some(since) = self
-                .idle
-                .step_free_since
-                .get((start - self.base) >> STEP_SHIFT)
-            {
-                since.store(now.max(1), R);
-            }
-            self.idle.due_after(now);
+        if !self.arena.has_steps() || !self.arena.is_stepped(start) {
+            return None;
         }
+        let now = super::purge::now_ns();
+        if let Some(since) = self
+            .idle
+            .step_free_since
+            .get((start - self.base) >> STEP_SHIFT)
+        {
+            since.store(now.max(1), R);
+        }
+        Some(now)
     }
 
-    /// The step holding `addr` is in use (again): not free since any pass.
+    /// A heap gave back an empty page of a stepped slab, stamped at `stamp` and listed since:
+    /// a pass is made due a delay after the stamp, so that a step freed while its slab stays
+    /// in use goes back also in an idle program (not for pages a pass lists again itself: with
+    /// no delay it would never stop). Asked after the push, so that a pass that resets the
+    /// due time either finds the page listed or keeps this request (Dekker, as for the slabs'
+    /// idle stamps).
+    pub(super) fn listed_in_step(&self, stamp: u64) {
+        self.idle.due_after(stamp);
+    }
+
+    /// The step holding `addr` is in use (again): its stamp is cleared.
     fn step_used(&self, addr: usize) {
         if let Some(since) = self
             .idle
