@@ -335,7 +335,9 @@ impl PoolInner {
     fn collect_abandoned(&self) -> bool {
         let mut holding = false;
         for h in self.heaps.iter() {
-            if !h.initialised.load(Ordering::Acquire) || h.owner.load(R) != 0 {
+            // SeqCst: see `tls::release` (a heap given back after this pass reset the due time
+            // is seen unowned here, or its request for a look stands).
+            if !h.initialised.load(Ordering::Acquire) || h.owner.load(Ordering::SeqCst) != 0 {
                 continue;
             }
             if h.owner

@@ -228,12 +228,20 @@ fn release(id: u64, heap: *mut Heap) -> bool {
         heap.release();
         // SAFETY: as above: a heap lives inside its live pool.
         let pool = unsafe { &*heap.pool.load(Ordering::Relaxed) };
-        if heap.holds_pages() {
+        let holds = heap.holds_pages();
+        // SeqCst, with the request's update of the due time and the pass's reset of it and
+        // its look at the owners (Dekker): the pass either sees the heap unowned or keeps the
+        // request.
+        heap.owner.store(0, Ordering::SeqCst);
+        pool.heaps.give_back(heap);
+        // The look for its pages is asked for once the heap is no thread's: asked before, a
+        // pass starting in between (it resets the due time, then walks the heaps) could
+        // overwrite the request and skip the heap as still owned; its pages then waited for
+        // the look's back-off (a delay and more) instead of a quarter of a delay.
+        if holds {
             pool.idle.thread_left();
             clock = pool.idle.on_clock();
         }
-        heap.owner.store(0, Ordering::Release);
-        pool.heaps.give_back(heap);
     }
     clock
 }
