@@ -37,6 +37,7 @@ use std::ptr::null_mut;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, Ordering};
 
 mod remote;
+mod unowned;
 
 const R: Ordering = Ordering::Relaxed;
 
@@ -555,12 +556,6 @@ impl Heap {
         self.enqueue(c, page as *const Page as *mut Page);
         page.extend(EXTEND_BYTES);
         self.alloc_page(c)
-    }
-
-    /// Whether the heap holds any page (queued, kept full, or waiting on its notify stack).
-    pub(crate) fn holds_pages(&self) -> bool {
-        !self.notify.load(Ordering::Acquire).is_null()
-            || (0..CLASSES).any(|c| !self.queue[c].load(R).is_null() || self.full[c].load(R) > 0)
     }
 
     /// Hand every page back: empty ones to the pool, the others stay with the heap for its next

@@ -98,6 +98,7 @@ impl Heaps {
         {
             std::thread::yield_now();
         }
+        h.cache_claimed();
         h.init(pool);
         self.claims.fetch_add(1, Ordering::Relaxed);
         Some(h)

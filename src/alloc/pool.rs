@@ -545,15 +545,6 @@ impl PoolInner {
         }
     }
 
-    /// Blocks sitting in the heaps' thread caches, per class.
-    pub(crate) fn cached_in_heaps(&self, c: usize) -> u64 {
-        self.heaps
-            .iter()
-            .filter(|h| h.initialised.load(Ordering::Acquire))
-            .map(|h| h.cached(c) as u64)
-            .sum()
-    }
-
     /// Blocks still handed out: small blocks not freed and large runs in use.
     pub(crate) fn live_blocks(&self) -> u64 {
         // No purge pass meanwhile: one collecting an exited thread's page between the reads

@@ -88,6 +88,8 @@ pub(crate) struct Idle {
     collect_rounds: AtomicU32,
     /// Bytes of free pages inside slabs in use given back (`discard_free_pages`).
     pub(crate) discarded: AtomicU64,
+    /// Bytes of emptied thread caches of heaps no thread owns given back (`heap/unowned.rs`).
+    pub(crate) heap_discarded: AtomicU64,
     /// Trims asked of live threads' heaps (`request_trims`), and trims their owners ran.
     pub(crate) trims_requested: AtomicU64,
     pub(crate) trims: AtomicU64,
@@ -129,6 +131,7 @@ impl Idle {
             clock_users: AtomicU64::new(0),
             collect_rounds: AtomicU32::new(0),
             discarded: AtomicU64::new(0),
+            heap_discarded: AtomicU64::new(0),
             trims_requested: AtomicU64::new(0),
             trims: AtomicU64::new(0),
         })
@@ -346,6 +349,8 @@ impl PoolInner {
             {
                 h.release();
                 holding |= h.holds_pages();
+                let bytes = h.discard_cache();
+                self.idle.heap_discarded.fetch_add(bytes as u64, R);
                 h.owner.store(0, Ordering::Release);
             }
         }

@@ -45,6 +45,10 @@ pub struct PoolStats {
     /// without rails, slabs of 4 KiB pages: a few live blocks keep their own pages, not the
     /// slab of pages freed around them). Counted each time; a page is given back once per use.
     pub discarded_bytes: u64,
+    /// Bytes of the thread caches of heaps whose threads left given back to the system by
+    /// the purge (once per heap between two claims; counted each time): a pool keeps no
+    /// memory for the caches of threads that came and went.
+    pub heap_cache_discarded_bytes: u64,
     /// Allocations refused because the arena could not grow (reservation, memlock, NIC).
     pub failed_allocations: u64,
     /// Heaps ever created: at most the number of threads that used the pool at one time
@@ -79,6 +83,15 @@ pub struct PoolStats {
 }
 
 impl PoolInner {
+    /// Blocks sitting in the heaps' thread caches, per class.
+    pub(crate) fn cached_in_heaps(&self, c: usize) -> u64 {
+        self.heaps
+            .iter()
+            .filter(|h| h.initialised.load(std::sync::atomic::Ordering::Acquire))
+            .map(|h| h.cached(c) as u64)
+            .sum()
+    }
+
     pub(crate) fn stats(&self) -> PoolStats {
         let mut classes = [ClassStats::default(); CLASSES];
         for (c, s) in classes.iter_mut().enumerate() {
@@ -120,6 +133,10 @@ impl PoolInner {
             discarded_bytes: self
                 .idle
                 .discarded
+                .load(std::sync::atomic::Ordering::Relaxed),
+            heap_cache_discarded_bytes: self
+                .idle
+                .heap_discarded
                 .load(std::sync::atomic::Ordering::Relaxed),
             failed_allocations: self.failed.load(Relaxed),
             heaps_created: self.heaps.top() as u64,

@@ -19,7 +19,7 @@
 //! may sit in the cache of a smaller class).
 
 use super::class::{MAX_SMALL, TABLE_MAX, class_of_computed, class_size};
-use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
 
 const R: Ordering = Ordering::Relaxed;
 
@@ -63,9 +63,45 @@ const _: () = assert!(LIMIT[class_of_computed(TABLE_MAX)] as usize == SLOTS);
 pub(crate) struct TCaches {
     n: [AtomicU32; CACHED_CLASSES],
     slots: [[AtomicPtr<u8>; SLOTS]; CACHED_CLASSES],
+    /// The rows went back to the system since the heap was last claimed ([`Self::discard_rows`]).
+    discarded: AtomicBool,
 }
 
 const _: () = assert!(size_of::<[AtomicPtr<u8>; SLOTS]>() == 256);
+
+impl TCaches {
+    /// Give the memory of the slot rows back to the system (the whole 4 KiB pages inside
+    /// them; the counts stay), once between two claims of the heap: for a heap no thread
+    /// owns, whose caches are all empty, so no slot is read before an owner writes it again
+    /// (the rows then read as zero, as in a new heap). The bytes given back.
+    pub(crate) fn discard_rows(&self) -> usize {
+        debug_assert!(self.n.iter().all(|n| n.load(R) == 0));
+        if self.discarded.swap(true, R) {
+            return 0;
+        }
+        let start = self.slots.as_ptr() as usize;
+        let end = start + size_of_val(&self.slots);
+        let (from, to) = (start.next_multiple_of(4096), end & !4095);
+        if from >= to {
+            return 0;
+        }
+        // SAFETY: whole pages inside this heap's slot rows, in the pool's private anonymous
+        // heap array; every cache is empty (the caller's contract), so nobody reads these
+        // slots before writing them.
+        // (Not `sys::os::madvise`: heap memory is never registered, no NIC model to tell.)
+        match unsafe { libc::madvise(from as *mut libc::c_void, to - from, libc::MADV_DONTNEED) } {
+            0 => to - from,
+            _ => 0,
+        }
+    }
+
+    /// A thread claimed the heap: its rows are in use again.
+    pub(crate) fn claimed(&self) {
+        if self.discarded.load(R) {
+            self.discarded.store(false, R);
+        }
+    }
+}
 
 impl TCaches {
     /// The most recently freed block of class `c`, if any (never null: `None` is the only

@@ -432,3 +432,67 @@ fn small_pages_of_an_odp_pool_never_revive_a_purged_huge_page_slab_while_the_are
     unsafe { pool.free_sized(again, whole) };
     assert!(pool.validate());
 }
+
+/// The thread caches of heaps whose threads left go back to the system at the next purge pass
+/// (their rows of slots: ~20 KiB a heap, which 600 threads that came and went would otherwise
+/// keep resident), once; a thread that claims such a heap again caches and reuses blocks as
+/// before.
+#[test]
+fn the_caches_of_threads_that_left_go_back_at_the_next_purge() {
+    let pd = Nic::soft().alloc_pd().unwrap();
+    let pool = pool_on(&pd, Access::empty());
+    const THREADS: u64 = 16;
+    // Blocks of several cached classes, filled and freed (into the thread's caches), by
+    // threads all alive at once (each with a heap of its own).
+    let met = Barrier::new(THREADS as usize);
+    let churn = |pool: &Pool| {
+        let first = Layout::new::<u64>();
+        let held = pool.alloc(first);
+        met.wait();
+        // SAFETY: a block of `pool` with `first`, freed once.
+        unsafe { pool.free_sized(held, first) };
+        for size in [16usize, 200, 1000, 4000, 12 << 10, 32 << 10] {
+            let layout = Layout::from_size_align(size, 8).unwrap();
+            let blocks: Vec<*mut u8> = (0..8).map(|_| pool.alloc(layout)).collect();
+            for &p in &blocks {
+                assert!(!p.is_null());
+                // SAFETY: a fresh block of `size` bytes.
+                unsafe { p.write_bytes(0x5A, size) };
+            }
+            for p in blocks {
+                // SAFETY: a block of `pool` with `layout`, freed once.
+                unsafe { pool.free_sized(p, layout) };
+            }
+        }
+    };
+    let discarded = || pool.stats().alloc.heap_cache_discarded_bytes;
+    let before = discarded();
+    std::thread::scope(|s| {
+        let threads: Vec<_> = (0..THREADS).map(|_| s.spawn(|| churn(&pool))).collect();
+        // Joined one by one: a thread has handed its heap back once its join returns.
+        for t in threads {
+            t.join().unwrap();
+        }
+    });
+    pool.purge();
+    let gone = discarded() - before;
+    // Each heap's rows (80 of 256 bytes) hold at least four whole 4 KiB pages.
+    assert!(
+        gone >= THREADS * (16 << 10),
+        "{gone} bytes of caches given back"
+    );
+    // Once between two claims: a second purge finds nothing more to give.
+    pool.purge();
+    assert_eq!(discarded() - before, gone);
+    // Threads claiming those heaps again cache as before (the rows read as empty slots).
+    std::thread::scope(|s| {
+        let threads: Vec<_> = (0..THREADS).map(|_| s.spawn(|| churn(&pool))).collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+    });
+    assert_eq!(pool.live_blocks(), 0);
+    assert!(pool.validate());
+    pool.purge();
+    assert!(discarded() - before >= 2 * gone - THREADS * (4 << 10));
+}
