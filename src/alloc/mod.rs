@@ -17,7 +17,7 @@
 //! Layout of the module: `mod.rs` (the `Core` handle and allocation), `free.rs` (freeing),
 //! `resize.rs` (resizing, block sizes), `class.rs` (size classes), `page.rs` (pages and their
 //! free lists), `heap.rs` (per-thread heaps: the fast paths; `heap/remote.rs`, frees from other
-//! threads), `heaps.rs` (claiming them), `tcache.rs` (their caches of freed blocks), `pool.rs`
+//! threads; `heap/unowned.rs`, heaps their threads left), `heaps.rs` (claiming them), `tcache.rs` (their caches of freed blocks), `pool.rs`
 //! (shared slow paths; `pool/large.rs`, large runs), `spare.rs`, `purge.rs` (the purge policy), `purger.rs` (its clock thread), `tls.rs` (thread
 //! caches), `rails.rs`, `checked.rs`, `memcheck.rs` (memory-checker mode), `nicbuf.rs`,
 //! `stats.rs`, `quarantine.rs` (the hook through which a feature parks a freed block), `api2.rs`

@@ -45,9 +45,10 @@ pub struct PoolStats {
     /// without rails, slabs of 4 KiB pages: a few live blocks keep their own pages, not the
     /// slab of pages freed around them). Counted each time; a page is given back once per use.
     pub discarded_bytes: u64,
-    /// Bytes of the thread caches of heaps whose threads left given back to the system by
-    /// the purge (once per heap between two claims; counted each time): a pool keeps no
-    /// memory for the caches of threads that came and went.
+    /// Bytes of the thread caches of heaps whose threads left advised away by the purge (the
+    /// whole OS pages of their emptied rows, once per heap between two claims; counted each
+    /// time; at most that much was resident): the caches of threads that came and went do not
+    /// stay resident.
     pub heap_cache_discarded_bytes: u64,
     /// Allocations refused because the arena could not grow (reservation, memlock, NIC).
     pub failed_allocations: u64,

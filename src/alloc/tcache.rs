@@ -2,7 +2,8 @@
 //! same-thread free and the next allocation of that class are a push and a pop — no page
 //! lookup on the allocation, no list walk.
 //!
-//! Contract: only the heap's owner touches its stacks (relaxed loads and stores: plain moves);
+//! Contract: only the heap's owner touches its stacks (relaxed loads and stores: plain moves;
+//! the purge, holding a heap no thread owns, advises its emptied rows away: `heap/unowned.rs`);
 //! a cached block stays counted in its page's `used` until it is flushed back to the page, so
 //! the page invariant holds with the stacks as part of "handed out". Only blocks of the heap's
 //! own pages are cached, by unsized and sized frees alike (a sized free finds the page's owner
@@ -63,35 +64,27 @@ const _: () = assert!(LIMIT[class_of_computed(TABLE_MAX)] as usize == SLOTS);
 pub(crate) struct TCaches {
     n: [AtomicU32; CACHED_CLASSES],
     slots: [[AtomicPtr<u8>; SLOTS]; CACHED_CLASSES],
-    /// The rows went back to the system since the heap was last claimed ([`Self::discard_rows`]).
+    /// The rows were advised away (or tried) since the heap was last claimed
+    /// ([`Self::discard_rows`]).
     discarded: AtomicBool,
 }
 
 const _: () = assert!(size_of::<[AtomicPtr<u8>; SLOTS]>() == 256);
 
 impl TCaches {
-    /// Give the memory of the slot rows back to the system (the whole 4 KiB pages inside
-    /// them; the counts stay), once between two claims of the heap: for a heap no thread
-    /// owns, whose caches are all empty, so no slot is read before an owner writes it again
-    /// (the rows then read as zero, as in a new heap). The bytes given back.
+    /// Advise the memory of the slot rows away (the whole OS pages inside them; the counts
+    /// stay), once between two claims of the heap: for a heap no thread owns, whose caches
+    /// are all empty (checked: with a block cached nothing goes), so no slot is read before an
+    /// owner writes it again — a cache is as empty as its count says. The bytes advised away
+    /// (at most that much was resident).
     pub(crate) fn discard_rows(&self) -> usize {
-        debug_assert!(self.n.iter().all(|n| n.load(R) == 0));
-        if self.discarded.swap(true, R) {
+        if self.n.iter().any(|n| n.load(R) != 0) || self.discarded.swap(true, R) {
             return 0;
         }
-        let start = self.slots.as_ptr() as usize;
-        let end = start + size_of_val(&self.slots);
-        let (from, to) = (start.next_multiple_of(4096), end & !4095);
-        if from >= to {
-            return 0;
-        }
-        // SAFETY: whole pages inside this heap's slot rows, in the pool's private anonymous
-        // heap array; every cache is empty (the caller's contract), so nobody reads these
-        // slots before writing them.
-        // (Not `sys::os::madvise`: heap memory is never registered, no NIC model to tell.)
-        match unsafe { libc::madvise(from as *mut libc::c_void, to - from, libc::MADV_DONTNEED) } {
-            0 => to - from,
-            _ => 0,
+        // SAFETY: the rows of this heap, in the pool's private anonymous heap array (never
+        // registered); every count is 0, so nobody reads a slot before writing it.
+        unsafe {
+            crate::sys::os::discard_inside(self.slots.as_ptr() as usize, size_of_val(&self.slots))
         }
     }
 

@@ -213,6 +213,28 @@ pub(crate) unsafe fn madvise(addr: *mut u8, len: usize, advice: libc::c_int) -> 
     }
 }
 
+/// Give back the whole OS pages inside `[addr, addr + len)` of private anonymous memory that
+/// no NIC ever registers (`MADV_DONTNEED`, no NIC model told): they read as zero until written
+/// again. The pages are found with the kernel's real page size (on a kernel of 64 KiB pages a
+/// 4 KiB-rounded range would take its neighbours along). The bytes advised away (0: no whole
+/// page inside, or the advice failed); at most that much was resident.
+///
+/// # Safety
+/// Nobody reads those bytes before writing them again, unless zeros are what it expects.
+pub(crate) unsafe fn discard_inside(addr: usize, len: usize) -> usize {
+    // SAFETY: no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
+    let (from, to) = (addr.next_multiple_of(page), (addr + len) & !(page - 1));
+    if from >= to {
+        return 0;
+    }
+    // SAFETY: whole pages inside the caller's range; the caller vouches nobody uses them.
+    match unsafe { libc::madvise(from as *mut libc::c_void, to - from, libc::MADV_DONTNEED) } {
+        0 => to - from,
+        _ => 0,
+    }
+}
+
 /// Fault `[addr, addr + len)` in writable (`MADV_POPULATE_WRITE`, Linux ≥ 5.14): an error
 /// (`ENOMEM`, `EFAULT`) rather than a `SIGBUS` when hugetlb pages run out.
 pub(crate) fn populate_write(addr: *mut u8, len: usize) -> Result<(), i32> {

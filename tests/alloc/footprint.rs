@@ -140,7 +140,6 @@ fn a_thread_holding_one_medium_block_holds_a_page_of_about_its_size() {
     assert!(pool.validate());
 }
 
-/// The mapping of `/proc/self/smaps` holding `addr`: its `Rss` in KiB and its `VmFlags`.
 #[test]
 fn a_heap_claimed_again_hands_back_the_pages_its_last_owner_kept_once_their_blocks_are_freed() {
     // No purge clock: nothing but the claim collects the heap.
@@ -194,6 +193,7 @@ fn a_heap_claimed_again_hands_back_the_pages_its_last_owner_kept_once_their_bloc
     assert!(pool.validate());
 }
 
+/// The mapping of `/proc/self/smaps` holding `addr`: its `Rss` in KiB and its `VmFlags`.
 fn mapping_of(addr: usize) -> (u64, String) {
     let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
     let mut inside = false;
@@ -440,7 +440,17 @@ fn small_pages_of_an_odp_pool_never_revive_a_purged_huge_page_slab_while_the_are
 #[test]
 fn the_caches_of_threads_that_left_go_back_at_the_next_purge() {
     let pd = Nic::soft().alloc_pd().unwrap();
-    let pool = pool_on(&pd, Access::empty());
+    // No purge but the test's (a timed pass holding the purge lock would make `purge()` a
+    // no-op and the counts half done).
+    let pool = Pool::with_config(
+        &pd,
+        ArenaConfig {
+            purge_delay: None,
+            purge_thread: false,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     const THREADS: u64 = 16;
     // Blocks of several cached classes, filled and freed (into the thread's caches), by
     // threads all alive at once (each with a heap of its own).
@@ -494,5 +504,6 @@ fn the_caches_of_threads_that_left_go_back_at_the_next_purge() {
     assert_eq!(pool.live_blocks(), 0);
     assert!(pool.validate());
     pool.purge();
-    assert!(discarded() - before >= 2 * gone - THREADS * (4 << 10));
+    // The heaps' second owners left too: their rows go again.
+    assert!(discarded() - before >= (2 * gone).saturating_sub(THREADS * (4 << 10)));
 }
