@@ -70,7 +70,7 @@ RDMA_POOL_SO=$PWD/target/debug/librdma_pool.so bash scripts/compare-c.sh --smoke
 
 stage "Soft-RoCE (rxe) scenario suite in a QEMU guest"
 # cargo prints "Executable tests/scenarios.rs (target/debug/deps/scenarios-HASH)".
-bins=$(cargo test --no-run --features tokio,serde --test async_completions --test scenarios --test pinning --test arena --test alloc --test global --test global_faults --test grant --test prefetch --test queue_mem --test rails --test numa --test hardening --test stress --test fork --test events --test spawn --test owned --test mlx5_model --test soft_rules --test send_queue --test foreign --test cm --test cm_hostile 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p')
+bins=$(cargo test --no-run --features tokio,serde --test async_completions --test scenarios --test pinning --test arena --test alloc --test global --test global_faults --test provisioning --test grant --test prefetch --test queue_mem --test rails --test numa --test hardening --test stress --test fork --test events --test spawn --test owned --test mlx5_model --test soft_rules --test send_queue --test foreign --test cm --test cm_hostile 2>&1 | sed -n 's/.*Executable .*(\(.*\))$/\1/p')
 [ -n "$bins" ] || { echo "could not find the scenario test binaries" >&2; exit 1; }
 # The memory-checker tests (feature `memcheck`, without ASan): rxe DMA into live blocks, the fill
 # of freed ones.

@@ -36,8 +36,11 @@ use crossbeam::utils::CachePadded;
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, Ordering};
 
+mod provisioning;
 mod remote;
 mod unowned;
+
+pub(crate) use provisioning::PROVISIONING;
 
 const R: Ordering = Ordering::Relaxed;
 

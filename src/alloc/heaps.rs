@@ -8,9 +8,12 @@
 //! heaps to find a free one; only statistics and the purge's collection of abandoned heaps walk
 //! `[0, top)`. A heap given back keeps its non-empty pages for its next owner.
 //!
-//! Invariant: `top <= cap <= MAX_HEAPS`; a heap below `top` is on the free stack iff its owner is
-//! 0 or the purge's token (which gives it back to 0 before anyone else can claim it); heaps at
-//! or above `top` are all zero.
+//! One heap, reserved on first use, is no thread's: the provisioning heap (`meta.rs`), held
+//! for one allocation at a time and never on the free stack.
+//!
+//! Invariant: `top <= cap <= MAX_HEAPS`; a heap below `top` other than the provisioning heap is
+//! on the free stack iff its owner is 0 or the purge's token (which gives it back to 0 before
+//! anyone else can claim it); heaps at or above `top` are all zero.
 
 use super::heap::Heap;
 use super::pool::PoolInner;
@@ -34,6 +37,8 @@ pub(crate) struct Heaps {
     /// `1 +` index of the most recently given-back heap (0: none).
     free: ForkLock<u32>,
     claims: AtomicU64,
+    /// `1 +` index of the provisioning heap (0: not reserved yet).
+    meta: AtomicUsize,
 }
 
 impl Heaps {
@@ -60,6 +65,7 @@ impl Heaps {
             top: AtomicUsize::new(0),
             free: ForkLock::new(0),
             claims: AtomicU64::new(0),
+            meta: AtomicUsize::new(0),
         })
     }
 
@@ -102,6 +108,33 @@ impl Heaps {
         h.init(pool);
         self.claims.fetch_add(1, Ordering::Relaxed);
         Some(h)
+    }
+
+    /// The provisioning heap, reserved now if it was not (a never-used heap: `None` when none
+    /// is left). Its owner is 0 while nobody holds it.
+    pub(crate) fn meta(&self) -> Option<&Heap> {
+        let i = self.meta.load(Ordering::Acquire);
+        if i != 0 {
+            return self.array.get(i - 1);
+        }
+        let i = self.top.fetch_add(1, Ordering::AcqRel);
+        if i >= self.cap {
+            self.top.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        match self
+            .meta
+            .compare_exchange(0, i + 1, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => self.array.get(i),
+            Err(won) => {
+                // Another thread reserved one first: this one serves threads.
+                if let Some(h) = self.array.get(i) {
+                    self.give_back(h);
+                }
+                self.array.get(won - 1)
+            }
+        }
     }
 
     /// Give `heap` (released, its owner reset to 0 by the caller) back for the next thread.

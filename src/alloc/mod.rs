@@ -72,7 +72,7 @@ const CACHED_MAX: usize = class_size(tcache::CACHED_CLASSES - 1);
 
 /// Largest alignment served from size-class pages: a block of a class that is a multiple of
 /// the alignment, so an over-aligned small block costs about its alignment, not a slab.
-const MAX_SMALL_ALIGN: usize = MAX_SMALL;
+pub(crate) const MAX_SMALL_ALIGN: usize = MAX_SMALL;
 
 /// The allocator core of a [`Pool`](crate::Pool): NIC-registered blocks from size-class
 /// pages and large runs of one [`Arena`], through per-thread heaps. Every method here is
@@ -279,8 +279,11 @@ impl Core {
                     heap.alloc(c)
                 };
             }
-            // Every heap of the pool is taken by other threads.
-            inner.failed.fetch_add(1, Relaxed);
+            // Every heap of the pool is taken by other threads; or this thread provisions
+            // (its heap is hidden, and a global allocator serves the block: not a failure).
+            if !crate::sys::provision::active() {
+                inner.failed.fetch_add(1, Relaxed);
+            }
             return null_mut();
         }
         inner.alloc_large(size.max(1), align, zero)

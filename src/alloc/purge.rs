@@ -372,6 +372,7 @@ impl PoolInner {
             if !h.initialised.load(Ordering::Acquire)
                 || owner == 0
                 || owner == PURGER
+                || owner == super::heap::PROVISIONING
                 || owner == me
                 || h.orphaned()
                 || except.is_some_and(|e| std::ptr::eq(e, h))

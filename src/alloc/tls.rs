@@ -23,8 +23,14 @@
 //!   back) so that no heap stays owned by a dead thread;
 //! - nothing relies on the main thread's destructors running: its heaps stay owned at exit.
 //!
-//! Invariant: `ways()[i].id != 0 ⇒` the heap `ways()[i].heap` of pool `id` is owned by this
-//! thread; at most one way names a pool.
+//! - while the thread provisions memory (`sys/provision.rs`: it calls the NIC) its ways are
+//!   hidden ([`HIDDEN`] set in their ids): no fast path finds a heap, no heap is claimed, and a
+//!   global allocator serves the NIC layer's allocations from its provisioning heap
+//!   (`meta.rs`) — never from this thread's pages, which they would outlive.
+//!
+//! Invariant: `ways()[i].id & !HIDDEN != 0 ⇒` the heap `ways()[i].heap` of pool
+//! `id & !HIDDEN` is owned by this thread; at most one way names a pool; `HIDDEN` is set in
+//! the ids of a thread's ways iff it holds a provisioning mark (pool ids stay below it).
 
 use super::heap::Heap;
 use super::pool::PoolInner;
@@ -118,6 +124,22 @@ fn ways() -> Option<&'static [Way; WAYS]> {
     Some(unsafe { &*p })
 }
 
+/// The bit a hidden way's id carries (never a pool's: ids count up from 1).
+const HIDDEN: u64 = 1 << 63;
+
+/// The provisioning hook (`sys/provision.rs`): hide this thread's ways when it takes its first
+/// mark, show them again when it drops its last.
+fn hide_ways(hide: bool) {
+    if let Some(ways) = ways() {
+        for w in ways {
+            let id = w.id.get();
+            if id != 0 {
+                w.id.set(if hide { id | HIDDEN } else { id & !HIDDEN });
+            }
+        }
+    }
+}
+
 /// Rounds of claim-and-release allowed during thread exit (glibc runs key destructors up to
 /// `PTHREAD_DESTRUCTOR_ITERATIONS` = 4 times).
 const EXIT_ROUNDS: u8 = 3;
@@ -129,6 +151,7 @@ static EXIT_KEY_ONCE: Once = Once::new();
 /// Create the thread-exit key (once per process; called when a pool is created).
 fn create_exit_key() {
     EXIT_KEY_ONCE.call_once(|| {
+        crate::sys::provision::set_hook(hide_ways);
         let mut key: libc::pthread_key_t = 0;
         // SAFETY: `key` is a valid out-pointer; `on_thread_exit` has the destructor signature.
         if unsafe { libc::pthread_key_create(&mut key, Some(on_thread_exit)) } == 0 {
@@ -162,7 +185,8 @@ extern "C" fn on_thread_exit(_: *mut libc::c_void) {
     let mut clock = false;
     if let Some(ways) = ways() {
         for w in ways {
-            clock |= release(w.id.replace(0), w.heap.replace(null_mut()));
+            // A mark leaked with `mem::forget` leaves the ways hidden: their heaps go back too.
+            clock |= release(w.id.replace(0) & !HIDDEN, w.heap.replace(null_mut()));
         }
     }
     // What the heaps still hold is looked at again after the delay, by the purge clock
@@ -286,7 +310,11 @@ pub(crate) fn heap_for(id: u64, pool: &PoolInner) -> *mut Heap {
 #[inline(never)]
 fn claim(pool: &PoolInner) -> *mut Heap {
     let me = token();
-    if me == 0 || EXITS.try_with(|e| e.get()).unwrap_or(EXIT_ROUNDS) >= EXIT_ROUNDS {
+    if me == 0
+        || EXITS.try_with(|e| e.get()).unwrap_or(EXIT_ROUNDS) >= EXIT_ROUNDS
+        || crate::sys::provision::active()
+    {
+        // Exiting for good, or provisioning (its heap is hidden, not gone: see above).
         return null_mut();
     }
     let Some(heap) = pool.heaps.claim(me, pool) else {
@@ -312,7 +340,7 @@ fn claim(pool: &PoolInner) -> *mut Heap {
 pub(crate) fn forget(pool: &PoolInner) {
     if let Some(ways) = ways() {
         for w in ways {
-            if w.id.get() == pool.id {
+            if w.id.get() & !HIDDEN == pool.id {
                 w.id.set(0);
                 w.heap.set(null_mut());
             }

@@ -33,14 +33,24 @@ impl GlobalPool {
         // (C's `malloc` is this path too).
         let _errno = ErrnoGuard::save();
         let ready = self.hot();
+        if provision::active() {
+            // The NIC layer's bookkeeping: the pool's provisioning heap, never this thread's
+            // (hidden meanwhile: `alloc/heap/provisioning.rs`), else the bootstrap region.
+            if let Some(pool) = ready {
+                let p = pool.alloc_provisioning(layout, zero);
+                if !p.is_null() {
+                    Counters::bump(&self.counters().reentrant);
+                    Counters::bump(&self.counters().provisioning);
+                    return p;
+                }
+            }
+            return self.alloc_reentrant(layout, zero);
+        }
         if let Some(pool) = ready {
             let p = pool.alloc_with(layout, zero);
             if !p.is_null() {
                 return p;
             }
-        }
-        if provision::active() {
-            return self.alloc_reentrant(layout, zero);
         }
         let mut why = DegradeReason::PoolRefused;
         if ready.is_none() {

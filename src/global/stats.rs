@@ -9,9 +9,10 @@
 //! next call of a `GlobalPool` method that is not an allocation, or at process exit — never
 //! from inside `alloc`, where the subscriber may not exist yet and logging would allocate.
 //!
-//! Invariants (at quiescence): `reentrant_allocations == bootstrap_blocks + bootstrap_overflow`
-//! — every allocation made while the pool provisions is served by the bootstrap region or,
-//! once that is full, by `malloc`; `degraded_allocations + failed_allocations ==
+//! Invariants (at quiescence): `reentrant_allocations == provisioning_heap_blocks +
+//! bootstrap_blocks + bootstrap_overflow` — every allocation made while the pool provisions is
+//! served by the pool's provisioning heap, else by the bootstrap region or, once that is full,
+//! by `malloc`; `degraded_allocations + failed_allocations ==
 //! degraded_by.init_failed + degraded_by.init_pending + degraded_by.pool_refused` (every such
 //! allocation went through the degraded path, with its reason).
 
@@ -96,9 +97,13 @@ pub struct GlobalStats {
     /// Allocations refused (null): under [`OnFailure::Fail`](super::OnFailure::Fail), or when
     /// the system allocator refused them too (a request larger than memory, say).
     pub failed_allocations: u64,
-    /// Allocations made while the pool was calling into the NIC (re-entrant) that the pool
-    /// could not serve without growing, or made before it was ready.
+    /// Allocations made while the pool was calling into the NIC (re-entrant: the NIC layer's
+    /// bookkeeping), served by the pool's provisioning heap — no thread's, so a record outlives
+    /// the thread that registered without keeping its pages — or, when that heap could not
+    /// serve them without growing (or the pool was not ready yet), by the bootstrap region.
     pub reentrant_allocations: u64,
+    /// Of those, blocks served by the pool's provisioning heap (pool memory, registered).
+    pub provisioning_heap_blocks: u64,
     /// Of those, blocks served by the bootstrap region.
     pub bootstrap_blocks: u64,
     /// Of those, allocations that found the bootstrap region full and went to `malloc`.
@@ -129,6 +134,7 @@ pub(crate) struct Counters {
     pub(crate) degraded_bytes: AtomicU64,
     pub(crate) failed: AtomicU64,
     pub(crate) reentrant: AtomicU64,
+    pub(crate) provisioning: AtomicU64,
     pub(crate) overflow: AtomicU64,
     pub(crate) healed: AtomicU64,
     pub(crate) env_ignored: AtomicU64,
@@ -145,6 +151,7 @@ impl Counters {
             degraded_bytes: AtomicU64::new(0),
             failed: AtomicU64::new(0),
             reentrant: AtomicU64::new(0),
+            provisioning: AtomicU64::new(0),
             overflow: AtomicU64::new(0),
             healed: AtomicU64::new(0),
             env_ignored: AtomicU64::new(0),
@@ -191,6 +198,7 @@ impl Counters {
             degraded_bytes: self.degraded_bytes.load(Relaxed),
             failed_allocations: self.failed.load(Relaxed),
             reentrant_allocations: self.reentrant.load(Relaxed),
+            provisioning_heap_blocks: self.provisioning.load(Relaxed),
             bootstrap_blocks: blocks,
             bootstrap_overflow: self.overflow.load(Relaxed),
             bootstrap_live_bytes: live,

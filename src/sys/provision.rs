@@ -13,12 +13,19 @@
 //! would need growth the global allocator serves from its bootstrap region, as it does when
 //! [`active`] while the pool is not ready yet.
 //!
+//! The first mark a thread takes (and the last it drops) tells the allocator through
+//! `set_hook`: a global allocator built on the pool then serves this thread's allocations
+//! from a heap of its own for them, not from the thread's heap — the NIC layer's bookkeeping
+//! (a registration's handle, the soft NIC's tables) lives as long as what it registers, and in a
+//! thread's pages one such block kept a page, and a pinned step, of a thread that exited.
+//!
 //! Invariant: `DEPTH` == number of live `Provisioning` values created on this thread. The
 //! thread-local has a const initialiser and no destructor, so it is readable at any point of a
 //! thread's life, including while other thread-locals are being destroyed.
 
 use std::cell::Cell;
 use std::marker::PhantomData;
+use std::sync::atomic::{AtomicPtr, Ordering};
 
 thread_local! {
     static DEPTH: Cell<u32> = const { Cell::new(0) };
@@ -44,7 +51,13 @@ impl Provisioning {
     /// ```
     #[inline]
     pub fn enter() -> Provisioning {
-        let _ = DEPTH.try_with(|d| d.set(d.get() + 1));
+        let _ = DEPTH.try_with(|d| {
+            let depth = d.get();
+            d.set(depth + 1);
+            if depth == 0 {
+                call_hook(true);
+            }
+        });
         Provisioning {
             _not_send: PhantomData,
         }
@@ -54,7 +67,32 @@ impl Provisioning {
 impl Drop for Provisioning {
     #[inline]
     fn drop(&mut self) {
-        let _ = DEPTH.try_with(|d| d.set(d.get().saturating_sub(1)));
+        let _ = DEPTH.try_with(|d| {
+            let depth = d.get().saturating_sub(1);
+            d.set(depth);
+            if depth == 0 {
+                call_hook(false);
+            }
+        });
+    }
+}
+
+/// What a higher layer runs when a thread takes its first mark (`true`) and drops its last
+/// (`false`): a plain function, no allocation (null: none).
+static HOOK: AtomicPtr<()> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Install the hook (once per process, by the allocator; later calls replace it with the same).
+pub(crate) fn set_hook(hook: fn(bool)) {
+    HOOK.store(hook as *mut (), Ordering::Release);
+}
+
+#[inline]
+fn call_hook(first: bool) {
+    let h = HOOK.load(Ordering::Acquire);
+    if !h.is_null() {
+        // SAFETY: only `set_hook` stores here, a `fn(bool)`.
+        let hook: fn(bool) = unsafe { std::mem::transmute::<*mut (), fn(bool)>(h) };
+        hook(first);
     }
 }
 

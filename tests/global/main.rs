@@ -65,7 +65,10 @@ fn the_pool_is_ready_and_registered_its_own_regions_with_the_opt_in_rights() {
     // Opening the NIC and the arena happened inside the allocator: those allocations were
     // served while provisioning, and every one is accounted for.
     assert!(s.reentrant_allocations > 0, "{s:?}");
-    assert!(s.bootstrap_blocks + s.bootstrap_overflow >= s.reentrant_allocations);
+    assert!(
+        s.provisioning_heap_blocks + s.bootstrap_blocks + s.bootstrap_overflow
+            >= s.reentrant_allocations
+    );
     assert_eq!(
         A.pd().unwrap().nic().caps().name,
         A.nic().unwrap().caps().name

@@ -72,9 +72,10 @@ impl PoolInner {
         p
     }
 
-    /// Count a failed arena run, unless it was a re-entrant request (served elsewhere).
+    /// Count a failed arena run, unless it was a re-entrant request or one made while
+    /// provisioning (both served elsewhere: the bootstrap region).
     pub(in crate::alloc) fn count_failure(&self, e: &crate::arena::Error) {
-        if !matches!(e, crate::arena::Error::Reentrant) {
+        if !matches!(e, crate::arena::Error::Reentrant) && !crate::sys::provision::active() {
             self.failed.fetch_add(1, R);
         }
     }
