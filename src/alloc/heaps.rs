@@ -8,8 +8,8 @@
 //! heaps to find a free one; only statistics and the purge's collection of abandoned heaps walk
 //! `[0, top)`. A heap given back keeps its non-empty pages for its next owner.
 //!
-//! One heap, reserved on first use, is no thread's: the provisioning heap (`meta.rs`), held
-//! for one allocation at a time and never on the free stack.
+//! One heap, reserved on first use, is no thread's: the provisioning heap
+//! (`heap/provisioning.rs`), held for one allocation at a time, never on the free stack.
 //!
 //! Invariant: `top <= cap <= MAX_HEAPS`; a heap below `top` other than the provisioning heap is
 //! on the free stack iff its owner is 0 or the purge's token (which gives it back to 0 before
@@ -113,7 +113,8 @@ impl Heaps {
     /// The provisioning heap, reserved now if it was not (a never-used heap: `None` when none
     /// is left). Its owner is 0 while nobody holds it.
     pub(crate) fn meta(&self) -> Option<&Heap> {
-        let i = self.meta.load(Ordering::Acquire);
+        let slot = &self.meta;
+        let i = slot.load(Ordering::Acquire);
         if i != 0 {
             return self.array.get(i - 1);
         }
@@ -122,10 +123,7 @@ impl Heaps {
             self.top.fetch_sub(1, Ordering::AcqRel);
             return None;
         }
-        match self
-            .meta
-            .compare_exchange(0, i + 1, Ordering::AcqRel, Ordering::Acquire)
-        {
+        match slot.compare_exchange(0, i + 1, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => self.array.get(i),
             Err(won) => {
                 // Another thread reserved one first: this one serves threads.

@@ -279,11 +279,14 @@ impl Core {
                     heap.alloc(c)
                 };
             }
-            // Every heap of the pool is taken by other threads; or this thread provisions
-            // (its heap is hidden, and a global allocator serves the block: not a failure).
-            if !crate::sys::provision::active() {
-                inner.failed.fetch_add(1, Relaxed);
+            if crate::sys::provision::active() {
+                // This thread calls the NIC (its heap is hidden meanwhile): the pool's
+                // provisioning heap (`heap/provisioning.rs`); a global allocator serves what
+                // that heap cannot elsewhere, so a null here is no failure of the pool.
+                return self.alloc_provisioning(layout, zero);
             }
+            // Every heap of the pool is taken by other threads.
+            inner.failed.fetch_add(1, Relaxed);
             return null_mut();
         }
         inner.alloc_large(size.max(1), align, zero)

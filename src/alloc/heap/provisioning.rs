@@ -1,27 +1,34 @@
-//! The provisioning heap: where a global allocator built on the pool puts what the NIC layer
-//! allocates while this process provisions memory (registers, re-registers, deregisters, opens
-//! a device: `sys/provision.rs`).
+//! The provisioning heap: where a pool serves what is allocated while its thread provisions
+//! memory — registers, re-registers, deregisters, opens a device (`sys/provision.rs`): with the
+//! pool as global allocator, the NIC layer's bookkeeping.
 //!
 //! Why a heap of its own: such a block — a registration's handle, an entry of the soft NIC's
 //! tables — lives as long as what it registers, not as long as the thread that happened to
 //! provision it. Served from that thread's heap, one record kept one page of a thread that
 //! exited, and in a pinned pool the step under that page stayed registered: 600 threads that
-//! came and went left ~1,100 such pages and 70 MiB pinned (`threads`, 1.5 s after the end).
-//! Here the records of the whole process share a few pages.
+//! came and went left ~1,100 such pages and 70 MiB registered (`threads`, 1.5 s after the end;
+//! 5 MiB now). Here the records of the whole process share a few pages.
 //!
-//! Contract: the heap is no thread's (`heaps.rs` reserves it, never on the free stack). A
-//! provisioning thread holds it for one allocation: inside the fork gate, it swaps the owner
-//! from 0 to [`PROVISIONING`] (a few tries; when another holder has it — another provisioning
-//! thread, or a purge collecting it — the caller falls back to the bootstrap region, never
-//! waiting on a holder that may wait on a lock the caller holds), allocates through the heap's
-//! ordinary paths (growth is refused under the mark: no NIC call nests here), and puts the
-//! owner back to 0. Every free of its blocks is a remote free (no thread's ways name the heap);
+//! Contract: one heap is no thread's (`heaps.rs` reserves it on first use, never on the free
+//! stack). While a thread holds a mark its own heaps are hidden (`tls.rs`) and its small
+//! allocations come here: inside the fork gate (a child never finds the heap held) it swaps the
+//! heap's owner from 0 to [`PROVISIONING`] (a few tries, yielding between them), allocates
+//! through the heap's ordinary paths (growth is refused under the mark: no NIC call nests here)
+//! and puts the owner back to 0. When the heap stays held — by another provisioning thread, or a
+//! purge collecting it — or has no page without growing, it returns null, and a global allocator
+//! serves the block from its bootstrap region: it never waits on a holder that may wait for a lock
+//! the caller holds. Every free of these blocks is a remote free (no thread's ways name the heap);
 //! a purge pass collects it as it collects the heaps of exited threads (`purge.rs`).
 //!
-//! Invariant: the heap's owner is [`PROVISIONING`] only inside [`Core::alloc_provisioning`],
-//! else 0 or the purge's token.
+//! One heap, not several: each keeps partly used pages of its own (in a pinned pool, a step
+//! each), and a hold lasts one allocation while a registration takes microseconds (`threads`,
+//! 600 threads, pinned: eight heaps left 13 MiB registered 1.5 s after the run, one 5.6 MiB,
+//! and they served as many blocks: the bootstrap region's share is blocks that needed a fresh
+//! page, not a held heap).
+//!
+//! Invariant: the provisioning heap's owner is [`PROVISIONING`] only inside
+//! [`Core::alloc_provisioning`], else 0 or the purge's token.
 
-use super::Heap;
 use crate::alloc::class::class_for;
 use crate::alloc::{Core, MAX_SMALL_ALIGN};
 use std::alloc::Layout;
@@ -33,13 +40,13 @@ use std::sync::atomic::Ordering;
 pub(crate) const PROVISIONING: u64 = u64::MAX - 1;
 
 /// Swaps tried before the caller falls back.
-const TRIES: u32 = 64;
+const TRIES: usize = 16;
 
 impl Core {
     /// A small block for an allocation made under a provisioning mark, from the pool's
-    /// provisioning heap (module contract); null when the layout is not a small class, the
-    /// heap is held by someone else, or it has no memory without growing (the caller then
-    /// serves the allocation from its bootstrap region).
+    /// provisioning heap (module contract); null when the layout is not a small class, the heap
+    /// stays held by someone else, or it has no memory without growing (a global allocator
+    /// then serves the allocation from its bootstrap region).
     pub(crate) fn alloc_provisioning(&self, layout: Layout, zero: bool) -> *mut u8 {
         let (size, align) = (layout.size(), layout.align());
         let Some(c) = (align <= MAX_SMALL_ALIGN)
@@ -54,41 +61,27 @@ impl Core {
         };
         // A fork waits until the heap is put back: a child never finds it held.
         let _inside = crate::sys::atfork::inside();
-        if !heap.hold() {
-            return null_mut();
-        }
-        if !heap.initialised.load(Ordering::Acquire) {
-            heap.init(inner);
-        }
-        let p = if zero {
-            heap.alloc_zeroed(c, size)
-        } else {
-            heap.alloc(c)
-        };
-        heap.owner.store(0, Ordering::Release);
-        p
-    }
-}
-
-impl Heap {
-    /// Take the provisioning heap for one allocation; false when another holder has it.
-    fn hold(&self) -> bool {
-        for i in 0..TRIES {
-            if self
+        for _ in 0..TRIES {
+            if heap
                 .owner
                 .compare_exchange(0, PROVISIONING, Ordering::Acquire, Ordering::Relaxed)
                 .is_ok()
             {
-                self.generation
+                heap.generation
                     .store(crate::sys::atfork::generation(), Ordering::Relaxed);
-                return true;
+                if !heap.initialised.load(Ordering::Acquire) {
+                    heap.init(inner);
+                }
+                let p = if zero {
+                    heap.alloc_zeroed(c, size)
+                } else {
+                    heap.alloc(c)
+                };
+                heap.owner.store(0, Ordering::Release);
+                return p;
             }
-            if i % 8 == 7 {
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
-            }
+            std::thread::yield_now();
         }
-        false
+        null_mut()
     }
 }
