@@ -24,9 +24,9 @@
 //! - nothing relies on the main thread's destructors running: its heaps stay owned at exit.
 //!
 //! - while the thread provisions memory (`sys/provision.rs`: it calls the NIC) its ways are
-//!   hidden ([`HIDDEN`] set in their ids): no fast path finds a heap, no heap is claimed, and a
-//!   global allocator serves the NIC layer's allocations from its provisioning heap
-//!   (`meta.rs`) — never from this thread's pages, which they would outlive.
+//!   hidden ([`HIDDEN`] set in their ids): no fast path finds a heap, no heap is claimed, and the
+//!   NIC layer's allocations are served outside this thread's pages, which they would outlive
+//!   (`heap/provisioning.rs`).
 //!
 //! Invariant: `ways()[i].id & !HIDDEN != 0 ⇒` the heap `ways()[i].heap` of pool
 //! `id & !HIDDEN` is owned by this thread; at most one way names a pool; `HIDDEN` is set in

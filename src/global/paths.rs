@@ -34,9 +34,12 @@ impl GlobalPool {
         let _errno = ErrnoGuard::save();
         let ready = self.hot();
         if provision::active() {
-            // The NIC layer's bookkeeping: the pool's provisioning heap, never this thread's
-            // (hidden meanwhile: `alloc/heap/provisioning.rs`), else the bootstrap region.
-            if let Some(pool) = ready {
+            // The NIC layer's bookkeeping, never in this thread's heap (hidden meanwhile): it
+            // lives as long as what it registers (`alloc/heap/provisioning.rs`). The bootstrap
+            // region, then `malloc`: outside registered memory, so no record keeps a region.
+            // Where `malloc` is this pool (the C library), small records go to the pool's
+            // provisioning heap first (the fallback there maps a page per block).
+            if let Some(pool) = ready.filter(|_| self.config.fallback == Fallback::Mmap) {
                 let p = pool.alloc_provisioning(layout, zero);
                 if !p.is_null() {
                     Counters::bump(&self.counters().reentrant);

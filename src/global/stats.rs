@@ -11,8 +11,8 @@
 //!
 //! Invariants (at quiescence): `reentrant_allocations == provisioning_heap_blocks +
 //! bootstrap_blocks + bootstrap_overflow` — every allocation made while the pool provisions is
-//! served by the pool's provisioning heap, else by the bootstrap region or, once that is full,
-//! by `malloc`; `degraded_allocations + failed_allocations ==
+//! served by the pool's provisioning heap (a pool that is `malloc`), else by the bootstrap
+//! region or, once that is full, by the fallback; `degraded_allocations + failed_allocations ==
 //! degraded_by.init_failed + degraded_by.init_pending + degraded_by.pool_refused` (every such
 //! allocation went through the degraded path, with its reason).
 
@@ -98,11 +98,15 @@ pub struct GlobalStats {
     /// the system allocator refused them too (a request larger than memory, say).
     pub failed_allocations: u64,
     /// Allocations made while the pool was calling into the NIC (re-entrant: the NIC layer's
-    /// bookkeeping), served by the pool's provisioning heap — no thread's, so a record outlives
-    /// the thread that registered without keeping its pages — or, when that heap could not
-    /// serve them without growing (or the pool was not ready yet), by the bootstrap region.
+    /// bookkeeping, which lives as long as what it registers): served by the bootstrap region,
+    /// then `malloc` — never by the registering thread's heap, whose pages such a record would
+    /// keep after the thread exited — or, where the fallback is [`Fallback::Mmap`] (a pool that
+    /// is the process's `malloc`), small ones by the pool's provisioning heap first.
+    ///
+    /// [`Fallback::Mmap`]: super::Fallback::Mmap
     pub reentrant_allocations: u64,
-    /// Of those, blocks served by the pool's provisioning heap (pool memory, registered).
+    /// Of those, blocks served by the pool's provisioning heap (pool memory shared by every
+    /// thread's records; only under [`Fallback::Mmap`](super::Fallback::Mmap)).
     pub provisioning_heap_blocks: u64,
     /// Of those, blocks served by the bootstrap region.
     pub bootstrap_blocks: u64,

@@ -14,9 +14,9 @@
 //! [`active`] while the pool is not ready yet.
 //!
 //! The first mark a thread takes (and the last it drops) tells the allocator through
-//! `set_hook`: a global allocator built on the pool then serves this thread's allocations
-//! from a heap of its own for them, not from the thread's heap — the NIC layer's bookkeeping
-//! (a registration's handle, the soft NIC's tables) lives as long as what it registers, and in a
+//! `set_hook`: the allocator hides the thread's heaps meanwhile, and a global allocator built on
+//! the pool serves the thread's allocations outside them — the NIC layer's bookkeeping (a
+//! registration's handle, the soft NIC's tables) lives as long as what it registers, and in a
 //! thread's pages one such block kept a page, and a pinned step, of a thread that exited.
 //!
 //! Invariant: `DEPTH` == number of live `Provisioning` values created on this thread. The
