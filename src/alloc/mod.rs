@@ -211,6 +211,14 @@ impl Core {
         null_mut()
     }
 
+    /// Whether this thread has a heap of pool `id` in view: false before its first allocation
+    /// there, and while it provisions (its heaps are hidden then: `tls.rs`). One thread-local
+    /// read of the ways, the fast paths' own.
+    #[inline(always)]
+    pub(crate) fn heap_in_view(id: u64) -> bool {
+        tls::heap_in(id).is_some()
+    }
+
     /// The fast path of the sizes [`Core::alloc_fast_in`] leaves (above the class table's
     /// 1 KiB, up to [`MAX_SMALL`]), for the slow paths to try first; null when it cannot serve
     /// `layout`.

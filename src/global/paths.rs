@@ -33,7 +33,9 @@ impl GlobalPool {
         // (C's `malloc` is this path too).
         let _errno = ErrnoGuard::save();
         let ready = self.hot();
-        if provision::active() {
+        // A thread that provisions has no heap in view (hidden), so the mark's own thread-local
+        // (a call of `__tls_get_addr` in the C library) is read only by threads without one.
+        if !Core::heap_in_view(self.fast_id.load(Relaxed)) && provision::active() {
             // The NIC layer's bookkeeping, never in this thread's heap (hidden meanwhile): it
             // lives as long as what it registers (`alloc/heap/provisioning.rs`). The bootstrap
             // region, then `malloc`: outside registered memory, so no record keeps a region.
