@@ -46,7 +46,9 @@ fn records_of_registrations_are_no_threads() {
 fn threads_that_registered_steps_and_exited_leave_no_step_registered() {
     let pool = A.pool().expect("the pool initialised");
     let sizes = [48usize, 200, 900, 3000];
-    let threads = 12;
+    // Under the soft NIC's memlock limit (8 MiB by default): a refused step would blur the
+    // count.
+    let threads = 8;
     pool.purge();
     let base = registered();
     let mut peak = 0;
@@ -60,7 +62,7 @@ fn threads_that_registered_steps_and_exited_leave_no_step_registered() {
                     s.spawn(move || {
                         // Each thread's pages come from steps it registers (a pinned arena of
                         // 4 KiB pages registers a step when a page of it is first handed out).
-                        let blocks: Vec<Box<[u8]>> = (0..400)
+                        let blocks: Vec<Box<[u8]>> = (0..300)
                             .map(|i| vec![wave ^ t ^ i as u8; sizes[i % sizes.len()]].into())
                             .collect();
                         held.wait();
@@ -92,9 +94,11 @@ fn threads_that_registered_steps_and_exited_leave_no_step_registered() {
         s.reentrant_allocations > 0,
         "registrations allocated nothing? {s:?}"
     );
-    assert!(peak >= 3 << 20, "{peak} bytes registered at the peak");
+    assert!(peak >= 2 << 20, "{peak} bytes registered at the peak");
     assert!(
-        left <= base + (512 << 10),
+        // One step (256 KiB) of slack for this thread's own blocks; the threads' records in
+        // their pages kept two or more (the code before).
+        left <= base + (256 << 10),
         "{left} bytes still registered once every thread's blocks were freed (peak {peak}, {base} before): {:?}",
         s.pool.as_ref()
     );
