@@ -20,11 +20,13 @@
 //! - **Re-entrancy.** Opening the NIC, registering and growing run inside the allocator and
 //!   allocate in turn (handles, errors, the soft NIC's tables, `tracing`). The arena marks such
 //!   code ([`crate::sys::provision`]) and refuses to grow under the mark, so there
-//!   is no recursion into another registration; an allocation under the mark is served by the
-//!   pool when it can do so without growing (its fast paths hold no lock and no half-updated
-//!   state across a NIC call), else from the bootstrap region (`bootstrap.rs`), as is everything
-//!   allocated while the pool initialises; nothing waits on a lock the interrupted operation
-//!   holds, so there is no deadlock. `dealloc` tells pool, bootstrap and system blocks apart by
+//!   is no recursion into another registration. What is allocated under the mark is the NIC
+//!   layer's bookkeeping, which lives as long as what it registers: the thread's heaps are
+//!   hidden meanwhile (`alloc/tls.rs`) and it is served outside the pool — from the bootstrap
+//!   region (`bootstrap.rs`), as is everything allocated while the pool initialises, then by the
+//!   fallback; under [`Fallback::Mmap`] small blocks first from the pool's provisioning heap,
+//!   which no thread owns (`alloc/heap/provisioning.rs`). Nothing waits on a lock the
+//!   interrupted operation holds, so there is no deadlock. `dealloc` tells pool, bootstrap and system blocks apart by
 //!   address. C code (libibverbs and its providers) allocates with libc
 //!   `malloc`, which does not re-enter: that memory is not registered, and needs not be.
 //! - **Never panic or abort.** When the pool cannot serve a request (initialisation failed, the

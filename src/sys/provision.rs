@@ -6,12 +6,11 @@
 //! errors, the soft NIC's tables); with the pool as global allocator those allocations re-enter
 //! it. While a mark is held the arena refuses to grow
 //! ([`Error::Reentrant`](crate::arena::Error::Reentrant)), so a re-entrant allocation never
-//! recurses into another registration: the pool serves it from what it has (its fast paths
-//! hold no lock and no half-updated state across a NIC call — the only NIC calls are in
-//! `Arena::alloc_run`, reached from a heap's slow path after its page loop, with no page
-//! pointer held, and from medium and large allocation with no lock held), and what
-//! would need growth the global allocator serves from its bootstrap region, as it does when
-//! [`active`] while the pool is not ready yet.
+//! recurses into another registration (no lock and no half-updated page state is held across a
+//! NIC call — the only NIC calls are in `Arena::alloc_run`, reached from a heap's slow path
+//! after its page loop, with no page pointer held, and from medium and large allocation with no
+//! lock held); the global allocator serves such allocations outside the thread's heaps (below),
+//! from its bootstrap region as it does when [`active`] while the pool is not ready yet.
 //!
 //! The first mark a thread takes (and the last it drops) tells the allocator through
 //! `set_hook`: the allocator hides the thread's heaps meanwhile, and a global allocator built on
