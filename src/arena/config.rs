@@ -63,11 +63,14 @@ pub enum Hugepages {
     /// hugetlb 2 MiB pages or fail ([`Error::HugepagesUnavailable`]).
     Require,
     /// hugetlb pages while the pool has them, then transparent huge pages, then 4 KiB pages;
-    /// each slab's kind is counted in the stats.
+    /// each slab's kind is counted in the stats. Transparent huge pages only in a pinned
+    /// arena: an ODP arena's memory faults in where it is touched, a 4 KiB page at a time.
     #[default]
     Prefer,
     /// Transparent huge pages (`MADV_HUGEPAGE`) where the kernel finds them, else 4 KiB
-    /// pages; never hugetlb. Safe across `fork` (see above).
+    /// pages; never hugetlb. Safe across `fork` (see above). In a pinned arena only: an ODP
+    /// arena's memory faults in where it is touched, a 4 KiB page at a time (on huge pages a
+    /// touch would fault in 2 MiB).
     Transparent,
     /// Ordinary 4 KiB pages (`MADV_NOHUGEPAGE`).
     Off,
