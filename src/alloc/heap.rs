@@ -16,7 +16,8 @@
 //! come back without it, as mimalloc v3 reclaims abandoned pages on free into their own
 //! thread only.
 //!
-//! Invariant: `current[c]` is `&EMPTY` or the head of `queue[c]`; every page in `queue[c]` has
+//! Invariant: `current[c]` is `&EMPTY` or the head of `queue[c]` (or, for a sparse class, a
+//! page of its leader's queue: `heap/sparse.rs`); every page in `queue[c]` has
 //! class `c`, belongs to this heap and is not `in_full`; `full[c]` counts this heap's `in_full`
 //! pages of class `c` (at most [`RETAIN`]); an abandoned page is in no queue and not `in_full`.
 //!
@@ -38,6 +39,8 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, O
 
 mod provisioning;
 mod remote;
+mod sparse;
+mod trim;
 mod unowned;
 
 pub(crate) use provisioning::PROVISIONING;
@@ -87,6 +90,9 @@ pub(crate) struct Heap {
     /// Pages of each class taken and not retired by this heap (owner-only, saturating; an
     /// abandoned page stays counted): what the next page of the class is sized to.
     held: [AtomicU8; CLASSES],
+    /// Slow-path turns each class was served from its leader's page (`heap/sparse.rs`;
+    /// owner-only).
+    aliased: [AtomicU8; CLASSES],
     /// Full pages that received remote frees (a lock-free stack through `notify_next`).
     notify: CachePadded<AtomicPtr<Page>>,
     /// Token of the owning thread; 0 when unclaimed.
@@ -265,60 +271,6 @@ impl Heap {
     /// the purge compares two looks to tell a quiet heap).
     pub(crate) fn ticks(&self) -> u32 {
         self.tick.load(R)
-    }
-
-    /// Ask the owner (from any thread) to give back its cached blocks and its empty pages at
-    /// its next free or allocation slow path, whichever comes first: the flag, and the tick
-    /// counter set to fire at the next free. The counter is the owner's: a store lost to the
-    /// owner's own decrement only puts the trim off to the next tick ([`TICK`] frees) or slow
-    /// path. False when a trim was already pending. A thread that never calls the pool again
-    /// keeps its cache and the pages of its live blocks (nobody else may touch them: its fast
-    /// paths take no lock).
-    pub(crate) fn request_trim(&self) -> bool {
-        if self.trim.swap(true, Ordering::AcqRel) {
-            return false;
-        }
-        self.tick.store(0, R);
-        true
-    }
-
-    /// Whether a trim was asked and the owner has not run it yet.
-    pub(crate) fn trim_pending(&self) -> bool {
-        self.trim.load(Ordering::Acquire)
-    }
-
-    /// A requested trim, on the owning thread: every cached block back to its page, the empty
-    /// pages back to the pool.
-    #[cold]
-    #[inline(never)]
-    fn trim_now(&self) {
-        self.trim.store(false, Ordering::Release);
-        self.pool().count_trim();
-        self.flush_all();
-    }
-
-    /// Retire the current pages that are empty: the last page of a class a program stopped
-    /// using leaves the heap at the next tick instead of staying with the thread.
-    pub(crate) fn retire_empty(&self) {
-        self.drain_notify();
-        for c in 0..CLASSES {
-            loop {
-                let p = self.current[c].load(R);
-                // SAFETY: the current page of a class is a page of this heap's queue.
-                if p == empty() || !self.retire_if_empty(c, unsafe { &*p }) {
-                    break;
-                }
-            }
-        }
-    }
-
-    /// Before an explicit purge on the owning thread: return every cached block to its page
-    /// and retire the pages that are then empty.
-    pub(crate) fn flush_all(&self) {
-        for c in 0..CACHED_CLASSES {
-            self.flush(c, SLOTS);
-        }
-        self.retire_empty();
     }
 
     /// Free a block of a page this heap owns: the fast path (into the thread cache).
@@ -501,6 +453,7 @@ impl Heap {
             let head = self.queue[c].load(R);
             self.current[c].store(if head.is_null() { empty() } else { head }, R);
         }
+        self.drop_aliases(c, p);
     }
 
     /// Mark a page full, unless a remote free raced in (then the caller retries it).
@@ -521,6 +474,12 @@ impl Heap {
         }
         self.pool().maybe_purge();
         self.drain_notify();
+        self.unalias(c);
+        if self.current[c].load(R) == empty() {
+            if let Some(b) = self.alloc_sparse(c) {
+                return b;
+            }
+        }
         loop {
             let p = self.current[c].load(R);
             if p == empty() {
@@ -593,6 +552,7 @@ impl Heap {
             }
             // The next thread to claim the heap sizes its pages by the ones that stay.
             self.held[c].store(kept.min(u32::from(u8::MAX)) as u8, R);
+            self.aliased[c].store(0, R);
         }
     }
 }

@@ -14,6 +14,7 @@ mod purge;
 mod reclaim;
 mod refused;
 mod small_pages;
+mod sparse;
 mod step_limits;
 mod steps;
 mod teardown;
