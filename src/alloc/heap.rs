@@ -44,6 +44,7 @@ mod trim;
 mod unowned;
 
 pub(crate) use provisioning::PROVISIONING;
+pub(crate) use sparse::leader;
 
 const R: Ordering = Ordering::Relaxed;
 
@@ -335,7 +336,16 @@ impl Heap {
     /// Whether block `p` of class `c` sits in this heap's cache (exact on the owning thread;
     /// racy, but memory-safe, on another: the slots are atomics).
     pub(crate) fn caches(&self, c: usize, p: *mut u8) -> bool {
-        self.tcache.holds(c, p)
+        // A block of a class-`c` page may sit in the cache of any class up to `c`: freed with
+        // a smaller size (a sparse class's block on its leader's page, `heap/sparse.rs`; a
+        // block `realloc` kept in place).
+        (0..=c).any(|k| self.tcache.holds(k, p))
+    }
+
+    /// Call `f` with every block in this heap's cache of class `c` (racy on another thread:
+    /// statistics).
+    pub(crate) fn for_each_cached(&self, c: usize, f: impl FnMut(*mut u8)) {
+        self.tcache.for_each(c, f);
     }
 
     /// Blocks of class `c` in this heap's cache (racy; statistics).
@@ -392,6 +402,8 @@ impl Heap {
     /// is retired when it is empty: an emptied page stays only while it is current (the
     /// alloc/free pair case), never in the queue behind another.
     fn enqueue(&self, c: usize, p: *mut Page) {
+        // An alias of the leader's page is not the class's own current page.
+        self.unalias(c);
         let old = self.current[c].load(R);
         self.push_front(c, p);
         if old != empty() && old != p {
@@ -438,6 +450,11 @@ impl Heap {
     fn dequeue(&self, c: usize, p: *mut Page) {
         // SAFETY: `p` is in `queue[c]` of this heap.
         let page = unsafe { &*p };
+        debug_assert_eq!(
+            usize::from(page.class.load(R)),
+            c,
+            "a page out of another queue"
+        );
         let (prev, next) = (page.prev.load(R), page.next.load(R));
         if prev.is_null() {
             self.queue[c].store(next, R);

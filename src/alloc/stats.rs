@@ -93,6 +93,27 @@ impl PoolInner {
             .sum()
     }
 
+    /// Blocks sitting in the heaps' thread caches, per class of the page each lies in (a
+    /// cache may hold blocks of larger classes: a sparse class's blocks on its leader's page,
+    /// `heap/sparse.rs`, or a block `realloc` kept in place).
+    fn cached_by_page_class(&self) -> [u64; CLASSES] {
+        let mut t = [0u64; CLASSES];
+        for h in self
+            .heaps
+            .iter()
+            .filter(|h| h.initialised.load(std::sync::atomic::Ordering::Acquire))
+        {
+            for c in 0..super::tcache::CACHED_CLASSES {
+                h.for_each_cached(c, |p| {
+                    if let Some(page) = self.table.page_of(p) {
+                        t[(page.class.load(Relaxed) as usize).min(CLASSES - 1)] += 1;
+                    }
+                });
+            }
+        }
+        t
+    }
+
     pub(crate) fn stats(&self) -> PoolStats {
         let mut classes = [ClassStats::default(); CLASSES];
         for (c, s) in classes.iter_mut().enumerate() {
@@ -113,12 +134,9 @@ impl PoolInner {
             LARGE | LARGE_FREE => {}
             _ => {}
         });
-        for (c, s) in classes
-            .iter_mut()
-            .enumerate()
-            .take(super::tcache::CACHED_CLASSES)
-        {
-            let cached = self.cached_in_heaps(c).min(s.allocated);
+        let in_caches = self.cached_by_page_class();
+        for (c, s) in classes.iter_mut().enumerate() {
+            let cached = in_caches[c].min(s.allocated);
             s.allocated -= cached;
             s.cached += cached;
             s.thread_cached = cached;

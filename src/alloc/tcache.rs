@@ -144,6 +144,16 @@ impl TCaches {
         row[..n].iter().any(|s| s.load(R) == p)
     }
 
+    /// Call `f` with every block cached in class `c` (racy on another thread: statistics);
+    /// nothing for a class without a cache.
+    pub(crate) fn for_each(&self, c: usize, mut f: impl FnMut(*mut u8)) {
+        let (Some(n), Some(row)) = (self.n.get(c), self.slots.get(c)) else {
+            return;
+        };
+        let n = (n.load(R) as usize).min(SLOTS);
+        row[..n].iter().for_each(|s| f(s.load(R)));
+    }
+
     /// Blocks cached in class `c` (any thread may read it, racily, for statistics); 0 for a
     /// class without a cache.
     pub(crate) fn len(&self, c: usize) -> u32 {

@@ -139,3 +139,53 @@ fn a_class_a_thread_uses_a_lot_gets_pages_of_its_own_and_zeroed_blocks_stay_zero
     assert_eq!(pool.live_blocks(), 0);
     assert!(pool.validate());
 }
+
+#[test]
+fn a_sparse_block_resizes_in_place_within_its_group_and_its_sized_free_is_seen() {
+    use rdma_pool::alloc::FreeError;
+    let pd = Nic::soft().alloc_pd().unwrap();
+    let pool = pool_on(&pd, Access::empty());
+    let l = |n| Layout::from_size_align(n, 8).unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let p = pool.alloc(l(40));
+            assert!(!p.is_null());
+            // A block of the 64-byte leader's page.
+            assert_eq!(pool.usable_size(p), Some(64));
+            // SAFETY: fresh, then resized with its current layout each time; freed once.
+            unsafe {
+                p.write_bytes(0x5A, 40);
+                // Within its own class, and to its leader's: in place, contents kept.
+                let q = pool.realloc(p, l(40), 36);
+                assert_eq!(q, p);
+                let q = pool.realloc(q, l(36), 60);
+                assert_eq!(q, p);
+                assert!(std::slice::from_raw_parts(q, 36).iter().all(|&b| b == 0x5A));
+                // Beyond the group: moved.
+                let r = pool.realloc(q, l(60), 100);
+                assert_ne!(r, p);
+                assert!(std::slice::from_raw_parts(r, 36).iter().all(|&b| b == 0x5A));
+                pool.free_sized(r, l(100));
+                assert_eq!(pool.try_free(r), Err(FreeError::NotLive));
+            }
+            // Freed with the size it was asked with: in the 40-byte class's cache, and a second
+            // checked free is refused.
+            let b = pool.alloc(l(40));
+            // SAFETY: a block of `pool` with this layout, freed once.
+            unsafe { pool.free_sized(b, l(40)) };
+            // SAFETY: `b` was freed: the checked free must refuse it, not free it again.
+            assert_eq!(unsafe { pool.try_free(b) }, Err(FreeError::NotLive));
+            // The cached block is handed out again, once.
+            let c = pool.alloc(l(40));
+            let d = pool.alloc(l(40));
+            assert_ne!(c, d);
+            // SAFETY: blocks of `pool` with this layout, freed once.
+            unsafe {
+                pool.free(c);
+                pool.free(d);
+            }
+        });
+    });
+    assert_eq!(pool.live_blocks(), 0);
+    assert!(pool.validate());
+}

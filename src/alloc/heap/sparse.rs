@@ -19,9 +19,13 @@
 //!
 //! Invariant (extends `heap.rs`'s): `current[c]` is `&EMPTY`, the head of `queue[c]`, or — `c`
 //! not a leader, aliased — a page of `queue[leader(c)]` of this heap. Whatever takes a page out
-//! of a leader's queue ([`Heap::dequeue`]) points its aliases back at `&EMPTY` in the same
+//! of a leader's queue (`Heap::dequeue`) points its aliases back at `&EMPTY` in the same
 //! step, so an alias never outlives the page's stay in the heap; code that works on the pages
-//! of class `c` through `current[c]` first drops an alias ([`Heap::unalias`]) or skips it.
+//! of class `c` through `current[c]` first drops an alias ([`Heap::unalias`]: the slow path,
+//! `Heap::enqueue` — a page of `c` adopted back, or requeued, while `c` is aliased) or skips
+//! it (`Heap::retire_empty`). A double-free check looks for a block in the caches of every
+//! class up to its page's (`Heap::caches`); statistics count a cached block in the class of its
+//! page.
 //! A block of the leader's page freed with the smaller size goes to the thread cache of the
 //! smaller class: a cache may hold blocks larger than its class (`tcache.rs`).
 
@@ -77,6 +81,8 @@ impl Heap {
         if l == c
             || turns >= ALIAS_TURNS
             || self.held[c].load(R) != 0
+            || !self.queue[c].load(R).is_null()
+            || self.full[c].load(R) != 0
             || u32::from(self.held[l].load(R)) >= FIRST_SMALL_PAGES
         {
             return None;
