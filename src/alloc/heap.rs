@@ -44,7 +44,6 @@ mod trim;
 mod unowned;
 
 pub(crate) use provisioning::PROVISIONING;
-pub(crate) use sparse::leader;
 
 const R: Ordering = Ordering::Relaxed;
 

@@ -20,15 +20,11 @@ impl Core {
             .filter(|_| !unsafe { self.table.granted(p) });
         if let Some(page) = page {
             let keep = match page.kind.load(Relaxed) {
-                // In place only within the block's own class or a class it leads (a sparse
-                // class's blocks live on its leader's page: `heap/sparse.rs`), so that a later
-                // sized free (which trusts the class of the size) caches a block at least as
-                // large as its class.
+                // In place only within the block's own class, so that a later sized free
+                // (which trusts the class of the size) puts it back where it belongs.
                 SMALL => {
                     let c = page.class.load(Relaxed) as usize;
-                    let k = class_of(new_size);
-                    new_size <= class_size(c)
-                        && (layout.align() > 8 || k == c || super::heap::leader(k) == c)
+                    new_size <= class_size(c) && (layout.align() > 8 || class_of(new_size) == c)
                 }
                 LARGE if page.start.load(Relaxed) == p as usize => {
                     let cap = page.large_len.load(Relaxed) - memcheck::LARGE_GUARD;

@@ -93,8 +93,15 @@ fn freed_blocks_carry_the_fill_and_blocks_handed_out_again_are_clean() {
             let fill = unsafe { std::slice::from_raw_parts(p.add(skip), n) };
             assert!(fill.iter().all(|&b| b == FREED), "{size}: not filled");
         }
-        // The same block again (the thread cache, the page, the cached run): clean.
-        let q = pool.alloc(layout(size));
+        // The same block again (the thread cache, the page, the cached run): clean. Asked for
+        // by the block's own class: an unsized free caches a small block in the class of its
+        // page, which for a sparse size is its group leader's (`alloc/heap/sparse.rs`).
+        let again = if size <= rdma_pool::alloc::MAX_SMALL {
+            usable
+        } else {
+            size
+        };
+        let q = pool.alloc(layout(again));
         assert_eq!(q, p, "{size}");
         if asan() {
             assert_eq!(asan_poisoned(q, usable), Some(false), "{size}: handed out");

@@ -25,7 +25,8 @@
 //! `Heap::enqueue` — a page of `c` adopted back, or requeued, while `c` is aliased) or skips
 //! it (`Heap::retire_empty`). A double-free check looks for a block in the caches of every
 //! class up to its page's (`Heap::caches`); statistics count a cached block in the class of its
-//! page.
+//! page. `realloc` keeps a block in place only within its page's class (the leader's, for a
+//! sparse block), and an unsized free caches it in that class.
 //! A block of the leader's page freed with the smaller size goes to the thread cache of the
 //! smaller class: a cache may hold blocks larger than its class (`tcache.rs`).
 
