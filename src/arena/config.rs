@@ -130,8 +130,9 @@ pub struct ArenaConfig {
     /// Unregistered memory or a failed allocation when registration is impossible. Default
     /// [`RegistrationPolicy::Degrade`].
     pub policy: RegistrationPolicy,
-    /// How long a freed slab stays committed before the pool's purge returns it to the system
-    /// (`None`: only an explicit `purge()` does). Default 1 s.
+    /// How long a freed slab stays committed before the pool's purge has returned it to the
+    /// system: the purge starts when the slab has been idle for ¾ of it, so that a large purge
+    /// has ended on time (`None`: only an explicit `purge()` does). Default 1 s.
     pub purge_delay: Option<Duration>,
     /// Run due purges on a clock — one background thread per process (`rdma-pool-purge`),
     /// started by the first slow path that finds a purge pending, never by the first

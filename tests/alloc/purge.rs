@@ -256,6 +256,43 @@ fn idle_memory_goes_back_on_the_clock_while_the_program_makes_no_call() {
     assert!(pool.validate());
 }
 
+/// The purge delay is when idle memory is back, not when its purge starts: the clock starts
+/// it at ¾ of the delay (a GiB takes ~0.1–0.2 s to give back on a small VM).
+#[test]
+fn idle_memory_is_back_when_the_delay_has_passed() {
+    let _g = serial();
+    let bed = bed();
+    let delay = Duration::from_millis(800);
+    let pool = purging_pool(&bed.a.pd, Some(delay), Registration::Pinned);
+    let large = Layout::from_size_align(3 << 19, 4096).unwrap(); // a one-slab run
+    let l = pool.alloc(large);
+    assert!(!l.is_null());
+    let before = pool.stats().alloc.arena.purged_bytes;
+    // SAFETY: a block of the pool, freed once.
+    unsafe { pool.free_sized(l, large) };
+    let freed = std::time::Instant::now();
+    // No call into the pool but `stats()` from here.
+    let mut purged_at = None;
+    while freed.elapsed() < delay * 4 {
+        if pool.stats().alloc.arena.purged_bytes > before {
+            purged_at = Some(freed.elapsed());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let at = purged_at.expect("the idle slab was never purged");
+    assert!(
+        at >= delay / 2,
+        "purged {at:?} after the free: before ¾ of {delay:?}"
+    );
+    assert!(
+        at <= delay,
+        "purged {at:?} after the free: after the delay {delay:?}"
+    );
+    assert_eq!(stale(&bed), 0);
+    assert!(pool.validate());
+}
+
 #[test]
 fn pages_of_exited_threads_go_back_on_the_clock() {
     let _g = serial();

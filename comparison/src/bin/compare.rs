@@ -30,7 +30,9 @@
 //! Memory beside time: each Rust workload also runs once under `with_requested` (the system
 //! allocator behind a counter), whose peak of live requested bytes is the `requested` column —
 //! the floor any allocator must hold — and rdma-pool's pinned bytes at their peak (the soft
-//! NIC's memlock account) are the `rdma_pool pinned` column, as a ratio to `requested`.
+//! NIC's memlock account) in one more run with pinned registration
+//! (`RDMA_POOL_REGISTRATION=pinned`) are the `rdma_pool pinned peak` column, as a ratio to
+//! `requested`, beside what it still pinned at the end and its time.
 //! `--settle MS` has every run wait MS once its workload returned and read its memory again:
 //! the final columns are then that memory, with jemalloc configured alike (its background
 //! thread on and its dirty pages decaying over rdma-pool's purge delay:
@@ -45,6 +47,10 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const ALLOCATORS: [&str; 4] = ["rdma_pool", "mimalloc", "jemalloc", "system"];
+
+/// rdma-pool with pinned registration (`RDMA_POOL_REGISTRATION=pinned`): one run per Rust
+/// workload, for the `rdma_pool pinned` column (what a device without ODP pins).
+const PINNED: &str = "pinned";
 
 /// The colours of the allocators in the plot, with their names for the legend.
 const COLOURS: [(RGBColor, &str); 4] = [
@@ -260,8 +266,13 @@ fn command(
     let (threads, scale) = (threads.to_string(), args.scale.to_string());
     let alike = format!("background_thread:true,dirty_decay_ms:{PURGE_DELAY_MS}");
     if !is_c(label) {
-        let mut cmd = Command::new(dir.join(format!("with_{alloc}")));
+        // `pinned`: rdma-pool registering pinned memory (no ODP), for its pinned bytes.
+        let bin = if alloc == PINNED { "rdma_pool" } else { alloc };
+        let mut cmd = Command::new(dir.join(format!("with_{bin}")));
         cmd.args([name, &threads, &scale]);
+        if alloc == PINNED {
+            cmd.env("RDMA_POOL_REGISTRATION", "pinned");
+        }
         if args.settle_ms > 0 {
             cmd.env("COMPARE_SETTLE_MS", args.settle_ms.to_string());
             if alloc == "jemalloc" {
@@ -490,19 +501,25 @@ fn main() {
     }
     let timeout = Duration::from_secs_f64(args.timeout.unwrap_or((300.0 * args.scale).max(60.0)));
     let mut results: Results = suite.iter().map(|s| (s.0, BTreeMap::new())).collect();
-    // What each Rust workload asks for at its peak: one counted run each.
+    // What each Rust workload asks for at its peak, and what rdma-pool pins for it without
+    // ODP: one run each.
     let mut requested: BTreeMap<&str, Run> = BTreeMap::new();
+    let mut pinned: BTreeMap<&str, Run> = BTreeMap::new();
     for &(label, name, threads) in suite.iter().filter(|w| !is_c(w.0)) {
-        let Some(cmd) = command(&args, &dir, "requested", (label, name, threads)) else {
-            continue;
-        };
-        let run = run_one(cmd, "requested", name, threads, args.scale, timeout);
-        eprintln!(
-            "[requested] {label:<16} {} {}",
-            run.failure.as_deref().unwrap_or(""),
-            run.notes
-        );
-        requested.insert(label, run);
+        for (what, into) in [("requested", &mut requested), (PINNED, &mut pinned)] {
+            let Some(cmd) = command(&args, &dir, what, (label, name, threads)) else {
+                continue;
+            };
+            let run = run_one(cmd, what, name, threads, args.scale, timeout);
+            eprintln!(
+                "[{what}] {label:<16} {} {}",
+                run.failure
+                    .as_ref()
+                    .map_or(String::new(), |f| format!("FAILED ({f}) ")),
+                run.notes
+            );
+            into.insert(label, run);
+        }
     }
     for r in 0..args.repeats {
         for &(label, name, threads) in &suite {
@@ -535,6 +552,18 @@ fn main() {
         }
     }
     check_checksums(&mut results);
+    // The pinned run computes what the other allocators computed.
+    for (label, run) in pinned.iter_mut() {
+        let agreed = results
+            .get(label)
+            .into_iter()
+            .flat_map(|row| row.values().flatten())
+            .find(|r| r.failure.is_none())
+            .map(|r| r.checksum.clone());
+        if let Some(c) = agreed.filter(|c| run.failure.is_none() && *c != run.checksum) {
+            run.failure = Some(format!("checksum {} (others {c})", run.checksum));
+        }
+    }
     let plotted = suite.iter().any(|s| s.1 == PHASES);
     let image = args
         .out
@@ -560,7 +589,7 @@ fn main() {
     let table = report(
         &args,
         &suite,
-        (&results, &requested),
+        (&results, &requested, &pinned),
         args.out.as_deref().and_then(link).as_deref(),
     );
     print!("{table}");
@@ -570,10 +599,20 @@ fn main() {
     if let Some(doc) = &args.doc {
         update_doc(
             doc,
-            &report(&args, &suite, (&results, &requested), link(doc).as_deref()),
+            &report(
+                &args,
+                &suite,
+                (&results, &requested, &pinned),
+                link(doc).as_deref(),
+            ),
         );
     }
-    let failures = failures(&suite, &results);
+    let mut failures = failures(&suite, &results);
+    failures.extend(
+        pinned
+            .iter()
+            .filter_map(|(label, r)| Some(format!("{label} {PINNED}: {}", r.failure.as_ref()?))),
+    );
     if !failures.is_empty() {
         eprintln!("compare: failed runs: {}", failures.join("; "));
         std::process::exit(1);
@@ -655,7 +694,7 @@ fn relative(from: &Path, to: &Path) -> String {
 fn report(
     args: &Args,
     suite: &[(&str, &str, usize)],
-    (results, requested): (&Results, &BTreeMap<&str, Run>),
+    (results, requested, pinned_runs): (&Results, &BTreeMap<&str, Run>, &BTreeMap<&str, Run>),
     image: Option<&str>,
 ) -> String {
     let mut s = String::new();
@@ -666,8 +705,11 @@ fn report(
          final memory is `VmRSS + HugetlbPages` when the workload has returned and freed \
          everything (what the allocator keeps){}. `requested` is the most bytes the workload \
          had live at once (counted around the system allocator): the floor any allocator must \
-         hold; `rdma_pool pinned` is the most memory rdma-pool's soft NIC had pinned (its \
-         memlock account), with its ratio to `requested`.\n",
+         hold; `rdma_pool pinned peak` is the most memory rdma-pool's soft NIC had pinned (its \
+         memlock account) in one more run with pinned registration \
+         (`RDMA_POOL_REGISTRATION=pinned`: what a device without ODP pins), with its ratio \
+         to `requested`; `pinned final` what it still pinned when the final memory was read, \
+         `pinned time` that run's time (one run, ratio to the row's best median).\n",
         args.repeats,
         args.scale,
         args.threads,
@@ -700,9 +742,9 @@ fn report(
             s += &format!(" {a}{what} |");
         }
     }
-    s += " requested | rdma_pool pinned |";
+    s += " requested | rdma_pool pinned peak | pinned final | pinned time |";
     s += "\n|---|";
-    s += &"---|".repeat(3 * ALLOCATORS.len() + 2);
+    s += &"---|".repeat(3 * ALLOCATORS.len() + 4);
     s += "\n";
     let (mut log_time, mut log_mem, mut log_final, mut n) = (0.0f64, 0.0f64, 0.0f64, 0);
     let mut worst_time = (String::new(), 0.0f64);
@@ -761,26 +803,31 @@ fn report(
                     .find_map(|n| n.strip_prefix("requested_kib="))
             })
             .and_then(|v| v.parse::<f64>().ok());
-        let pinned: Vec<f64> = ok
-            .get("rdma_pool")
-            .into_iter()
-            .flat_map(|runs| runs.iter())
-            .filter_map(|r| {
-                r.notes
-                    .split_whitespace()
-                    .find_map(|n| n.strip_prefix("pinned_peak_kib="))
-                    .and_then(|v| v.parse::<f64>().ok())
-            })
-            .collect();
-        let pinned = (!pinned.is_empty()).then(|| median(pinned));
+        // The pinned run's pinned bytes, at their peak and after the settle.
+        let pinned_run = pinned_runs.get(label);
+        let pinned_kib = |key: &str| {
+            pinned_run
+                .filter(|r| r.failure.is_none())
+                .and_then(|r| r.notes.split_whitespace().find_map(|n| n.strip_prefix(key)))
+                .and_then(|v| v.parse::<f64>().ok())
+        };
         s += &match asked {
             Some(q) => format!(" {:.1} MiB |", q / 1024.0),
             None => " – |".to_string(),
         };
-        s += &match (pinned, asked) {
+        s += &match (pinned_kib("pinned_peak_kib="), asked) {
             (Some(p), Some(q)) => format!(" {:.1} MiB ({:.2}×) |", p / 1024.0, p / q.max(1.0)),
             (Some(p), None) => format!(" {:.1} MiB |", p / 1024.0),
+            _ if pinned_run.is_some_and(|r| r.failure.is_some()) => " **failed** |".to_string(),
             _ => " – |".to_string(),
+        };
+        s += &match (pinned_kib("pinned_kib="), pinned_run) {
+            (Some(p), _) => format!(" {:.1} MiB |", p / 1024.0),
+            _ => " – |".to_string(),
+        };
+        s += &match pinned_run.filter(|r| r.failure.is_none()) {
+            Some(r) => format!(" {:.3} s ({:.2}×) |", r.secs, r.secs / best_t),
+            None => " – |".to_string(),
         };
         s += "\n";
         let (Some(t), Some(tm), Some(tj)) = (
