@@ -547,7 +547,9 @@ impl Heap {
     }
 
     /// Collect every page's remote frees and hand the pages then empty back to the pool; the
-    /// others stay (called by the heap's owner: a thread leaving it, or one claiming it).
+    /// others stay (called by the heap's owner: a thread leaving it, or one claiming it). The
+    /// memory of medium pages and free medium blocks goes back meanwhile (`trim.rs`:
+    /// [`DISCARD_BLOCK_MIN`](trim::DISCARD_BLOCK_MIN)).
     fn sweep(&self) {
         self.drain_notify();
         for c in 0..CLASSES {
@@ -560,8 +562,10 @@ impl Heap {
                 page.collect();
                 if page.used.load(R) == 0 && !page.notified.load(Ordering::Acquire) {
                     self.dequeue(c, p);
+                    self.discard_empty(page);
                     self.retire(c, page);
                 } else {
+                    self.discard_free_blocks(page);
                     kept += 1;
                 }
                 p = next;

@@ -89,7 +89,8 @@ pub(crate) struct Idle {
     /// Passes that found heaps of exited threads still holding pages since a thread last
     /// exited: the next look waits `delay << min(rounds, COLLECT_BACKOFF)`.
     collect_rounds: AtomicU32,
-    /// Bytes of free pages inside slabs in use given back (`discard_free_pages`).
+    /// Bytes of free pages inside slabs in use given back (`discard_free_pages`; a swept
+    /// heap's medium pages and blocks: `heap/trim.rs`).
     pub(crate) discarded: AtomicU64,
     /// Bytes of emptied thread caches of heaps no thread owns given back (`heap/unowned.rs`).
     pub(crate) heap_discarded: AtomicU64,

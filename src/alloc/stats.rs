@@ -43,7 +43,10 @@ pub struct PoolStats {
     pub spare_bytes: u64,
     /// Bytes of free pages inside slabs still in use given back to the system (ODP arenas
     /// without rails, slabs of 4 KiB pages: a few live blocks keep their own pages, not the
-    /// slab of pages freed around them). Counted each time; a page is given back once per use.
+    /// slab of pages freed around them), and, when a thread leaves its heap, of its empty
+    /// pages and the insides of its free blocks of 64 KiB and more (the next thread faults in
+    /// what it touches, not what every earlier occupant touched). Counted each time; a page is
+    /// given back once per use.
     pub discarded_bytes: u64,
     /// Bytes of the thread caches of heaps whose threads left advised away by the purge (the
     /// whole OS pages of their emptied rows, once per heap between two claims; counted each

@@ -521,7 +521,7 @@ fn the_caches_of_threads_that_left_go_back_at_the_next_purge() {
 }
 
 /// Resident 4 KiB pages of `[addr, addr + len)` (`mincore`; `addr` page-aligned).
-fn resident_pages(addr: usize, len: usize) -> usize {
+pub(super) fn resident_pages(addr: usize, len: usize) -> usize {
     let mut v = vec![0u8; len.div_ceil(4096)];
     // SAFETY: a mapped, page-aligned range of the pool's, and one byte per page.
     let r = unsafe { libc::mincore(addr as *mut libc::c_void, len, v.as_mut_ptr()) };

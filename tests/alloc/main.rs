@@ -8,6 +8,7 @@ mod common;
 
 mod api2;
 mod footprint;
+mod leaving;
 mod medium;
 mod model;
 mod purge;
