@@ -562,7 +562,8 @@ fn live_blocks_stays_exact_while_the_clock_collects_exited_threads_pages() {
     let pd = Nic::soft().alloc_pd().unwrap();
     let pool = purging_pool(&pd, Some(Duration::ZERO), Registration::Pinned);
     let l = Layout::from_size_align(200, 8).unwrap();
-    for round in 0..300 {
+    // 300 rounds (75 in the emulated guest: `common::scaled`).
+    for round in 0..common::scaled(300).max(75) {
         // The thread exits holding its blocks; these frees go into pages no thread owns,
         // which the clock's passes collect meanwhile (their remote frees, then their counts).
         let blocks = blocks_from_a_thread(&pool, l, 64);
