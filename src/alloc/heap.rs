@@ -362,6 +362,7 @@ impl Heap {
         let used = page.used.load(R) - 1;
         page.used.store(used, R);
         page.fresh.store(false, R);
+        page.swept.store(false, R);
         if used == 0 || page.in_full.load(R) {
             // An emptied current page stays (the alloc/free pair case): decide that inline.
             let c = page.class.load(R) as usize;
@@ -551,6 +552,7 @@ impl Heap {
     /// memory of medium pages and free medium blocks goes back meanwhile (`trim.rs`:
     /// [`DISCARD_BLOCK_MIN`](trim::DISCARD_BLOCK_MIN)).
     fn sweep(&self) {
+        let mut budget = trim::SWEEP_DISCARDS;
         self.drain_notify();
         for c in 0..CLASSES {
             let mut p = self.queue[c].load(R);
@@ -562,10 +564,10 @@ impl Heap {
                 page.collect();
                 if page.used.load(R) == 0 && !page.notified.load(Ordering::Acquire) {
                     self.dequeue(c, p);
-                    self.discard_empty(page);
+                    self.discard_empty(page, &mut budget);
                     self.retire(c, page);
                 } else {
-                    self.discard_free_blocks(page);
+                    self.discard_free_blocks(page, &mut budget);
                     kept += 1;
                 }
                 p = next;

@@ -83,6 +83,9 @@ pub(crate) struct Page {
     pub(crate) capacity: AtomicU32,
     pub(crate) reserved: AtomicU32,
     pub(crate) fresh: AtomicBool,
+    /// The insides of the blocks on `free` were given back since a block last joined it
+    /// (`heap/trim.rs`): a sweep walks the list of a page only once per batch of frees.
+    pub(crate) swept: AtomicBool,
     /// The heap that last abandoned the page (`heap.rs`): only it takes the page back on a
     /// free; checked frees look in its cache. Written by that heap before it abandons.
     pub(crate) former: AtomicPtr<super::heap::Heap>,
@@ -118,6 +121,7 @@ impl Page {
             _pad: [0; 2],
             remote_frees: AtomicU32::new(0),
             fresh: AtomicBool::new(false),
+            swept: AtomicBool::new(false),
             former: AtomicPtr::new(null_mut()),
         }
     }
@@ -131,6 +135,7 @@ impl Page {
         self.capacity.store(0, R);
         self.used.store(0, R);
         self.free.store(null_mut(), R);
+        self.swept.store(false, R);
         self.class.store(class as u8, R);
         self.in_full.store(false, R);
         self.next.store(null_mut(), R);
@@ -158,6 +163,7 @@ impl Page {
             next = b;
         }
         self.free.store(next, R);
+        self.swept.store(false, R);
         self.capacity.store(cap + n, R);
         true
     }
@@ -180,6 +186,7 @@ impl Page {
         }
         self.used.store(self.used.load(R) - n, R);
         self.fresh.store(false, R);
+        self.swept.store(false, R);
         n
     }
 

@@ -7,6 +7,7 @@
 
 use super::footprint::resident_pages;
 use super::*;
+use rdma_pool::arena::Registration;
 use std::alloc::Layout;
 
 #[test]
@@ -18,7 +19,7 @@ fn a_leaving_threads_empty_medium_pages_and_free_medium_blocks_go_back_and_live_
             reserve: 1 << 34,
             chunk: 1 << 28,
             hugepages: Hugepages::Transparent,
-            registration: rdma_pool::arena::Registration::Odp,
+            registration: Registration::Odp,
             purge_delay: None,
             ..Default::default()
         },
@@ -116,4 +117,73 @@ fn a_leaving_threads_empty_medium_pages_and_free_medium_blocks_go_back_and_live_
     // SAFETY: as above.
     unsafe { pool.free_sized(p, l) };
     assert!(pool.validate());
+}
+
+/// Threads that claim the heap again sweep it again: the free blocks given back once are not
+/// walked and given back again at every claim (a heap holding thousands of free medium blocks
+/// made every later thread start and exit walk them all).
+#[test]
+fn a_heap_claimed_again_does_not_give_back_the_same_blocks_again() {
+    if cfg!(feature = "memcheck") {
+        return; // nothing is given back there (see above)
+    }
+    let pd = Nic::soft().alloc_pd().unwrap();
+    let pool = odp_pool(&pd);
+    let l = Layout::from_size_align(64 << 10, 8).unwrap();
+    // The first blocks on pages of their own (given back to the pool as they empty), the last
+    // ones on a page of several, which the last keeps in use: the others stay free on it when
+    // the thread leaves, and its sweep gives their insides back.
+    let kept = std::thread::scope(|s| {
+        s.spawn(|| {
+            let blocks: Vec<*mut u8> = (0..6).map(|_| pool.alloc(l)).collect();
+            assert!(blocks.iter().all(|p| !p.is_null()));
+            for &p in &blocks[..5] {
+                // SAFETY: a block of 64 KiB, allocated with `l`, filled and freed once.
+                unsafe {
+                    p.write_bytes(0x33, l.size());
+                    pool.free_sized(p, l);
+                }
+            }
+            blocks[5] as usize
+        })
+        .join()
+        .unwrap()
+    });
+    let once = pool.stats().alloc.discarded_bytes;
+    assert!(once >= 60 << 10, "{once} B given back");
+    // Threads that come and go claim the heap (the first free one) and sweep it.
+    let tiny = Layout::from_size_align(8, 8).unwrap();
+    for _ in 0..5 {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let p = pool.alloc(tiny);
+                assert!(!p.is_null());
+                // SAFETY: just allocated with `tiny`.
+                unsafe { pool.free_sized(p, tiny) };
+            });
+        });
+    }
+    assert_eq!(
+        pool.stats().alloc.discarded_bytes,
+        once,
+        "the same blocks given back again"
+    );
+    // SAFETY: a block of `pool` with `l`, freed once.
+    unsafe { pool.free_sized(kept as *mut u8, l) };
+    assert!(pool.validate());
+}
+
+fn odp_pool(pd: &Pd) -> Pool {
+    Pool::with_config(
+        pd,
+        ArenaConfig {
+            reserve: 1 << 34,
+            chunk: 1 << 28,
+            hugepages: Hugepages::Transparent,
+            registration: Registration::Odp,
+            purge_delay: None,
+            ..Default::default()
+        },
+    )
+    .unwrap()
 }

@@ -68,15 +68,29 @@ impl Heap {
 /// per thread).
 pub(super) const DISCARD_BLOCK_MIN: usize = 64 << 10;
 
+/// The most `madvise` calls one sweep makes (~3 µs each with the NIC's invalidation): a
+/// thread leaving thousands of free medium blocks does not hold up the thread exits and
+/// claims behind it (the registry lock) for tens of ms; the pages it did not get to wait,
+/// not `swept`, for the next sweep of the heap (a thread claiming it, or the purge's).
+pub(super) const SWEEP_DISCARDS: u32 = 256;
+
 impl Heap {
     /// Give back the whole OS pages inside the free blocks of `page` (blocks of at least
     /// [`DISCARD_BLOCK_MIN`]; the first page of each, which holds its link, stays), where the
     /// arena may drop memory under its live pages (an ODP arena without rails); not with the
     /// memory checker, whose fill of freed blocks is checked when they are handed out again.
-    /// The owner only (it walks the page's local free list).
-    pub(super) fn discard_free_blocks(&self, page: &Page) {
+    /// A page is walked once per batch of frees (`swept`): a heap of thousands of free medium
+    /// blocks is not walked again at every claim and release; and only while the sweep's
+    /// `budget` of calls lasts ([`SWEEP_DISCARDS`]). The owner only (it walks the page's
+    /// local free list).
+    pub(super) fn discard_free_blocks(&self, page: &Page, budget: &mut u32) {
         let bs = page.block_size.load(R) as usize;
-        if cfg!(feature = "memcheck") || bs < DISCARD_BLOCK_MIN {
+        if cfg!(feature = "memcheck")
+            || bs < DISCARD_BLOCK_MIN
+            || page.fresh.load(R)
+            || page.swept.load(R)
+            || *budget == 0
+        {
             return;
         }
         let pool = self.pool();
@@ -85,16 +99,23 @@ impl Heap {
         }
         let mut b = page.free.load(R);
         let mut bytes = 0;
-        while !b.is_null() {
+        while !b.is_null() && *budget > 0 {
             let addr = b as usize;
             let (from, to) = ((addr + 1).next_multiple_of(4096), (addr + bs) & !4095);
-            if from < to && pool.arena.discard_free(from, to - from) {
-                bytes += to - from;
+            if from < to {
+                *budget = budget.saturating_sub(1);
+                if pool.arena.discard_free(from, to - from) {
+                    bytes += to - from;
+                }
             }
             // SAFETY: a block of this page's free list (the owner's).
             b = unsafe { (*b).next.load(R) };
         }
-        pool.idle.discarded.fetch_add(bytes as u64, R);
+        // Walked to the end: swept until a block joins the list again.
+        page.swept.store(b.is_null(), R);
+        if bytes > 0 {
+            pool.idle.discarded.fetch_add(bytes as u64, R);
+        }
     }
 }
 
@@ -102,14 +123,17 @@ impl Heap {
     /// Give back the memory of an empty page of blocks of at least [`DISCARD_BLOCK_MIN`]
     /// before the sweep retires it (its thread left): the page goes to the pool `fresh` (zero),
     /// so the next heap to take it faults in only what its blocks' occupants touch. Same
-    /// conditions as [`Heap::discard_free_blocks`]; a page that is fresh already stays as is.
-    pub(super) fn discard_empty(&self, page: &Page) {
+    /// conditions and budget as [`Heap::discard_free_blocks`]; a page that is fresh already
+    /// stays as is.
+    pub(super) fn discard_empty(&self, page: &Page, budget: &mut u32) {
         if cfg!(feature = "memcheck")
             || (page.block_size.load(R) as usize) < DISCARD_BLOCK_MIN
             || page.fresh.load(R)
+            || *budget == 0
         {
             return;
         }
+        *budget -= 1;
         let pool = self.pool();
         let (start, len) = (page.start.load(R), 1usize << page.shift.load(R));
         if pool.arena.may_discard_in(start) && pool.arena.discard_free(start, len) {
