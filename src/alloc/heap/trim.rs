@@ -71,7 +71,8 @@ pub(super) const DISCARD_BLOCK_MIN: usize = 64 << 10;
 /// The most `madvise` calls one sweep makes (~3 µs each with the NIC's invalidation): a
 /// thread leaving thousands of free medium blocks does not hold up the thread exits and
 /// claims behind it (the registry lock) for tens of ms; the pages it did not get to wait,
-/// not `swept`, for the next sweep of the heap (a thread claiming it, or the purge's).
+/// not `swept`, for the next sweep of the heap (a thread claiming it, or the purge's); an
+/// empty page met with the budget spent goes back to the pool as it is (the purge's).
 pub(super) const SWEEP_DISCARDS: u32 = 256;
 
 impl Heap {
@@ -80,9 +81,9 @@ impl Heap {
     /// arena may drop memory under its live pages (an ODP arena without rails); not with the
     /// memory checker, whose fill of freed blocks is checked when they are handed out again.
     /// A page is walked once per batch of frees (`swept`): a heap of thousands of free medium
-    /// blocks is not walked again at every claim and release; and only while the sweep's
-    /// `budget` of calls lasts ([`SWEEP_DISCARDS`]). The owner only (it walks the page's
-    /// local free list).
+    /// blocks is not walked again at every claim and release; and only when the sweep's
+    /// `budget` of calls ([`SWEEP_DISCARDS`]) covers the whole page. The owner only (it walks
+    /// the page's local free list).
     pub(super) fn discard_free_blocks(&self, page: &Page, budget: &mut u32) {
         let bs = page.block_size.load(R) as usize;
         if cfg!(feature = "memcheck")
@@ -97,9 +98,17 @@ impl Heap {
         if !pool.arena.may_discard_in(page.start.load(R)) {
             return;
         }
+        // A page is walked whole or not at all (walked in part, its next sweep would advise
+        // and count its first blocks again): its free blocks are all on `free` (the sweep
+        // flushed the caches and collected the remote frees first).
+        let on_list = page.capacity.load(R).saturating_sub(page.used.load(R));
+        if on_list > *budget {
+            *budget = 0;
+            return;
+        }
         let mut b = page.free.load(R);
         let mut bytes = 0;
-        while !b.is_null() && *budget > 0 {
+        while !b.is_null() {
             let addr = b as usize;
             let (from, to) = ((addr + 1).next_multiple_of(4096), (addr + bs) & !4095);
             if from < to {
@@ -111,8 +120,8 @@ impl Heap {
             // SAFETY: a block of this page's free list (the owner's).
             b = unsafe { (*b).next.load(R) };
         }
-        // Walked to the end: swept until a block joins the list again.
-        page.swept.store(b.is_null(), R);
+        // Swept until a block joins the list again.
+        page.swept.store(true, R);
         if bytes > 0 {
             pool.idle.discarded.fetch_add(bytes as u64, R);
         }
