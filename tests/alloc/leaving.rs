@@ -13,18 +13,7 @@ use std::alloc::Layout;
 #[test]
 fn a_leaving_threads_empty_medium_pages_and_free_medium_blocks_go_back_and_live_ones_stay() {
     let pd = Nic::soft().alloc_pd().unwrap();
-    let pool = Pool::with_config(
-        &pd,
-        ArenaConfig {
-            reserve: 1 << 34,
-            chunk: 1 << 28,
-            hugepages: Hugepages::Transparent,
-            registration: Registration::Odp,
-            purge_delay: None,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let pool = odp_pool(&pd);
     let before = pool.stats().alloc.discarded_bytes;
     let fill = |p: *mut u8, size: usize, v: u8| {
         // SAFETY: a block of at least `size` bytes just allocated.
@@ -249,6 +238,7 @@ fn a_heap_of_many_free_medium_blocks_gives_them_back_over_sweeps_each_once() {
     assert!(pool.validate());
 }
 
+/// An ODP pool (memory faults in where touched) that purges only on request.
 fn odp_pool(pd: &Pd) -> Pool {
     Pool::with_config(
         pd,
