@@ -39,11 +39,13 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, O
 
 mod provisioning;
 mod remote;
+mod shared;
 mod sparse;
 mod trim;
 mod unowned;
 
 pub(crate) use provisioning::PROVISIONING;
+pub(crate) use shared::{MAX_SHARED, SHARED};
 
 const R: Ordering = Ordering::Relaxed;
 
@@ -108,6 +110,9 @@ pub(crate) struct Heap {
     trim: AtomicBool,
     /// The purge's last look at this heap: `tick << 32 | ms` (`purge.rs`, quiet heaps).
     pub(crate) seen: AtomicU64,
+    /// Bytes this heap's thread was served from the pool's shared heaps (`heap/shared.rs`;
+    /// owner-only; `u32::MAX` for a heap no thread owns).
+    young: AtomicU32,
 }
 
 // No two heaps share a line, and the stack other threads push to shares none with the owner's.
@@ -493,6 +498,9 @@ impl Heap {
         self.drain_notify();
         self.unalias(c);
         if self.current[c].load(R) == empty() {
+            if let Some(b) = self.alloc_shared(c) {
+                return b;
+            }
             if let Some(b) = self.alloc_sparse(c) {
                 return b;
             }

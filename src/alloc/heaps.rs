@@ -8,14 +8,15 @@
 //! heaps to find a free one; only statistics and the purge's collection of abandoned heaps walk
 //! `[0, top)`. A heap given back keeps its non-empty pages for its next owner.
 //!
-//! One heap, reserved on first use, is no thread's: the provisioning heap
-//! (`heap/provisioning.rs`), held for one allocation at a time, never on the free stack.
+//! A few heaps, each reserved on first use, are no thread's: the provisioning heap
+//! (`heap/provisioning.rs`) and the shared heaps (`heap/shared.rs`, two per CPU up to
+//! [`MAX_SHARED`]), held for one allocation at a time, never on the free stack.
 //!
-//! Invariant: `top <= cap <= MAX_HEAPS`; a heap below `top` other than the provisioning heap is
-//! on the free stack iff its owner is 0 or the purge's token (which gives it back to 0 before
-//! anyone else can claim it); heaps at or above `top` are all zero.
+//! Invariant: `top <= cap <= MAX_HEAPS`; a heap below `top` other than the provisioning and
+//! shared heaps is on the free stack iff its owner is 0 or the purge's token (which gives it
+//! back to 0 before anyone else can claim it); heaps at or above `top` are all zero.
 
-use super::heap::Heap;
+use super::heap::{Heap, MAX_SHARED};
 use super::pool::PoolInner;
 use crate::sys::atfork::ForkLock;
 use crate::sys::os::MmapArray;
@@ -39,6 +40,10 @@ pub(crate) struct Heaps {
     claims: AtomicU64,
     /// `1 +` index of the provisioning heap (0: not reserved yet).
     meta: AtomicUsize,
+    /// `1 +` index of each shared heap (0: not reserved yet).
+    shared: [AtomicUsize; MAX_SHARED],
+    /// Shared heaps in use: two per CPU the process may run on, `4..=MAX_SHARED`.
+    shared_count: usize,
 }
 
 impl Heaps {
@@ -66,6 +71,8 @@ impl Heaps {
             free: ForkLock::new(0),
             claims: AtomicU64::new(0),
             meta: AtomicUsize::new(0),
+            shared: [const { AtomicUsize::new(0) }; MAX_SHARED],
+            shared_count: (2 * crate::sys::numa::cpus_online()).clamp(4, MAX_SHARED),
         })
     }
 
@@ -105,6 +112,7 @@ impl Heaps {
             std::thread::yield_now();
         }
         h.cache_claimed();
+        h.claimed_young();
         h.init(pool);
         self.claims.fetch_add(1, Ordering::Relaxed);
         Some(h)
@@ -113,7 +121,29 @@ impl Heaps {
     /// The provisioning heap, reserved now if it was not (a never-used heap: `None` when none
     /// is left). Its owner is 0 while nobody holds it.
     pub(crate) fn meta(&self) -> Option<&Heap> {
-        let slot = &self.meta;
+        self.reserved(&self.meta)
+    }
+
+    /// Shared heaps in use (`heap/shared.rs`).
+    pub(crate) fn shared_count(&self) -> usize {
+        self.shared_count
+    }
+
+    /// Shared heap `i` (below [`Heaps::shared_count`]), reserved now if it was not (`None`
+    /// when no heap is left). Its owner is 0 while nobody holds it.
+    pub(crate) fn shared(&self, i: usize) -> Option<&Heap> {
+        self.reserved(self.shared.get(i)?)
+    }
+
+    /// Shared heap `i`, if it was reserved.
+    pub(crate) fn shared_if_reserved(&self, i: usize) -> Option<&Heap> {
+        let i = self.shared.get(i)?.load(Ordering::Acquire);
+        self.array.get(i.checked_sub(1)?)
+    }
+
+    /// The heap whose `1 +` index `slot` holds, reserved now if it holds 0: a never-used heap,
+    /// marked as no thread's before it is published.
+    fn reserved(&self, slot: &AtomicUsize) -> Option<&Heap> {
         let i = slot.load(Ordering::Acquire);
         if i != 0 {
             return self.array.get(i - 1);
@@ -123,13 +153,14 @@ impl Heaps {
             self.top.fetch_sub(1, Ordering::AcqRel);
             return None;
         }
+        let h = self.array.get(i)?;
+        h.never_young();
         match slot.compare_exchange(0, i + 1, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => self.array.get(i),
+            Ok(_) => Some(h),
             Err(won) => {
-                // Another thread reserved one first: this one serves threads.
-                if let Some(h) = self.array.get(i) {
-                    self.give_back(h);
-                }
+                // Another thread reserved one first: this one serves threads (a claim resets
+                // its mark).
+                self.give_back(h);
                 self.array.get(won - 1)
             }
         }

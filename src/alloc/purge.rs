@@ -386,6 +386,7 @@ impl PoolInner {
                 || owner == 0
                 || owner == PURGER
                 || owner == super::heap::PROVISIONING
+                || owner == super::heap::SHARED
                 || owner == me
                 || h.orphaned()
                 || except.is_some_and(|e| std::ptr::eq(e, h))

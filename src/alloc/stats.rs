@@ -55,8 +55,10 @@ pub struct PoolStats {
     pub heap_cache_discarded_bytes: u64,
     /// Allocations refused because the arena could not grow (reservation, memlock, NIC).
     pub failed_allocations: u64,
-    /// Heaps ever created: at most the number of threads that used the pool at one time
-    /// (a heap given back by an exiting thread is reused by the next one).
+    /// Heaps ever created: at most the number of threads that used the pool at one time (a
+    /// heap given back by an exiting thread is reused by the next one), plus the pool's own —
+    /// its provisioning heap and its shared heaps (two per CPU, 4 to 16), which serve a
+    /// thread's first blocks.
     pub heaps_created: u64,
     /// Heaps claimed by threads (a thread's first allocation, or a claim after its thread
     /// cache evicted the pool).
@@ -118,6 +120,7 @@ impl PoolInner {
     }
 
     pub(crate) fn stats(&self) -> PoolStats {
+        self.collect_shared();
         let mut classes = [ClassStats::default(); CLASSES];
         for (c, s) in classes.iter_mut().enumerate() {
             s.block_size = class_size(c) as u64;

@@ -140,6 +140,12 @@ pub struct ArenaConfig {
     /// idle and pages of exited threads come back without another call. `false`: purges run
     /// only on the pool's slow paths and on `purge()`. Default `true`.
     pub purge_thread: bool,
+    /// Bytes of blocks (each of at most 64 KiB) a thread is served from a few heaps shared by
+    /// every thread before it takes pages of its own: a thread that holds a few blocks then
+    /// costs those blocks, not a page per size class (a short-lived thread's first
+    /// allocations take a slow path and one CAS each, their frees the cross-thread path; see
+    /// the pool's `heap/shared.rs`). 0 turns it off. Default 128 KiB.
+    pub shared_bytes: u32,
     /// Prefetch ODP memory into the NIC (`advise_mr`, `PrefetchWrite`, `FLUSH`) as runs are
     /// committed and purged ranges revived, so a peer's first access takes no page fault
     /// (see [`crate::prefetch`]). No effect on pinned memory. Default `true`.
@@ -158,7 +164,7 @@ impl Default for ArenaConfig {
 impl ArenaConfig {
     /// The defaults, as a constant (for `static`s and `const`s): 64 GiB reserved in 1 GiB
     /// chunks, hugepages preferred, pinned registration, no remote rights, a 1 s purge delay,
-    /// prefetch on, no NUMA binding.
+    /// 128 KiB from the shared heaps, prefetch on, no NUMA binding.
     pub const DEFAULT: ArenaConfig = ArenaConfig {
         reserve: 64 << 30,
         reservations: 16,
@@ -171,6 +177,7 @@ impl ArenaConfig {
         policy: RegistrationPolicy::Degrade,
         purge_delay: Some(Duration::from_secs(1)),
         purge_thread: true,
+        shared_bytes: 128 << 10,
         prefetch: true,
         numa: NumaPolicy::Any,
     };

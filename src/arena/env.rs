@@ -7,6 +7,7 @@
 //! - `RDMA_POOL_HUGEPAGES=require|prefer|thp|transparent|off` → [`ArenaConfig::hugepages`];
 //! - `RDMA_POOL_PURGE_MS=<milliseconds>|off` → [`ArenaConfig::purge_delay`];
 //! - `RDMA_POOL_PURGE_THREAD=on|off` → [`ArenaConfig::purge_thread`];
+//! - `RDMA_POOL_SHARED_BYTES=<bytes>` (at most 4 GiB − 1) → [`ArenaConfig::shared_bytes`];
 //! - `RDMA_POOL_NUMA=any|device|local|<node>` → [`ArenaConfig::numa`].
 //!
 //! An unset variable changes nothing; an unknown value is ignored and counted
@@ -27,7 +28,8 @@ impl ArenaConfig {
     /// // With no RDMA_POOL_* variable set, nothing changes.
     /// # if std::env::var_os("RDMA_POOL_HUGEPAGES").is_none() && std::env::var_os("RDMA_POOL_REGISTRATION").is_none()
     /// #     && std::env::var_os("RDMA_POOL_PURGE_MS").is_none() && std::env::var_os("RDMA_POOL_NUMA").is_none()
-    /// #     && std::env::var_os("RDMA_POOL_PURGE_THREAD").is_none() {
+    /// #     && std::env::var_os("RDMA_POOL_PURGE_THREAD").is_none()
+    /// #     && std::env::var_os("RDMA_POOL_SHARED_BYTES").is_none() {
     /// assert_eq!(ArenaConfig::DEFAULT.with_env(), ArenaConfig::DEFAULT);
     /// # }
     /// ```
@@ -66,6 +68,13 @@ impl ArenaConfig {
             Some(b"on" | b"1") => self.purge_thread = true,
             Some(b"off" | b"0") => self.purge_thread = false,
             Some(_) => ignored += 1,
+        }
+        match getenv(c"RDMA_POOL_SHARED_BYTES") {
+            None => {}
+            Some(v) => match parse_u64(v).and_then(|n| u32::try_from(n).ok()) {
+                Some(n) => self.shared_bytes = n,
+                None => ignored += 1,
+            },
         }
         match getenv(c"RDMA_POOL_NUMA") {
             None => {}

@@ -236,6 +236,7 @@ pub struct Arena {
     slabs: MmapArray<purge::SlabInfo>,
     purge_delay: Option<std::time::Duration>,
     purge_thread: bool,
+    shared_bytes: u32,
     prefetch: prefetch::Prefetcher,
     /// One-slab runs made ready ahead of demand (`prefetch/refill.rs`).
     ahead: prefetch::Reserve,
@@ -421,6 +422,7 @@ impl Arena {
             slabs,
             purge_delay: cfg.purge_delay,
             purge_thread: cfg.purge_thread,
+            shared_bytes: cfg.shared_bytes,
             prefetch: prefetch::Prefetcher::new(cfg.prefetch && mode == RegMode::Odp, caps),
             ahead: prefetch::Reserve::new().map_err(unreserve)?,
             asked: cfg.registration,

@@ -257,6 +257,11 @@ impl Arena {
         self.purge_thread
     }
 
+    /// Bytes a thread is served from the shared heaps (the configuration's `shared_bytes`).
+    pub(crate) fn shared_bytes(&self) -> u32 {
+        self.shared_bytes
+    }
+
     /// A snapshot of the counters, read without a lock.
     ///
     /// # Examples

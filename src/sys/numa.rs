@@ -265,6 +265,22 @@ pub fn policy_node_of(addr: *const u8) -> Option<u32> {
     (r == 0 && node >= 0).then_some(node as u32)
 }
 
+/// CPUs this process may run on (its affinity mask; the CPUs online when that cannot be
+/// read), at least 1. Allocates nothing (the allocator's own set-up calls it).
+pub(crate) fn cpus_online() -> usize {
+    // SAFETY: an all-zero `cpu_set_t` is an empty set; sched_getaffinity writes at most
+    // `size_of::<cpu_set_t>()` bytes into it.
+    let n = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) == 0 {
+            libc::CPU_COUNT(&set) as i64
+        } else {
+            libc::sysconf(libc::_SC_NPROCESSORS_ONLN) as i64
+        }
+    };
+    usize::try_from(n).unwrap_or(1).max(1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

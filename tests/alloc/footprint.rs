@@ -13,7 +13,7 @@ use std::sync::Barrier;
 #[test]
 fn a_threads_caches_hold_at_most_32_kib_of_each_class() {
     let pd = Nic::soft().alloc_pd().unwrap();
-    let pool = pool_on(&pd, Access::empty());
+    let pool = own_pages_pool_on(&pd, Access::empty());
     let sizes = [
         16usize,
         64,

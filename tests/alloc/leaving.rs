@@ -248,6 +248,8 @@ fn odp_pool(pd: &Pd) -> Pool {
             hugepages: Hugepages::Transparent,
             registration: Registration::Odp,
             purge_delay: None,
+            // A thread's own pages are what these tests look at.
+            shared_bytes: 0,
             ..Default::default()
         },
     )

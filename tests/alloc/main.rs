@@ -14,6 +14,7 @@ mod model;
 mod purge;
 mod reclaim;
 mod refused;
+mod shared;
 mod small_pages;
 mod sparse;
 mod step_limits;
@@ -29,6 +30,17 @@ use rdma_pool::nic::*;
 
 /// A pool on `pd`: 16 GiB reserved, hugepages preferred, pool rights `remote`.
 pub fn pool_on(pd: &Pd, remote: Access) -> Pool {
+    pool_sharing(pd, remote, ArenaConfig::default().shared_bytes)
+}
+
+/// [`pool_on`] with no shared heaps: every block of a thread from pages of its own (what
+/// tests of a thread's pages and caches look at).
+pub fn own_pages_pool_on(pd: &Pd, remote: Access) -> Pool {
+    pool_sharing(pd, remote, 0)
+}
+
+/// [`pool_on`], its threads served `shared_bytes` from the shared heaps.
+pub fn pool_sharing(pd: &Pd, remote: Access, shared_bytes: u32) -> Pool {
     // SAFETY: the test's peers write only blocks the test hands them, and the test reads
     // those only after the write completed.
     unsafe {
@@ -39,6 +51,7 @@ pub fn pool_on(pd: &Pd, remote: Access) -> Pool {
                 chunk: 1 << 28,
                 hugepages: Hugepages::Prefer,
                 remote,
+                shared_bytes,
                 ..Default::default()
             },
         )

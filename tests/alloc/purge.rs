@@ -18,6 +18,19 @@ pub(crate) fn clock_pool(
     registration: Registration,
     purge_thread: bool,
 ) -> Pool {
+    clock_pool_sharing(pd, delay, registration, purge_thread, true)
+}
+
+/// [`clock_pool`], its threads' first blocks from the shared heaps or (`shared` false) every
+/// block from pages of their own.
+pub(crate) fn clock_pool_sharing(
+    pd: &Pd,
+    delay: Option<Duration>,
+    registration: Registration,
+    purge_thread: bool,
+    shared: bool,
+) -> Pool {
+    let defaults = ArenaConfig::default();
     // SAFETY: the test's peers write only blocks the test hands them, and the test reads
     // those only after the write completed.
     unsafe {
@@ -31,7 +44,8 @@ pub(crate) fn clock_pool(
                 registration,
                 purge_delay: delay,
                 purge_thread,
-                ..Default::default()
+                shared_bytes: if shared { defaults.shared_bytes } else { 0 },
+                ..defaults
             },
         )
     }

@@ -20,6 +20,8 @@ fn pool_with(pd: &Pd, registration: Registration) -> Pool {
             hugepages: Hugepages::Off,
             registration,
             purge_delay: None,
+            // A thread's own pages are what these tests look at.
+            shared_bytes: 0,
             ..Default::default()
         },
     )

@@ -2,7 +2,7 @@
 //! quiet one (no free for the purge delay), to give back its cached blocks and empty pages;
 //! the thread does it at its next call, and nobody touches its cache before.
 
-use super::purge::{clock_pool, wait_for};
+use super::purge::{clock_pool_sharing, wait_for};
 use super::*;
 use rdma_pool::PoolStats;
 use rdma_pool::arena::Registration;
@@ -92,7 +92,7 @@ fn free_a_run(pool: &Pool) {
 fn purge_asks_other_threads_to_give_back_their_caches_at_their_next_call() {
     let _g = serial();
     let bed = bed();
-    let pool = clock_pool(&bed.a.pd, None, Registration::Pinned, false);
+    let pool = clock_pool_sharing(&bed.a.pd, None, Registration::Pinned, false, false);
     with_worker(&pool, |before, call| {
         pool.purge();
         let asked = pool.stats().alloc;
@@ -113,11 +113,12 @@ fn purge_asks_other_threads_to_give_back_their_caches_at_their_next_call() {
 fn the_clock_asks_a_quiet_thread_to_trim() {
     let _g = serial();
     let bed = bed();
-    let pool = clock_pool(
+    let pool = clock_pool_sharing(
         &bed.a.pd,
         Some(Duration::from_millis(30)),
         Registration::Pinned,
         true,
+        false,
     );
     with_worker(&pool, |before, call| {
         // A freed run puts a purge on the clock; its looks find the worker quiet.
@@ -137,11 +138,12 @@ fn the_clock_asks_a_quiet_thread_to_trim() {
 fn a_busy_thread_is_not_asked_by_the_clock() {
     let _g = serial();
     let bed = bed();
-    let pool = clock_pool(
+    let pool = clock_pool_sharing(
         &bed.a.pd,
         Some(Duration::from_millis(30)),
         Registration::Pinned,
         true,
+        false,
     );
     let stop = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|s| {

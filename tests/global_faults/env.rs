@@ -55,11 +55,13 @@ fn environment_overrides_are_applied_and_unknown_values_counted() {
             ("RDMA_POOL_REGISTRATION", "auto"),
             ("RDMA_POOL_NIC", "soft"),
             ("RDMA_POOL_NUMA", "0"),
+            ("RDMA_POOL_SHARED_BYTES", "0"),
         ]);
         child(&[
             ("RDMA_POOL_CHILD", "2"),
             ("RDMA_POOL_HUGEPAGES", "sometimes"),
             ("RDMA_POOL_NUMA", "nearby"),
+            ("RDMA_POOL_SHARED_BYTES", "-1"),
         ]);
         return;
     };
@@ -72,6 +74,7 @@ fn environment_overrides_are_applied_and_unknown_values_counted() {
             assert_eq!(cfg.arena.registration, Registration::Auto);
             assert_eq!(stats.pool.unwrap().arena.slabs_hugetlb, 0);
             assert_eq!(cfg.arena.numa, NumaPolicy::Node(0));
+            assert_eq!(cfg.arena.shared_bytes, 0);
             assert_eq!(stats.pool.unwrap().arena.numa, NumaPlacement::Node(0));
             let layout = std::alloc::Layout::from_size_align(100, 8).unwrap();
             // SAFETY: a non-zero layout; the block is freed below with it.
@@ -85,7 +88,11 @@ fn environment_overrides_are_applied_and_unknown_values_counted() {
             // Unknown value: ignored (the constructor's setting stays) and counted.
             assert_eq!(cfg.arena.hugepages, Hugepages::Prefer);
             assert_eq!(cfg.arena.numa, NumaPolicy::Any);
-            assert!(stats.env_ignored >= 2, "{stats:?}");
+            assert_eq!(
+                cfg.arena.shared_bytes,
+                GlobalConfig::DEFAULT.arena.shared_bytes
+            );
+            assert!(stats.env_ignored >= 3, "{stats:?}");
         }
     }
     // Every pool takes the same overrides, whatever configuration it was given.
@@ -108,7 +115,7 @@ fn environment_overrides_are_applied_and_unknown_values_counted() {
         assert_eq!(stats.alloc.env_ignored, 0);
     } else {
         assert_eq!(stats.alloc.arena.numa, NumaPlacement::Unbound);
-        assert_eq!(stats.alloc.env_ignored, 2, "{stats:?}");
+        assert_eq!(stats.alloc.env_ignored, 3, "{stats:?}");
     }
     // SAFETY: allocated above.
     unsafe { pool.free(p) };
