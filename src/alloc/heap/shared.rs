@@ -21,8 +21,8 @@
 //! - to do so, inside the fork gate (a child never finds one held), it swaps the shared
 //!   heap's owner from 0 to [`SHARED`] — starting at the one its heap's address picks, trying
 //!   each in turn — allocates through that heap's ordinary paths and puts the owner back to 0.
-//!   It never waits on a holder: when every shared heap is held it yields and tries again, and
-//!   after [`ROUNDS`] rounds the block comes from the thread's own pages;
+//!   When every shared heap is held it yields and tries again, for at most [`WAIT_NS`] (a
+//!   holder taking a page may register it); then the block comes from the thread's own pages;
 //! - `current[c]` of the thread's heap stays `&EMPTY`, so its next allocation of the class
 //!   takes the slow path again: no new instruction on the fast paths;
 //! - every free of such a block is a remote free (no thread's heap owns the page: the
@@ -58,8 +58,12 @@ pub(crate) const SHARED_BLOCK_MAX: usize = 64 << 10;
 /// Blocks served from the shared heaps are multiples of a cache line (and aligned to one).
 const LINE: usize = 64;
 
-/// Rounds over the shared heaps before a young thread's block comes from its own pages.
-const ROUNDS: usize = 4;
+/// How long a young thread tries the shared heaps, all held, before its block comes from a
+/// page of its own (which then serves the class: the thread shares no more of it). A hold is
+/// one allocation, but one that takes a page in a pinned pool registers its step: 200 threads
+/// starting at once on 2 cores found every heap held for four yields, and a quarter of their
+/// blocks went to pages of their own.
+const WAIT_NS: u64 = 2_000_000;
 
 /// Most shared heaps a pool reserves.
 pub(crate) const MAX_SHARED: usize = 16;
@@ -82,24 +86,30 @@ impl Heap {
             return None;
         }
         let pool = self.pool();
-        if young.saturating_add(size as u32) > pool.arena.shared_bytes() {
-            return None;
-        }
+        let young = next_young(young, size, pool.arena.shared_bytes())?;
         let heaps = &pool.heaps;
         let n = heaps.shared_count();
         let start = (self as *const Heap as usize / size_of::<Heap>()) % n;
         // A fork waits until the shared heap is put back: a child never finds it held.
         let _inside = crate::sys::atfork::inside();
-        for round in 0..ROUNDS {
-            if round > 0 {
+        let mut since: Option<std::time::Instant> = None;
+        loop {
+            if let Some(t) = since {
+                if t.elapsed().as_nanos() > u128::from(WAIT_NS) {
+                    return None;
+                }
                 // Every one held: their holders were likely preempted (a hold is one
                 // allocation). Let them run rather than take pages of this thread's own.
                 std::thread::yield_now();
+            } else {
+                since = Some(std::time::Instant::now());
             }
+            let mut any = false;
             for k in 0..n {
                 let Some(h) = heaps.shared((start + k) % n) else {
                     continue;
                 };
+                any = true;
                 if h.owner
                     .compare_exchange(0, SHARED, Ordering::Acquire, Ordering::Relaxed)
                     .is_err()
@@ -116,11 +126,14 @@ impl Heap {
                 if p.is_null() {
                     return None;
                 }
-                self.young.store(young + size as u32, R);
+                self.young.store(young, R);
                 return Some(p);
             }
+            if !any {
+                // No heap left to reserve one from.
+                return None;
+            }
         }
-        None
     }
 
     /// Collect the frees other threads made into this heap's pages (its owner's work: the
@@ -150,6 +163,13 @@ impl Heap {
     }
 }
 
+/// What `young` becomes when a heap that was served `young` bytes takes a block of `size`
+/// from the shared heaps; `None` when that would pass `limit` (or overflow).
+fn next_young(young: u32, size: usize, limit: u32) -> Option<u32> {
+    let next = young.checked_add(u32::try_from(size).ok()?)?;
+    (next <= limit).then_some(next)
+}
+
 impl PoolInner {
     /// Collect the remote frees into every shared heap not held now (statistics: a block a
     /// thread freed into a shared heap's page then counts free, as one freed into its own).
@@ -169,5 +189,24 @@ impl PoolInner {
                 h.owner.store(0, Ordering::Release);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::next_young;
+
+    #[test]
+    fn a_thread_is_served_up_to_the_limit_and_never_wraps() {
+        assert_eq!(next_young(0, 64, 128 << 10), Some(64));
+        assert_eq!(next_young((128 << 10) - 64, 64, 128 << 10), Some(128 << 10));
+        assert_eq!(next_young((128 << 10) - 63, 64, 128 << 10), None);
+        assert_eq!(next_young(0, 64, 0), None);
+        // The largest limit: served up to it, never past it (a wrap made the thread young
+        // again; with overflow checks the add panicked inside `GlobalAlloc`).
+        assert_eq!(next_young(u32::MAX - 64, 64, u32::MAX), Some(u32::MAX));
+        assert_eq!(next_young(u32::MAX - 63, 64, u32::MAX), None);
+        assert_eq!(next_young(u32::MAX, 64, u32::MAX), None);
+        assert_eq!(next_young(0, usize::MAX, u32::MAX), None);
     }
 }
